@@ -1,0 +1,165 @@
+"""The log as the core sees it: a narrow protocol, and an in-memory twin for the simulator.
+
+storage/segment_log.py implements ``RaftLog`` on disk. ``MemoryLog.reopen()`` models a
+crash: everything appended but not flushed is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from raft.types import Batch, SnapshotId, check
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumStateRecord:
+    """What a node must persist before acting on it: its epoch, vote and known leader."""
+
+    epoch: int
+    voted_id: int  # -1 when it has not voted in this epoch
+    leader_id: int  # -1 when no leader is known in this epoch
+
+
+class RaftLog(Protocol):
+    """The log operations the core needs. Offsets count records, not bytes."""
+
+    def start_offset(self) -> int:
+        """The first offset still held (above 0 once a prefix was replaced by a snapshot)."""
+
+    def end_offset(self) -> int:
+        """The offset the next appended record gets."""
+
+    def flushed_offset(self) -> int:
+        """Every offset below this is durable (fsynced); never above end_offset()."""
+
+    def last_epoch(self) -> int:
+        """Epoch of the last batch; the snapshot's epoch when the log is empty past it; else 0."""
+
+    def append(self, batch: Batch) -> None:
+        """Append one batch; batch.base_offset == end_offset() and its epoch >= last_epoch()."""
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every record at ``offset`` and above (never below start_offset())."""
+
+    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+        """Whole batches holding offsets >= ``offset`` (at least one when any exist, even if
+        larger than max_bytes). The first batch may start below ``offset``."""
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(largest epoch <= ``epoch`` held, the end offset of that epoch); (0, 0) when none.
+        For epoch >= last_epoch() this is (last_epoch(), end_offset())."""
+
+    def flush(self) -> int:
+        """Make everything appended durable; return the new flushed_offset()."""
+
+    def latest_snapshot_id(self) -> SnapshotId | None:
+        """The newest snapshot the log knows of, or None."""
+
+    def reset_to_snapshot(self, snapshot_id: SnapshotId) -> None:
+        """Replace the whole log by a snapshot: start = end = snapshot_id.end_offset."""
+
+
+class MemoryLog:
+    """An in-memory ``RaftLog``; ``reopen()`` returns what survives a crash."""
+
+    def __init__(self) -> None:
+        self._batches: list[Batch] = []
+        self._start_offset = 0
+        self._flushed_offset = 0
+        self._snapshot_id: SnapshotId | None = None
+        # Durable copy of what was flushed, kept separately so a crash after a
+        # truncation followed by appends cannot resurrect or invent records.
+        self._durable_batches: list[Batch] = []
+
+    def start_offset(self) -> int:
+        return self._start_offset
+
+    def end_offset(self) -> int:
+        return self._batches[-1].next_offset if self._batches else self._start_offset
+
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    def last_epoch(self) -> int:
+        if self._batches:
+            return self._batches[-1].epoch
+        return self._snapshot_id.epoch if self._snapshot_id else 0
+
+    def append(self, batch: Batch) -> None:
+        check(batch.base_offset == self.end_offset(), f"append at {batch.base_offset}, end is {self.end_offset()}")
+        check(batch.epoch >= self.last_epoch(), f"append epoch {batch.epoch} below {self.last_epoch()}")
+        check(len(batch.records) > 0, "empty batch")
+        self._batches.append(batch)
+
+    def truncate_to(self, offset: int) -> None:
+        check(offset >= self._start_offset, f"truncate to {offset} below start {self._start_offset}")
+        kept = [b for b in self._batches if b.next_offset <= offset]
+        partial = [b for b in self._batches if b.base_offset < offset < b.next_offset]
+        for batch in partial:  # cut inside a batch: keep the records below offset
+            kept.append(Batch(batch.base_offset, batch.epoch, batch.timestamp_ms, batch.control,
+                              batch.records[: offset - batch.base_offset]))
+        self._batches = kept
+        self._flushed_offset = min(self._flushed_offset, offset)
+        self._durable_batches = _cut(self._durable_batches, offset)
+
+    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+        result: list[Batch] = []
+        size = 0
+        for batch in self._batches:
+            if batch.next_offset <= offset:
+                continue
+            size += batch.size_bytes()
+            if result and size > max_bytes:
+                break
+            result.append(batch)
+        return result
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        if epoch >= self.last_epoch():
+            return self.last_epoch(), self.end_offset()
+        best: tuple[int, int] = (0, 0)
+        if self._snapshot_id and self._snapshot_id.epoch <= epoch:
+            best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)
+        for batch in self._batches:
+            if batch.epoch <= epoch:
+                best = (batch.epoch, batch.next_offset)
+            else:
+                break
+        return best
+
+    def flush(self) -> int:
+        self._flushed_offset = self.end_offset()
+        self._durable_batches = list(self._batches)
+        return self._flushed_offset
+
+    def latest_snapshot_id(self) -> SnapshotId | None:
+        return self._snapshot_id
+
+    def reset_to_snapshot(self, snapshot_id: SnapshotId) -> None:
+        self._snapshot_id = snapshot_id
+        self._batches = []
+        self._durable_batches = []
+        self._start_offset = snapshot_id.end_offset
+        self._flushed_offset = snapshot_id.end_offset
+
+    def reopen(self) -> MemoryLog:
+        """What a restarted node finds: the flushed prefix, nothing else."""
+        log = MemoryLog()
+        log._start_offset = self._start_offset
+        log._snapshot_id = self._snapshot_id
+        log._batches = list(self._durable_batches)
+        log._durable_batches = list(self._durable_batches)
+        log._flushed_offset = log.end_offset()
+        return log
+
+
+def _cut(batches: list[Batch], offset: int) -> list[Batch]:
+    kept: list[Batch] = []
+    for batch in batches:
+        if batch.next_offset <= offset:
+            kept.append(batch)
+        elif batch.base_offset < offset:
+            kept.append(Batch(batch.base_offset, batch.epoch, batch.timestamp_ms, batch.control,
+                              batch.records[: offset - batch.base_offset]))
+    return kept

@@ -1,0 +1,1 @@
+"""What survives a crash: segment log, quorum-state file, snapshots, cleaner, SQLite state machine."""

@@ -1,0 +1,124 @@
+"""The application records metakv writes into the log: one ``Command`` per record.
+
+Every write is a command of compares plus success and failure operations (a plain PUT is a
+command with no compares and one put). Conditions are evaluated by the state machine at
+apply time, deterministically, so every replica reaches the same outcome. Encoding:
+
+    [COMMAND_VERSION, [[key, compare_kind, target], ...], [op, ...], [op, ...]]
+    op = [op_kind, key, value (bytes), content_type (str)]
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import msgpack
+
+COMMAND_VERSION = 1
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+
+class CommandDecodeError(ValueError):
+    """A log record that is not a command of a version this code understands."""
+
+
+class CompareKind(enum.IntEnum):
+    MOD_VERSION = 1  # the key's mod_version equals target (int); a missing key has mod_version 0
+    EXISTS = 2  # the key exists == target (bool)
+    VALUE = 3  # the key exists and its value equals target (bytes)
+
+
+class OpKind(enum.IntEnum):
+    PUT = 1
+    DELETE = 2
+    GET = 3  # reads inside a txn; results come back in the apply result
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    key: str
+    kind: CompareKind
+    target: int | bool | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    kind: OpKind
+    key: str
+    value: bytes = b""
+    content_type: str = DEFAULT_CONTENT_TYPE
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    compare: tuple[Compare, ...]
+    success: tuple[Op, ...]
+    failure: tuple[Op, ...] = ()
+
+    def keys_written(self) -> set[str]:
+        return {op.key for op in (*self.success, *self.failure) if op.kind != OpKind.GET}
+
+
+def put(key: str, value: bytes, content_type: str = DEFAULT_CONTENT_TYPE, compare: tuple[Compare, ...] = ()) -> Command:
+    return Command(compare, (Op(OpKind.PUT, key, value, content_type),))
+
+
+def delete(key: str, compare: tuple[Compare, ...] = ()) -> Command:
+    return Command(compare, (Op(OpKind.DELETE, key),))
+
+
+def encode_command(command: Command) -> bytes:
+    return msgpack.packb(
+        [
+            COMMAND_VERSION,
+            [[c.key, int(c.kind), c.target] for c in command.compare],
+            [[int(o.kind), o.key, o.value, o.content_type] for o in command.success],
+            [[int(o.kind), o.key, o.value, o.content_type] for o in command.failure],
+        ],
+        use_bin_type=True,
+    )
+
+
+_TARGET_TYPES = {CompareKind.MOD_VERSION: int, CompareKind.EXISTS: bool, CompareKind.VALUE: bytes}
+
+
+def _decode_compare(item: object) -> Compare:
+    if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
+        raise CommandDecodeError("malformed compare")
+    try:
+        kind = CompareKind(item[1])
+    except ValueError as exc:
+        raise CommandDecodeError(f"unknown compare kind {item[1]!r}") from exc
+    if type(item[2]) is not _TARGET_TYPES[kind]:
+        raise CommandDecodeError(f"compare target of wrong type for {kind.name}")
+    return Compare(item[0], kind, item[2])
+
+
+def _decode_op(item: object) -> Op:
+    if (type(item) is not list or len(item) != 4 or type(item[1]) is not str
+            or type(item[2]) is not bytes or type(item[3]) is not str):
+        raise CommandDecodeError("malformed op")
+    try:
+        kind = OpKind(item[0])
+    except ValueError as exc:
+        raise CommandDecodeError(f"unknown op kind {item[0]!r}") from exc
+    return Op(kind, item[1], item[2], item[3])
+
+
+def decode_command(record: bytes) -> Command:
+    try:
+        value = msgpack.unpackb(record, raw=False)
+    except Exception as exc:
+        raise CommandDecodeError(f"not msgpack: {exc}") from exc
+    if type(value) is not list or len(value) != 4 or type(value[0]) is not int:
+        raise CommandDecodeError("not a command")
+    if value[0] != COMMAND_VERSION:
+        raise CommandDecodeError(f"unknown command version {value[0]}")
+    if any(type(part) is not list for part in value[1:]):
+        raise CommandDecodeError("malformed command")
+    return Command(
+        tuple(_decode_compare(c) for c in value[1]),
+        tuple(_decode_op(o) for o in value[2]),
+        tuple(_decode_op(o) for o in value[3]),
+    )
