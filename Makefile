@@ -1,20 +1,34 @@
 # metakv: `make run` starts a local cluster, `make test` runs every test CI runs.
-# Both create .venv and install what they need on a fresh machine.
+# Both create .venv and install what they need (pip, and apt-get for system packages).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SYSTEM_STAMP := $(VENV)/.system-installed
 SEEDS ?= 100000
 
-.PHONY: run test lint sim clean venv
+.PHONY: run test lint sim clean venv system
 
-$(STAMP): pyproject.toml
+# System packages: a Java runtime for PySpark, etcd for side-by-side load tests.
+$(SYSTEM_STAMP):
+	@mkdir -p $(VENV)
+	@if ! command -v java >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless etcd-server >/dev/null; \
+		else \
+			echo "need java and etcd: run as root or apt-get install default-jre-headless etcd-server" >&2; exit 1; \
+		fi; \
+	fi
+	touch $(SYSTEM_STAMP)
+
+$(STAMP): pyproject.toml $(SYSTEM_STAMP)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,spark,load]'
 	touch $(STAMP)
 
 venv: $(STAMP)
+system: $(SYSTEM_STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/metakv cluster up
