@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from raft.log import MemoryLog, QuorumStateRecord
 from raft.messages import Envelope
@@ -20,6 +20,7 @@ from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch
 
 MAX_EVENTS_PER_RUN = 2_000_000  # a hard bound so a livelock cannot hang a test
+MAX_READS_KEPT = 10_000  # completed reads remembered for tests to look at
 
 
 class InvariantViolation(AssertionError):
@@ -65,14 +66,14 @@ class SimNode:
     checked_offset: int = 0  # committed records below this were compared with the oracle
 
 
-@dataclass(order=True)
+@dataclass(slots=True)
 class _Event:
     time_ms: int
     sequence: int
-    kind: str = field(compare=False)
-    node_id: int = field(compare=False)
-    incarnation: int = field(compare=False)
-    payload: object = field(compare=False, default=None)
+    kind: str
+    node_id: int
+    incarnation: int
+    payload: object = None
 
 
 class Cluster:
@@ -90,7 +91,7 @@ class Cluster:
         self.majority = voters // 2 + 1
         self.nodes: dict[int, SimNode] = {}
         self.trace = trace
-        self._queue: list[_Event] = []
+        self._queue: list[tuple[int, int, _Event]] = []  # (time, sequence, event): one total order
         self._sequence = 0
         self.events_processed = 0
         self.blocked: set[tuple[int, int]] = set()  # (src, dst) pairs whose messages are lost
@@ -99,6 +100,7 @@ class Cluster:
         self.max_high_watermark = 0
         self.proposals: list[tuple[Proposal, tuple[bytes, ...]]] = []
         self.reads_done: list[tuple[int, int, int]] = []  # (node, token, offset)
+        self.reads_hook: Callable[[int, int, int], None] | None = None
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -118,7 +120,8 @@ class Cluster:
 
     def _push(self, time_ms: int, kind: str, node: SimNode, payload: object = None) -> None:
         self._sequence += 1
-        heapq.heappush(self._queue, _Event(time_ms, self._sequence, kind, node.node_id, node.incarnation, payload))
+        event = _Event(time_ms, self._sequence, kind, node.node_id, node.incarnation, payload)
+        heapq.heappush(self._queue, (time_ms, self._sequence, event))
 
     def _after_input(self, node: SimNode) -> None:
         """Perform the node's Ready in the contract's order, then check invariants."""
@@ -138,7 +141,10 @@ class Cluster:
             self._push(self.now_ms + self.rng.randint(self.faults.flush_min_ms, self.faults.flush_max_ms),
                        "flush", node)
         for token, offset in ready.reads_done:
-            self.reads_done.append((node.node_id, token, offset))
+            if len(self.reads_done) < MAX_READS_KEPT:
+                self.reads_done.append((node.node_id, token, offset))
+            if self.reads_hook is not None:
+                self.reads_hook(node.node_id, token, offset)
         if ready.snapshot_to_install is not None:
             core.on_snapshot_installed(self.now_ms, ready.snapshot_to_install)
         deadline = core.next_deadline_ms()
@@ -165,7 +171,7 @@ class Cluster:
         """Process the next event; False when there is none."""
         if not self._queue:
             return False
-        event = heapq.heappop(self._queue)
+        event = heapq.heappop(self._queue)[2]
         self.now_ms = max(self.now_ms, event.time_ms)
         self.events_processed += 1
         node = self.nodes[event.node_id]
@@ -204,7 +210,7 @@ class Cluster:
         """Run events until ``predicate()`` holds (True) or ``timeout_ms`` pass (False)."""
         end_ms = self.now_ms + timeout_ms
         while not predicate():
-            if not self._queue or self._queue[0].time_ms > end_ms:
+            if not self._queue or self._queue[0][0] > end_ms:
                 self.now_ms = max(self.now_ms, end_ms)
                 return predicate()
             if self.events_processed > MAX_EVENTS_PER_RUN:
