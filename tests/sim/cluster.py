@@ -187,7 +187,7 @@ class Cluster:
             if (envelope.src, envelope.dst) in self.blocked:
                 return True
             if self.trace:
-                self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {type(envelope.message).__name__}")
+                self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {describe_message(envelope.message)}")
             core.handle(self.now_ms, envelope)
         elif event.kind == "tick":
             if event.incarnation != node.incarnation or event.time_ms != node.next_tick_ms:
@@ -358,3 +358,40 @@ def batches_text(batches: list[Batch]) -> str:
         kind = "control" if batch.control else "data"
         parts.append(f"[{batch.base_offset}..{batch.last_offset} e{batch.epoch} {kind}]")
     return " ".join(parts)
+
+
+_SHOWN_FIELDS: dict[str, tuple[str, ...]] = {
+    "VoteRequest": ("epoch", "last_offset_epoch", "last_offset", "pre_vote"),
+    "VoteResponse": ("error", "epoch", "leader_id", "vote_granted", "pre_vote"),
+    "BeginQuorumEpochRequest": ("epoch", "leader_id"),
+    "BeginQuorumEpochResponse": ("error", "epoch", "leader_id"),
+    "EndQuorumEpochRequest": ("epoch", "leader_id", "preferred_successors"),
+    "EndQuorumEpochResponse": ("error", "epoch", "leader_id"),
+    "FetchRequest": ("epoch", "fetch_offset", "last_fetched_epoch", "high_watermark"),
+    "FetchResponse": ("error", "epoch", "leader_id", "fetch_offset", "high_watermark", "records",
+                      "diverging_epoch", "diverging_end_offset", "snapshot_id"),
+    "FetchSnapshotRequest": ("epoch", "snapshot_id", "position"),
+    "FetchSnapshotResponse": ("error", "epoch", "snapshot_id", "size", "position"),
+}
+
+
+def describe_message(message: object) -> str:
+    """One stable line per message, with only the fields that explain the protocol."""
+    name = type(message).__name__
+    parts = []
+    for field_name in _SHOWN_FIELDS.get(name, ()):
+        value = getattr(message, field_name)
+        if field_name == "records":
+            value = batches_text(list(value)) or "-"
+        elif field_name == "error":
+            if not value:
+                continue
+            value = value.name
+        elif field_name in ("diverging_epoch", "diverging_end_offset") and value == -1:
+            continue
+        elif field_name == "snapshot_id":
+            if value is None:
+                continue
+            value = f"{value.end_offset}/e{value.epoch}"
+        parts.append(f"{field_name}={value}")
+    return f"{name}({', '.join(parts)})"
