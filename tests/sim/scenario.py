@@ -34,6 +34,7 @@ class RunResult:
     simulated_ms: int
     committed_offsets: int
     plan: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
 
     def replay_command(self) -> str:
         return replay_command(self.seed, self.voters)
@@ -165,7 +166,8 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
     _check_identical_committed_logs(cluster, target)
     if verbose:
         print(f"liveness ok after {cluster.now_ms - started_ms} ms; committed offsets {len(cluster.committed)}")
-    return RunResult(seed, voters, observers, cluster.events_processed, cluster.now_ms, len(cluster.committed), plan)
+    return RunResult(seed, voters, observers, cluster.events_processed, cluster.now_ms, len(cluster.committed), plan,
+                     dict(cluster.stats))
 
 
 class _Load:
