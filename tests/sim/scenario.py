@@ -73,7 +73,11 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
         flush_min_ms=1,
         flush_max_ms=plan_rng.choice((1, 5, 15)),
     )
-    overrides = {"append_linger_ms": plan_rng.choice((0, 0, 2))}
+    overrides = {
+        "append_linger_ms": plan_rng.choice((0, 0, 2)),
+        # Small batches make fetches return one batch at a time: more intermediate acks.
+        "max_batch_bytes": plan_rng.choice((8 * 1024 * 1024, 256)),
+    }
     plan: list[str] = []
     trace = print if verbose else None
     cluster = Cluster(seed, voters, observers, faults, overrides, trace=trace)
