@@ -187,11 +187,16 @@ class _Load:
     def propose(self) -> None:
         self.counter += 1
         count = self.rng.randint(1, 5)
-        self.cluster.propose(tuple(f"r{self.counter}.{i}".encode() for i in range(count)))
+        self.cluster.propose(tuple(f"r{self.counter}.{i}".encode() for i in range(count)), self._some_leader())
+
+    def _some_leader(self):  # type: ignore[no-untyped-def]
+        """Any node that believes it leads: clients do reach deposed leaders."""
+        leaders = self.cluster.leaders()
+        return self.rng.choice(leaders) if leaders else None
 
     def read(self) -> None:
         cluster = self.cluster
-        leader = cluster.leader()
+        leader = self._some_leader()
         if leader is None or leader.core is None:
             return
         try:
