@@ -331,12 +331,21 @@ class SegmentLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
         failpoints: Failpoints | None = None,
+        verify_sealed_segments: bool = True,
     ) -> None:
+        """Open (recovering) or create the log in ``log_dir``.
+
+        ``verify_sealed_segments`` (default) CRC-checks every sealed segment on open, so that a
+        flipped bit anywhere stops startup instead of surfacing when the record is next read;
+        opening then reads the whole log once. Without it, sealed segments are trusted through
+        their index (rebuilt by a scan when damaged) and only the last segment is scanned.
+        """
         check(segment_bytes >= 1024, f"segment_bytes {segment_bytes} below 1024")
         check(index_interval_bytes > 0, "index_interval_bytes must be positive")
         self._log_dir = Path(log_dir)
         self._segment_bytes = segment_bytes
         self._index_interval_bytes = index_interval_bytes
+        self._verify_sealed_segments = verify_sealed_segments
         self._failpoints = failpoints if failpoints is not None else Failpoints.from_env()
         self._lock = threading.Lock()
         self._segments: list[_Segment] = []
@@ -351,6 +360,7 @@ class SegmentLog:
         self._failure: LogWriteError | None = None
         self._closed = False
         self._last_segment_epochs: list[tuple[int, int]] = []  # epoch changes found by recovery's scan
+        self._sealed_segment_epochs: list[tuple[int, int]] = []  # the same for verified sealed segments
         self._log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._recover()
@@ -889,12 +899,26 @@ class SegmentLog:
         return segment
 
     def _open_sealed_segment(self, segment: _Segment, next_base: int) -> None:
-        """Trust a sealed segment through its index; rebuild the index if it is damaged."""
+        """Verify a sealed segment (or trust it through its index); rebuild a damaged index."""
         try:
             entries = _decode_index(segment.index_path.read_bytes())
         except FileNotFoundError:
             entries = None
         problem = self._sealed_index_problem(segment, next_base, entries)
+        if self._verify_sealed_segments:
+            scan = self._scan_sealed_segment(segment, next_base)
+            for epoch, start_offset in scan.epoch_starts:
+                if not self._sealed_segment_epochs or epoch > self._sealed_segment_epochs[-1][0]:
+                    self._sealed_segment_epochs.append((epoch, start_offset))
+            expected = _decode_index(_encode_index(scan.index_offsets, scan.index_positions,
+                                                   (next_base, segment.size_bytes)))
+            if problem is None and entries != expected:
+                problem = "its entries do not match the segment"
+            self._adopt_scan(segment, scan)
+            if problem is not None:
+                logger.warning("rebuilding index %s from its segment: %s", segment.index_path, problem)
+                self._write_sealed_index(segment, next_base)
+            return
         if problem is None and entries is not None:
             for offset, position in entries[:-1]:
                 segment.index_offsets.append(offset)
@@ -903,17 +927,22 @@ class SegmentLog:
             segment.next_offset = next_base
             return
         logger.warning("rebuilding index %s from its segment: %s", segment.index_path, problem)
+        self._adopt_scan(segment, self._scan_sealed_segment(segment, next_base))
+        self._write_sealed_index(segment, next_base)
+
+    def _scan_sealed_segment(self, segment: _Segment, next_base: int) -> _ScanResult:
+        """Scan a whole sealed segment; any bad batch is corruption, never a tail to cut."""
         scan = _scan_segment(_read_exact(segment.fd, segment.size_bytes, 0), segment.base_offset,
                              self._index_interval_bytes)
         if scan.error_position is not None:
-            raise CorruptLogError(segment.path, scan.error_position, scan.error_reason + " (in a sealed segment)",
+            raise CorruptLogError(segment.path, scan.error_position,
+                                  f"{scan.error_reason} (in a sealed segment, not the log's tail)",
                                   scan.next_offset)
         if scan.next_offset != next_base:
             raise CorruptLogError(segment.path, segment.size_bytes,
                                   f"segment ends at offset {scan.next_offset} but the next segment starts "
                                   f"at offset {next_base}", scan.next_offset)
-        self._adopt_scan(segment, scan)
-        self._write_sealed_index(segment, next_base)
+        return scan
 
     def _sealed_index_problem(self, segment: _Segment, next_base: int,
                               entries: list[tuple[int, int]] | None) -> str | None:
@@ -967,11 +996,21 @@ class SegmentLog:
         except ValueError as exc:
             entries = None
             problem = f"unreadable: {exc}"
-        if entries is None:
-            if len(self._segments) > 1:
-                logger.warning("%s is %s; rebuilding it from the sealed segments", path, problem)
-            entries = self._epochs_of_sealed_segments()
-        recovered = [entry for entry in entries if entry[1] < last.base_offset]
+        if self._verify_sealed_segments:
+            sealed = self._sealed_segment_epochs
+            if entries is not None and self._start_offset == 0 and \
+                    [entry for entry in entries if entry[1] < last.base_offset] != sealed:
+                problem = "out of step with the segments"
+                entries = None
+            if entries is None and len(self._segments) > 1:
+                logger.warning("%s is %s; rebuilt it from the segments", path, problem)
+            recovered = list(sealed)
+        else:
+            if entries is None:
+                if len(self._segments) > 1:
+                    logger.warning("%s is %s; rebuilding it from the sealed segments", path, problem)
+                entries = self._epochs_of_sealed_segments()
+            recovered = [entry for entry in entries if entry[1] < last.base_offset]
         for epoch, start_offset in self._last_segment_epochs:
             if not recovered or epoch > recovered[-1][0]:
                 recovered.append((epoch, start_offset))
