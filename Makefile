@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := $(VENV)/.system-installed
 SEEDS ?= 100000
 
-.PHONY: run test lint sim clean venv system test-storage-crash bench-storage
+.PHONY: run test lint sim clean venv system
 
 # System packages: a Java runtime for PySpark, etcd for side-by-side load tests.
 $(SYSTEM_STAMP):
@@ -40,6 +40,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
+.PHONY: test-storage-crash bench-storage
 test-storage-crash: $(STAMP)
 	METAKV_CRASH_ITERATIONS=2000 $(PY) -m pytest -q tests/storage/test_crash.py
 
