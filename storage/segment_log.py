@@ -68,6 +68,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 DEFAULT_INDEX_INTERVAL_BYTES = 4096
 READ_CHUNK_BYTES = 256 * 1024  # bound on one pread while reading batches
+SCAN_CHUNK_BYTES = 8 * 1024 * 1024  # bound on the buffer recovery scans a segment through
 ITERATE_CHUNK_BYTES = 1024 * 1024  # bound on the bytes one iter_batches step holds
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -168,36 +169,82 @@ def _check_batch(buffer: bytes | memoryview, position: int) -> tuple[BatchHeader
     return header, end
 
 
-def _scan_segment(buffer: bytes, base_offset: int, index_interval_bytes: int) -> _ScanResult:
-    """Walk every batch of a segment, checking CRCs and offset continuity; stop at the first bad one."""
+def _accept_batch(result: _ScanResult, header: BatchHeader, position: int, end: int,
+                  index_interval_bytes: int, cleaned_end: int) -> bool:
+    """Check one CRC-valid batch against the ones before it and record it; False if it does not fit.
+
+    Offsets continue from the previous batch, except below ``cleaned_end``, where they may
+    jump (the cleaner drops records but never moves one); epochs never decrease.
+    """
+    gap_allowed = result.next_offset < header.base_offset < cleaned_end
+    if header.base_offset != result.next_offset and not gap_allowed:
+        result.error_position = position
+        result.error_reason = f"batch has base offset {header.base_offset}, expected {result.next_offset}"
+        return False
+    if result.epoch_starts and header.epoch < result.epoch_starts[-1][0]:
+        result.error_position = position
+        result.error_reason = f"batch epoch {header.epoch} is below the previous batch's {result.epoch_starts[-1][0]}"
+        return False
+    if result.last_indexed_position < 0 or position - result.last_indexed_position >= index_interval_bytes:
+        result.index_offsets.append(header.base_offset)
+        result.index_positions.append(position)
+        result.last_indexed_position = position
+    if not result.epoch_starts or header.epoch != result.epoch_starts[-1][0]:
+        result.epoch_starts.append((header.epoch, header.base_offset))
+    result.next_offset = header.base_offset + header.count
+    result.valid_bytes = end
+    return True
+
+
+def _scan_file(fd: int, size_bytes: int, base_offset: int, index_interval_bytes: int,
+               cleaned_end: int = 0) -> _ScanResult:
+    """Walk every batch of a segment file, checking headers, CRCs and offsets; stop at the first bad one.
+
+    Reads through one reused buffer of at most SCAN_CHUNK_BYTES (a batch larger than that is
+    read on its own), so recovery reads the log once without holding a segment in memory.
+    """
     result = _ScanResult(0, base_offset, array("Q"), array("Q"), -1, [])
-    position = 0
-    last_epoch = -1
-    while position < len(buffer):
-        try:
-            header, end = _check_batch(buffer, position)
-        except CorruptBatchError as exc:
-            result.error_position, result.error_reason = position, exc.reason
-            return result
-        if header.base_offset != result.next_offset:
-            result.error_position = position
-            result.error_reason = f"batch has base offset {header.base_offset}, expected {result.next_offset}"
-            return result
-        if header.epoch < last_epoch:
-            result.error_position = position
-            result.error_reason = f"batch epoch {header.epoch} is below the previous batch's {last_epoch}"
-            return result
-        if result.last_indexed_position < 0 or position - result.last_indexed_position >= index_interval_bytes:
-            result.index_offsets.append(header.base_offset)
-            result.index_positions.append(position)
-            result.last_indexed_position = position
-        if header.epoch != last_epoch:
-            result.epoch_starts.append((header.epoch, header.base_offset))
-            last_epoch = header.epoch
-        result.next_offset = header.base_offset + header.count
-        position = end
-        result.valid_bytes = end
+    buffer = memoryview(bytearray(min(SCAN_CHUNK_BYTES, size_bytes)))
+    chunk_position = 0
+    while chunk_position < size_bytes:
+        chunk = buffer[: min(len(buffer), size_bytes - chunk_position)]
+        if os.preadv(fd, [chunk], chunk_position) != len(chunk):
+            raise OSError(f"short read of {len(chunk)} bytes at byte {chunk_position}")
+        at_file_end = chunk_position + len(chunk) == size_bytes
+        at = 0
+        while at < len(chunk):
+            try:
+                header, end = _check_batch(chunk, at)
+            except TruncatedBatchError as exc:
+                if at_file_end:
+                    result.error_position, result.error_reason = chunk_position + at, exc.reason
+                    return result
+                if at > 0:
+                    break  # the batch continues past this chunk: read on from its start
+                header, end = _check_large_batch(fd, size_bytes, chunk_position, result)
+                if header is None:
+                    return result
+            except CorruptBatchError as exc:
+                result.error_position, result.error_reason = chunk_position + at, exc.reason
+                return result
+            if not _accept_batch(result, header, chunk_position + at, chunk_position + end,
+                                 index_interval_bytes, cleaned_end):
+                return result
+            at = end
+        chunk_position += at
     return result
+
+
+def _check_large_batch(fd: int, size_bytes: int, position: int,
+                       result: _ScanResult) -> tuple[BatchHeader | None, int]:
+    """Check a batch larger than the scan buffer by reading it whole; (None, 0) records an error."""
+    try:
+        header = decode_header(_read_exact(fd, HEADER_BYTES, position))
+        data = _read_exact(fd, min(header.total_bytes, size_bytes - position), position)
+        return _check_batch(data, 0)
+    except CorruptBatchError as exc:
+        result.error_position, result.error_reason = position, exc.reason
+        return None, 0
 
 
 def _find_good_batch_after(buffer: bytes, position: int, min_base_offset: int) -> int | None:
@@ -354,6 +401,7 @@ class SegmentLog:
         self._epoch_checkpoint_dirty = False
         self._start_offset = 0
         self._snapshot_id: SnapshotId | None = None
+        self._cleaned_end = 0  # offsets below this were compacted by replace_prefix: gaps allowed
         self._flushed_offset = 0
         self._truncation_generation = 0
         self._directory_dirty = False
@@ -932,13 +980,14 @@ class SegmentLog:
 
     def _scan_sealed_segment(self, segment: _Segment, next_base: int) -> _ScanResult:
         """Scan a whole sealed segment; any bad batch is corruption, never a tail to cut."""
-        scan = _scan_segment(_read_exact(segment.fd, segment.size_bytes, 0), segment.base_offset,
-                             self._index_interval_bytes)
+        scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
+                          self._cleaned_end)
         if scan.error_position is not None:
             raise CorruptLogError(segment.path, scan.error_position,
                                   f"{scan.error_reason} (in a sealed segment, not the log's tail)",
                                   scan.next_offset)
-        if scan.next_offset != next_base:
+        gap_allowed = scan.next_offset < next_base < self._cleaned_end
+        if scan.next_offset != next_base and not gap_allowed:
             raise CorruptLogError(segment.path, segment.size_bytes,
                                   f"segment ends at offset {scan.next_offset} but the next segment starts "
                                   f"at offset {next_base}", scan.next_offset)
@@ -961,10 +1010,12 @@ class SegmentLog:
 
     def _recover_last_segment(self, segment: _Segment) -> None:
         """Scan the last segment; cut a torn or corrupt tail, refuse corruption with data after it."""
-        buffer = _read_exact(segment.fd, segment.size_bytes, 0)
-        scan = _scan_segment(buffer, segment.base_offset, self._index_interval_bytes)
+        scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
+                          self._cleaned_end)
         if scan.error_position is not None:
-            following = _find_good_batch_after(buffer, scan.error_position, scan.next_offset)
+            rest = _read_exact(segment.fd, segment.size_bytes - scan.error_position, scan.error_position)
+            found = _find_good_batch_after(rest, 0, scan.next_offset)
+            following = None if found is None else scan.error_position + found
             if following is not None:
                 raise CorruptLogError(
                     segment.path, scan.error_position,
@@ -1022,8 +1073,8 @@ class SegmentLog:
     def _epochs_of_sealed_segments(self) -> list[tuple[int, int]]:
         entries: list[tuple[int, int]] = []
         for segment in self._segments[:-1]:
-            scan = _scan_segment(_read_exact(segment.fd, segment.size_bytes, 0), segment.base_offset,
-                                 self._index_interval_bytes)
+            scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
+                              self._cleaned_end)
             if scan.error_position is not None:
                 raise CorruptLogError(segment.path, scan.error_position, scan.error_reason, scan.next_offset)
             for epoch, start_offset in scan.epoch_starts:
