@@ -87,7 +87,7 @@ def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> R
     """Remove every record at ``truncate_at`` and above from the log in ``log_dir``."""
     checkpoint = read_log_start_checkpoint(log_dir)
     bases = list_segment_bases(log_dir)
-    start_offset = checkpoint[0] if checkpoint is not None else (bases[0] if bases else 0)
+    start_offset = checkpoint.start_offset if checkpoint is not None else (bases[0] if bases else 0)
     if truncate_at < start_offset:
         raise RepairError(f"--truncate-at {truncate_at} is below the log start offset {start_offset}")
     if not bases:

@@ -42,7 +42,7 @@ import struct
 import sys
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +74,8 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 EPOCH_CHECKPOINT_NAME = "leader-epoch-checkpoint"
 LOG_START_CHECKPOINT_NAME = "log-start-checkpoint"
+SWAP_MARKER_NAME = "cleaner-swap"  # present while replace_prefix swaps segment files
+CLEANED_SUFFIX = ".cleaned"
 EPOCH_CHECKPOINT_HEADER = "metakv-leader-epoch-checkpoint 1"
 INDEX_ENTRY = struct.Struct(">QQ")
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
@@ -330,8 +332,18 @@ def decode_epoch_checkpoint(data: bytes) -> list[tuple[int, int]]:
     return entries
 
 
-def read_log_start_checkpoint(log_dir: Path) -> tuple[int, SnapshotId | None] | None:
-    """(log start offset, latest snapshot id) from the checkpoint, None when there is none."""
+@dataclass(frozen=True, slots=True)
+class LogStartCheckpoint:
+    """What cannot be derived from the segments: where the log starts, the newest snapshot,
+    and how far the prefix was compacted (offsets may jump below ``cleaned_end``)."""
+
+    start_offset: int
+    snapshot_id: SnapshotId | None
+    cleaned_end: int = 0
+
+
+def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
+    """The log start checkpoint, or None when there is none (a log never cut or cleaned)."""
     path = log_dir / LOG_START_CHECKPOINT_NAME
     try:
         data = path.read_bytes()
@@ -341,7 +353,9 @@ def read_log_start_checkpoint(log_dir: Path) -> tuple[int, SnapshotId | None] | 
         value = json.loads(data)
         start_offset = value["start_offset"]
         snapshot = value["snapshot"]
+        cleaned_end = value.get("cleaned_end", 0)
         check(type(start_offset) is int and start_offset >= 0, "start_offset")
+        check(type(cleaned_end) is int and cleaned_end >= 0, "cleaned_end")
         snapshot_id = None
         if snapshot is not None:
             snapshot_id = SnapshotId(snapshot["end_offset"], snapshot["epoch"])
@@ -351,12 +365,14 @@ def read_log_start_checkpoint(log_dir: Path) -> tuple[int, SnapshotId | None] | 
     except Exception as exc:
         raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the "
                               "log start offset and snapshot id and cannot be rebuilt", None) from exc
-    return start_offset, snapshot_id
+    return LogStartCheckpoint(start_offset, snapshot_id, cleaned_end)
 
 
-def write_log_start_checkpoint(log_dir: Path, start_offset: int, snapshot_id: SnapshotId | None) -> None:
+def write_log_start_checkpoint(log_dir: Path, checkpoint: LogStartCheckpoint) -> None:
+    snapshot_id = checkpoint.snapshot_id
     snapshot = None if snapshot_id is None else {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}
-    data = json.dumps({"start_offset": start_offset, "snapshot": snapshot}).encode()
+    data = json.dumps({"start_offset": checkpoint.start_offset, "snapshot": snapshot,
+                       "cleaned_end": checkpoint.cleaned_end}).encode()
     write_file_atomically(log_dir / LOG_START_CHECKPOINT_NAME, data)
 
 
@@ -538,7 +554,7 @@ class SegmentLog:
                 self._delete_segments(above)
                 if above:
                     fsync_directory(self._log_dir)
-                write_log_start_checkpoint(self._log_dir, new_start, snapshot_id)
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, snapshot_id, self._cleaned_end))
                 self._delete_segments([s for s in self._segments if s.base_offset < new_start])
                 self._segments, self._segment_bases = [], []
                 self._create_segment(new_start)
@@ -563,7 +579,7 @@ class SegmentLog:
             if self._snapshot_id is not None and snapshot_id.end_offset <= self._snapshot_id.end_offset:
                 return
             try:
-                write_log_start_checkpoint(self._log_dir, self._start_offset, snapshot_id)
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(self._start_offset, snapshot_id, self._cleaned_end))
             except OSError as exc:
                 raise self._fail(exc) from exc
             self._snapshot_id = snapshot_id
@@ -584,7 +600,7 @@ class SegmentLog:
                 return self._start_offset
             new_start = self._segments[len(doomed)].base_offset
             try:
-                write_log_start_checkpoint(self._log_dir, new_start, self._snapshot_id)
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, self._snapshot_id, self._cleaned_end))
                 self._delete_segments(doomed)
                 self._segments = self._segments[len(doomed):]
                 self._segment_bases = self._segment_bases[len(doomed):]
@@ -595,6 +611,37 @@ class SegmentLog:
             except OSError as exc:
                 raise self._fail(exc) from exc
             return new_start
+
+    def replace_prefix(self, batches: Sequence[Batch], clean_end: int) -> None:
+        """Replace every batch below ``clean_end`` by ``batches``, a compacted copy of that prefix.
+
+        ``batches`` keep their offsets (records may be missing, never moved), lie in
+        [start_offset, clean_end), increase, and the last one ends exactly at ``clean_end``,
+        a batch boundary of this log. Offsets below ``clean_end`` may jump from then on.
+        Epoch boundaries are kept as they are (the cleaner keeps every control record).
+
+        Crash safety: the new segments are written as ``*.log.cleaned`` and fsynced, a
+        ``cleaner-swap`` marker naming old and new files is written atomically, then the new
+        files are renamed over the old ones and the old ones deleted, and the marker removed.
+        Recovery finishes a swap whose marker exists and deletes ``*.cleaned`` files without
+        one, so a crash leaves either the old prefix or the new one, never a mix.
+        """
+        with self._lock:
+            self._check_writable()
+            check(self._start_offset < clean_end <= self._end_offset(),
+                  f"clean_end {clean_end} outside ({self._start_offset}, {self._end_offset()}]")
+            check(bool(batches) and batches[-1].next_offset == clean_end,
+                  f"the cleaned batches must end at clean_end {clean_end}")
+            previous_end = self._start_offset
+            for batch in batches:
+                check(batch.base_offset >= previous_end and len(batch.records) > 0,
+                      f"cleaned batch at {batch.base_offset} overlaps the one before or is empty")
+                previous_end = batch.next_offset
+            self._truncation_generation += 1
+            try:
+                self._replace_prefix_locked(batches, clean_end)
+            except OSError as exc:
+                raise self._fail(exc) from exc
 
     def iter_batches(self, from_offset: int | None = None,
                      chunk_bytes: int = ITERATE_CHUNK_BYTES) -> Iterator[Batch]:
@@ -883,16 +930,133 @@ class SegmentLog:
                         pass
             segment.fd = segment.index_fd = -1
 
+    def _replace_prefix_locked(self, batches: Sequence[Batch], clean_end: int) -> None:
+        slot = bisect.bisect_right(self._segment_bases, clean_end - 1) - 1
+        holder = self._segments[slot]
+        cut_position, partial = self._locate_cut(holder, clean_end)
+        check(partial is None, f"clean_end {clean_end} is not a batch boundary")
+        tail = _read_exact(holder.fd, holder.size_bytes - cut_position, cut_position)
+        holder_is_active = slot == len(self._segments) - 1
+        packed = self._pack_segments(batches, tail)
+        pending = [segment for segment, _data in packed]
+        pending[-1].next_offset = holder.next_offset
+        new_bases = [segment.base_offset for segment in pending]
+        old_bases = self._segment_bases[: slot + 1]
+        for segment, data in packed:
+            fd = os.open(self._cleaned_path(segment.base_offset), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        del packed
+        self._cleaned_end = max(self._cleaned_end, clean_end)
+        write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
+            self._start_offset, self._snapshot_id, self._cleaned_end))
+        self._failpoints.hit("segment.before_swap_marker")
+        write_file_atomically(self._log_dir / SWAP_MARKER_NAME,
+                              json.dumps({"old": old_bases, "new": new_bases}).encode())
+        self._failpoints.hit("segment.before_swap")
+        for segment in self._segments[: slot + 1]:
+            for fd in (segment.fd, segment.index_fd):
+                if fd >= 0:
+                    os.close(fd)
+            segment.fd = segment.index_fd = -1
+        self._swap_files(old_bases, new_bases)
+        self._failpoints.hit("segment.after_swap")
+        (self._log_dir / SWAP_MARKER_NAME).unlink()
+        fsync_directory(self._log_dir)
+        for segment in pending:
+            segment.fd = os.open(segment.path, os.O_RDWR | os.O_APPEND)
+            segment.durable_bytes = segment.size_bytes
+        following = self._segments[slot + 1 :]
+        self._segments = pending + following
+        self._segment_bases = new_bases + self._segment_bases[slot + 1 :]
+        for index, segment in enumerate(self._segments[: len(pending)]):
+            if index < len(self._segments) - 1:
+                self._write_sealed_index(segment, self._segments[index + 1].base_offset)
+        if holder_is_active:
+            self._rewrite_active_index(self._segments[-1])
+        if holder_is_active:  # the active segment was rewritten and fsynced whole
+            self._flushed_offset = self._end_offset()
+
+    def _pack_segments(self, batches: Sequence[Batch], tail: bytes) -> list[tuple[_Segment, bytearray]]:
+        """Lay out cleaned batches (then the holder's untouched tail) in new segments.
+
+        The first new segment is named by the log start offset even if its first record was
+        cleaned away, so the log keeps starting where the checkpoint says.
+        """
+        packed: list[tuple[_Segment, bytearray]] = []
+        for batch in batches:
+            data = encode_batch(batch)
+            if not packed or (packed[-1][0].size_bytes > 0 and
+                              packed[-1][0].size_bytes + len(data) > self._segment_bytes):
+                base = self._start_offset if not packed else batch.base_offset
+                packed.append((_Segment(base, _segment_path(self._log_dir, base), -1, 0, base), bytearray()))
+            self._add_to_pending(*packed[-1], batch.base_offset, batch.next_offset, data)
+        position = 0
+        while position < len(tail):
+            header = decode_header(tail, position)
+            data = tail[position : position + header.total_bytes]
+            self._add_to_pending(*packed[-1], header.base_offset, header.base_offset + header.count, data)
+            position += header.total_bytes
+        return packed
+
+    def _add_to_pending(self, segment: _Segment, buffer: bytearray, base_offset: int, next_offset: int,
+                        data: bytes) -> None:
+        segment.add_index_entry(base_offset, segment.size_bytes, self._index_interval_bytes)
+        buffer += data
+        segment.size_bytes += len(data)
+        segment.next_offset = next_offset
+
+    def _cleaned_path(self, base_offset: int) -> Path:
+        path = _segment_path(self._log_dir, base_offset)
+        return path.with_name(path.name + CLEANED_SUFFIX)
+
+    def _swap_files(self, old_bases: list[int], new_bases: list[int]) -> None:
+        """Rename the cleaned files into place and delete the old ones; repeatable after a crash."""
+        for base in new_bases:
+            cleaned = self._cleaned_path(base)
+            if cleaned.exists():
+                os.replace(cleaned, _segment_path(self._log_dir, base))
+            _segment_path(self._log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+        for base in old_bases:
+            if base not in new_bases:
+                _segment_path(self._log_dir, base).unlink(missing_ok=True)
+                _segment_path(self._log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+        fsync_directory(self._log_dir)
+
+    def _finish_or_drop_swap(self) -> None:
+        """Finish a replace_prefix whose marker was written; drop cleaned files of one that was not."""
+        marker = self._log_dir / SWAP_MARKER_NAME
+        if marker.exists():
+            try:
+                value = json.loads(marker.read_bytes())
+                old_bases, new_bases = value["old"], value["new"]
+                check(all(type(base) is int for base in old_bases + new_bases), "bases")
+            except Exception as exc:
+                raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None) from exc
+            logger.warning("finishing a segment swap interrupted by a crash: %s replace %s", new_bases, old_bases)
+            self._swap_files(old_bases, new_bases)
+            marker.unlink()
+        for entry in os.listdir(self._log_dir):
+            if entry.endswith(CLEANED_SUFFIX):
+                logger.info("deleting %s of a segment swap that never started", entry)
+                (self._log_dir / entry).unlink()
+        fsync_directory(self._log_dir)
+
     # ------------------------------------------------------------------ recovery
 
     def _recover(self) -> None:
         for entry in os.listdir(self._log_dir):
             if entry.endswith(".tmp"):  # an atomic replace that never happened
                 (self._log_dir / entry).unlink()
+        self._finish_or_drop_swap()
         checkpoint = read_log_start_checkpoint(self._log_dir)
         bases = list_segment_bases(self._log_dir)
         if checkpoint is not None:
-            self._start_offset, self._snapshot_id = checkpoint
+            self._start_offset, self._snapshot_id = checkpoint.start_offset, checkpoint.snapshot_id
+            self._cleaned_end = checkpoint.cleaned_end
             below = [base for base in bases if base < self._start_offset]
             for base in below:  # a delete_before or reset_to_snapshot interrupted by a crash
                 logger.info("deleting segment %s below the log start offset %d", base, self._start_offset)
@@ -1048,14 +1212,17 @@ class SegmentLog:
             entries = None
             problem = f"unreadable: {exc}"
         if self._verify_sealed_segments:
+            # The scans saw the first held batch of each epoch. The checkpoint may name an
+            # earlier start for an epoch (its first records were cleaned away): keep it then.
             sealed = self._sealed_segment_epochs
-            if entries is not None and self._start_offset == 0 and \
-                    [entry for entry in entries if entry[1] < last.base_offset] != sealed:
+            held = [entry for entry in entries or [] if entry[1] < last.base_offset]
+            consistent = [epoch for epoch, _ in held] == [epoch for epoch, _ in sealed] and all(
+                checkpointed[1] <= scanned[1] for checkpointed, scanned in zip(held, sealed, strict=True))
+            if entries is not None and not consistent:
                 problem = "out of step with the segments"
-                entries = None
-            if entries is None and len(self._segments) > 1:
+            if (entries is None or not consistent) and len(self._segments) > 1:
                 logger.warning("%s is %s; rebuilt it from the segments", path, problem)
-            recovered = list(sealed)
+            recovered = held if entries is not None and consistent else list(sealed)
         else:
             if entries is None:
                 if len(self._segments) > 1:
