@@ -385,6 +385,45 @@ def list_segment_bases(log_dir: Path) -> list[int]:
     return sorted(bases)
 
 
+def _cleaned_path(log_dir: Path, base_offset: int) -> Path:
+    path = _segment_path(log_dir, base_offset)
+    return path.with_name(path.name + CLEANED_SUFFIX)
+
+
+def _swap_files(log_dir: Path, old_bases: list[int], new_bases: list[int]) -> None:
+    """Rename cleaned segment files into place and delete the old ones; repeatable after a crash."""
+    for base in new_bases:
+        cleaned = _cleaned_path(log_dir, base)
+        if cleaned.exists():
+            os.replace(cleaned, _segment_path(log_dir, base))
+        _segment_path(log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+    for base in old_bases:
+        if base not in new_bases:
+            _segment_path(log_dir, base).unlink(missing_ok=True)
+            _segment_path(log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+    fsync_directory(log_dir)
+
+
+def finish_or_drop_swap(log_dir: Path) -> None:
+    """Finish a replace_prefix whose swap marker was written; drop cleaned files of one that was not."""
+    marker = log_dir / SWAP_MARKER_NAME
+    if marker.exists():
+        try:
+            value = json.loads(marker.read_bytes())
+            old_bases, new_bases = value["old"], value["new"]
+            check(all(type(base) is int for base in old_bases + new_bases), "bases")
+        except Exception as exc:
+            raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None) from exc
+        logger.warning("finishing a segment swap interrupted by a crash: %s replace %s", new_bases, old_bases)
+        _swap_files(log_dir, old_bases, new_bases)
+        marker.unlink()
+    for entry in os.listdir(log_dir):
+        if entry.endswith(CLEANED_SUFFIX):
+            logger.info("deleting %s of a segment swap that never started", entry)
+            (log_dir / entry).unlink()
+    fsync_directory(log_dir)
+
+
 class SegmentLog:
     """``raft.log.RaftLog`` on disk. Thread-safe: one lock guards every method."""
 
@@ -943,7 +982,7 @@ class SegmentLog:
         new_bases = [segment.base_offset for segment in pending]
         old_bases = self._segment_bases[: slot + 1]
         for segment, data in packed:
-            fd = os.open(self._cleaned_path(segment.base_offset), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(_cleaned_path(self._log_dir, segment.base_offset), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 _write_all(fd, data)
                 os.fsync(fd)
@@ -962,7 +1001,7 @@ class SegmentLog:
                 if fd >= 0:
                     os.close(fd)
             segment.fd = segment.index_fd = -1
-        self._swap_files(old_bases, new_bases)
+        _swap_files(self._log_dir, old_bases, new_bases)
         self._failpoints.hit("segment.after_swap")
         (self._log_dir / SWAP_MARKER_NAME).unlink()
         fsync_directory(self._log_dir)
@@ -1009,49 +1048,13 @@ class SegmentLog:
         segment.size_bytes += len(data)
         segment.next_offset = next_offset
 
-    def _cleaned_path(self, base_offset: int) -> Path:
-        path = _segment_path(self._log_dir, base_offset)
-        return path.with_name(path.name + CLEANED_SUFFIX)
-
-    def _swap_files(self, old_bases: list[int], new_bases: list[int]) -> None:
-        """Rename the cleaned files into place and delete the old ones; repeatable after a crash."""
-        for base in new_bases:
-            cleaned = self._cleaned_path(base)
-            if cleaned.exists():
-                os.replace(cleaned, _segment_path(self._log_dir, base))
-            _segment_path(self._log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
-        for base in old_bases:
-            if base not in new_bases:
-                _segment_path(self._log_dir, base).unlink(missing_ok=True)
-                _segment_path(self._log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
-        fsync_directory(self._log_dir)
-
-    def _finish_or_drop_swap(self) -> None:
-        """Finish a replace_prefix whose marker was written; drop cleaned files of one that was not."""
-        marker = self._log_dir / SWAP_MARKER_NAME
-        if marker.exists():
-            try:
-                value = json.loads(marker.read_bytes())
-                old_bases, new_bases = value["old"], value["new"]
-                check(all(type(base) is int for base in old_bases + new_bases), "bases")
-            except Exception as exc:
-                raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None) from exc
-            logger.warning("finishing a segment swap interrupted by a crash: %s replace %s", new_bases, old_bases)
-            self._swap_files(old_bases, new_bases)
-            marker.unlink()
-        for entry in os.listdir(self._log_dir):
-            if entry.endswith(CLEANED_SUFFIX):
-                logger.info("deleting %s of a segment swap that never started", entry)
-                (self._log_dir / entry).unlink()
-        fsync_directory(self._log_dir)
-
     # ------------------------------------------------------------------ recovery
 
     def _recover(self) -> None:
         for entry in os.listdir(self._log_dir):
             if entry.endswith(".tmp"):  # an atomic replace that never happened
                 (self._log_dir / entry).unlink()
-        self._finish_or_drop_swap()
+        finish_or_drop_swap(self._log_dir)
         checkpoint = read_log_start_checkpoint(self._log_dir)
         bases = list_segment_bases(self._log_dir)
         if checkpoint is not None:

@@ -9,6 +9,7 @@ import pytest
 
 from raft.types import Batch, ProtocolInvariantError
 from storage.failpoints import FAILPOINT_CRASH_EXIT_CODE, Failpoints
+from storage.repair import main as repair_main
 from storage.segment_log import SWAP_MARKER_NAME, CorruptLogError, SegmentLog
 from tests.storage.helpers import make_batch, power_loss, segment_files
 
@@ -165,3 +166,19 @@ def test_power_loss_after_replace_prefix_keeps_it(tmp_path: Path) -> None:
     power_loss(log)
     with SegmentLog(log_dir, segment_bytes=SEGMENT_BYTES) as reopened:
         assert reopened.read(0, EVERYTHING) == cleaned + [b for b in batches if b.base_offset >= clean_end]
+
+
+def test_repair_verifies_and_truncates_a_cleaned_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir = tmp_path / "data" / "log"
+    batches = write_log(log_dir, 60)
+    clean_end = boundary_in_segment(log_dir, batches, 3)
+    cleaned = thin_out(batches, clean_end)
+    with SegmentLog(log_dir, segment_bytes=SEGMENT_BYTES) as log:
+        log.replace_prefix(cleaned, clean_end)
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 0
+    gap_offset = next(o for o in range(clean_end // 2, clean_end) if o % 3 == 2)
+    assert repair_main(["--data-dir", str(log_dir.parent), "--truncate-at", str(gap_offset)]) == 0
+    with SegmentLog(log_dir, segment_bytes=SEGMENT_BYTES) as log:
+        assert log.read(0, EVERYTHING) == [b for b in cleaned if b.base_offset < gap_offset]
+        assert log.end_offset() == max(b.next_offset for b in cleaned if b.base_offset < gap_offset)
+    capsys.readouterr()
