@@ -537,11 +537,11 @@ class SegmentLog:
             best = (0, 0)
             if self._snapshot_id is not None and self._snapshot_id.epoch <= epoch:
                 best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)
-            for slot, (entry_epoch, _start) in enumerate(self._epoch_entries):
+            entries = self._epoch_entries
+            for slot, (entry_epoch, _start) in enumerate(entries):
                 if entry_epoch > epoch:
                     break
-                following = self._epoch_entries[slot + 1 :]
-                best = (entry_epoch, following[0][1] if following else self._end_offset())
+                best = (entry_epoch, entries[slot + 1][1] if slot + 1 < len(entries) else self._end_offset())
             return best
 
     def flush(self) -> int:
