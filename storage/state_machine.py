@@ -66,6 +66,11 @@ logger = logging.getLogger(__name__)
 KEY_LOOKUP_CHUNK_KEYS = 500
 SQLITE_CACHE_KIB = 32 * 1024
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
+# thread so that apply never waits for them; the thread is woken after this many records.
+CHECKPOINT_EVERY_RECORDS = 2_000
+# If the background thread falls behind, the writer checkpoints itself past this WAL size.
+WAL_BACKSTOP_PAGES = 16_384
 MAX_LIST_LIMIT = 10_000
 MAX_CHANGES_LIMIT = 100_000
 
@@ -169,7 +174,8 @@ def _compile(statement: sa.ClauseElement, dialect: sa.Dialect) -> str:
 class StateMachine:
     """Applies committed batches to ``db_path`` and answers versioned reads from it."""
 
-    def __init__(self, db_path: str, *, history_retention_versions: int | None = None) -> None:
+    def __init__(self, db_path: str, *, history_retention_versions: int | None = None,
+                 background_checkpoint: bool = True) -> None:
         check(history_retention_versions is None or history_retention_versions >= 0,
               "history_retention_versions must be >= 0")
         self.db_path = os.path.abspath(db_path)
@@ -196,6 +202,13 @@ class StateMachine:
         self._applied_epoch: int = row.applied_epoch
         self._oldest_version: int = row.oldest_version
         self._prepare_statements()
+        self._writer.exec_driver_sql(
+            f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
+        self._records_since_checkpoint = 0
+        self._checkpointer: _Checkpointer | None = None
+        if background_checkpoint:
+            self._checkpointer = _Checkpointer(self._open_connection(), self.db_path)
+            self._checkpointer.start()
 
     # ---- connections ---------------------------------------------------------------
 
@@ -360,7 +373,11 @@ class StateMachine:
                     writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest))
             finally:
                 writer_cursor.close()
+            self._records_since_checkpoint += end_version - self._applied_version
             self._applied_version = end_version
+            if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
+                self._records_since_checkpoint = 0
+                self._checkpointer.wake()
             self._applied_epoch = end_epoch
             self._oldest_version = oldest
             return results
@@ -609,7 +626,13 @@ class StateMachine:
             if self._closed:
                 return
             self._closed = True
-            self._dispose()
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+            try:
+                # Leave a self-contained database file behind (empty WAL).
+                self._writer.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._dispose()
 
     def _dispose(self) -> None:
         with self._connections_lock:
@@ -623,6 +646,36 @@ class StateMachine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+class _Checkpointer(threading.Thread):
+    """Runs PASSIVE WAL checkpoints on its own connection when woken (see
+    CHECKPOINT_EVERY_RECORDS); sqlite3 releases the GIL while it works."""
+
+    def __init__(self, connection: Connection, db_path: str) -> None:
+        super().__init__(name=f"checkpoint:{os.path.basename(db_path)}", daemon=True)
+        self._connection = connection
+        self._wake = threading.Event()
+        self._stopping = False
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self.join()
+
+    def run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                self._connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except sa.exc.DBAPIError:
+                logger.exception("background WAL checkpoint failed; the writer's backstop applies")
 
 
 def _command_keys(command: Command) -> Iterator[str]:

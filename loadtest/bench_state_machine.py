@@ -1,0 +1,137 @@
+"""Benchmark of the SQLite state machine: apply rate per batch size, point-read rate.
+
+    python -m loadtest.bench_state_machine [--records 200000] [--reads 200000] [--out FILE]
+
+Targets (issue 3): apply >= 50,000 records/s for batches of 100 and 1000 records, and
+>= 30,000 point reads/s on one thread. Prints the figures and writes them as JSON. Each
+apply call gets one batch, the way the runtime applies what one commit advance covers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from raft.types import Batch
+from storage.commands import encode_command, put
+from storage.state_machine import StateMachine
+
+VALUE_BYTES = 256
+APPLY_BATCH_SIZES = (100, 1000)
+
+
+def _records(count: int, key_space: int, rng: random.Random) -> list[bytes]:
+    value = bytes(rng.getrandbits(8) for _ in range(VALUE_BYTES))
+    return [encode_command(put(f"bench/key-{rng.randrange(key_space):08d}", value))
+            for _ in range(count)]
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def bench_apply(directory: str, batch_records: int, total_records: int, key_space: int) -> dict[str, Any]:
+    rng = random.Random(batch_records)
+    records = _records(total_records, key_space, rng)
+    batches = [Batch(offset, 1, 0, False, tuple(records[offset:offset + batch_records]))
+               for offset in range(0, total_records, batch_records)]
+    path = os.path.join(directory, f"apply-{batch_records}.db")
+    call_ms: list[float] = []
+    with StateMachine(path) as state:
+        started = time.perf_counter()
+        for batch in batches:
+            call_started = time.perf_counter()
+            state.apply([batch])
+            call_ms.append((time.perf_counter() - call_started) * 1000)
+        elapsed_s = time.perf_counter() - started
+        applied = state.applied_version
+    return {
+        "batch_records": batch_records,
+        "records": applied,
+        "value_bytes": VALUE_BYTES,
+        "key_space": key_space,
+        "elapsed_s": round(elapsed_s, 3),
+        "records_per_s": round(applied / elapsed_s),
+        "apply_call_ms_p50": round(statistics.median(call_ms), 3),
+        "apply_call_ms_p99": round(_percentile(call_ms, 0.99), 3),
+    }
+
+
+def bench_reads(directory: str, key_count: int, reads: int) -> dict[str, Any]:
+    rng = random.Random(7)
+    path = os.path.join(directory, "reads.db")
+    value = b"x" * VALUE_BYTES
+    keys = [f"bench/key-{index:08d}" for index in range(key_count)]
+    with StateMachine(path) as state:
+        for start in range(0, key_count, 1000):
+            state.apply([Batch(start, 1, 0, False, tuple(
+                encode_command(put(key, value)) for key in keys[start:start + 1000]))])
+        lookups = [rng.choice(keys) for _ in range(reads)]
+        found = 0
+        started = time.perf_counter()
+        for key in lookups:
+            if state.get(key)[1] is not None:
+                found += 1
+        elapsed_s = time.perf_counter() - started
+        misses = [f"missing/{index}" for index in range(reads // 10)]
+        miss_started = time.perf_counter()
+        for key in misses:
+            state.get(key)
+        miss_elapsed_s = time.perf_counter() - miss_started
+        at_version_reads = reads // 10
+        at_started = time.perf_counter()
+        for key in lookups[:at_version_reads]:
+            state.get(key, at_version=state.applied_version // 2)
+        at_elapsed_s = time.perf_counter() - at_started
+    return {
+        "keys": key_count,
+        "reads": reads,
+        "found": found,
+        "reads_per_s": round(reads / elapsed_s),
+        "miss_reads_per_s": round(len(misses) / miss_elapsed_s),
+        "at_version_reads_per_s": round(at_version_reads / at_elapsed_s),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000, help="records applied per batch size")
+    parser.add_argument("--key-space", type=int, default=50_000, help="distinct keys written")
+    parser.add_argument("--reads", type=int, default=200_000, help="point reads")
+    parser.add_argument("--out", default="results/bench_state_machine.json")
+    args = parser.parse_args(argv)
+    report: dict[str, Any] = {
+        "benchmark": "state_machine",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "apply": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-sm-") as directory:
+        for batch_records in APPLY_BATCH_SIZES:
+            figures = bench_apply(directory, batch_records, args.records, args.key_space)
+            report["apply"].append(figures)
+            print(f"apply  batch={batch_records:>5} records: {figures['records_per_s']:>9,} records/s"
+                  f"  (call p50 {figures['apply_call_ms_p50']} ms, p99 {figures['apply_call_ms_p99']} ms;"
+                  f" target >= 50,000)")
+        report["reads"] = bench_reads(directory, args.key_space, args.reads)
+    reads = report["reads"]
+    print(f"get    single thread: {reads['reads_per_s']:>9,} reads/s (target >= 30,000);"
+          f" misses {reads['miss_reads_per_s']:,}/s; at_version {reads['at_version_reads_per_s']:,}/s")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(report, handle, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
