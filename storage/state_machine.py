@@ -318,10 +318,26 @@ class StateMachine:
                 oldest_version=sa.bindparam("oldest_version")),
             dialect,
         )
+        self._sql_meta_versions = _compile(
+            sa.select(meta.c.applied_version, meta.c.oldest_version)
+            .where(meta.c.id == sa.literal_column("1")), dialect)
+        self._sql_history_at = _compile(
+            sa.select(history.c.op, history.c.value, history.c.content_type, history.c.version,
+                      history.c.create_version)
+            .where(history.c.key == sa.bindparam("key"), history.c.version <= sa.bindparam("version"))
+            .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1),
+            dialect,
+        )
+        self._sql_entry = _compile(
+            sa.select(entries.c.value, entries.c.content_type, entries.c.mod_version,
+                      entries.c.create_version).where(entries.c.key == sa.bindparam("key")),
+            dialect,
+        )
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
             self._sql_point_read, self._sql_upsert, self._sql_delete, self._sql_history,
-            self._sql_meta)] == [1, 5, 1, 7, 3], "unexpected compiled statement shape")
+            self._sql_meta, self._sql_meta_versions, self._sql_history_at, self._sql_entry)]
+            == [1, 5, 1, 7, 3, 0, 4, 1], "unexpected compiled statement shape")
 
     # ---- properties ----------------------------------------------------------------
 
@@ -471,39 +487,38 @@ class StateMachine:
 
     def get(self, key: str, at_version: int | None = None) -> tuple[int, Entry | None]:
         """(version answered at, the entry or None)."""
+        cursor = self._reader_cursor()
         if at_version is None:
-            row = self._reader_cursor().execute(self._sql_point_read, (key,)).fetchone()
+            row = cursor.execute(self._sql_point_read, (key,)).fetchone()
             if row[1] is None:
                 return row[0], None
             return row[0], Entry(key, row[1], row[2], row[3], row[4])
-        with self._read_transaction() as connection:
-            self._check_readable(connection, at_version)
-            return at_version, self._entry_at(connection, key, at_version)
+        cursor.execute("BEGIN")
+        try:
+            applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
+            _check_version(at_version, applied_version, oldest_version)
+            return at_version, self._entry_at(cursor, key, at_version)
+        finally:
+            cursor.execute("COMMIT")
 
     def _check_readable(self, connection: Connection, version: int) -> int:
         row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
-        if version < row.oldest_version:
-            raise VersionCompactedError(version, row.oldest_version)
-        if version > row.applied_version:
-            raise VersionNotAppliedError(version, row.applied_version)
+        _check_version(version, row.applied_version, row.oldest_version)
         return row.applied_version
 
-    @staticmethod
-    def _entry_at(connection: Connection, key: str, version: int) -> Entry | None:
-        row = connection.execute(
-            sa.select(history.c.op, history.c.value, history.c.content_type, history.c.version,
-                      history.c.create_version)
-            .where(history.c.key == key, history.c.version <= version)
-            .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1)
-        ).first()
+    def _entry_at(self, cursor: sqlite3.Cursor, key: str, version: int) -> Entry | None:
+        """The key as of ``version``: its newest history row at or below it, else its current
+        row when that is no newer (see docs/state-machine.md, Schema)."""
+        row = cursor.execute(self._sql_history_at, (key, version, 1, 0)).fetchone()
         if row is not None:
-            if row.op == HISTORY_OP_DELETE:
+            op, value, content_type, mod_version, create_version = row
+            if op == HISTORY_OP_DELETE:
                 return None
-            return Entry(key, row.value, row.content_type, row.version, row.create_version)
-        current = connection.execute(sa.select(entries).where(entries.c.key == key)).first()
-        if current is None or current.mod_version > version:
+            return Entry(key, value, content_type, mod_version, create_version)
+        row = cursor.execute(self._sql_entry, (key,)).fetchone()
+        if row is None or row[2] > version:
             return None
-        return Entry(*current)
+        return Entry(key, row[0], row[1], row[2], row[3])
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> tuple[int, list[Entry], str | None]:
@@ -747,6 +762,13 @@ def _evaluate(
         elif entry is not original[key]:
             upserts.append((key, entry.value, entry.content_type, entry.mod_version, entry.create_version))
     return results, upserts, deletes, history_rows
+
+
+def _check_version(version: int, applied_version: int, oldest_version: int) -> None:
+    if version < oldest_version:
+        raise VersionCompactedError(version, oldest_version)
+    if version > applied_version:
+        raise VersionNotAppliedError(version, applied_version)
 
 
 def _event(row: Any) -> Event:
