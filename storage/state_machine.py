@@ -723,36 +723,43 @@ def _evaluate(
     original = dict(state)
     results: list[ApplyResult] = []
     history_rows: list[HistoryRow] = []
+    append_result = results.append
+    append_history = history_rows.append
+    put_kind, delete_kind = OpKind.PUT, OpKind.DELETE
     for offset, command in commands:
         version = offset + 1
         seq = 0  # position of a change within its record: the same on every replica
         if isinstance(command, str):
-            results.append(ApplyResult(offset, version, False, (), (), command))
+            append_result(ApplyResult(offset, version, False, (), (), command))
             continue
-        failed = tuple((c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
-                       for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
-        succeeded = not failed
+        failed: tuple[tuple[str, int], ...] = ()
+        if command.compare:
+            failed = tuple(
+                (c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
+                for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
         op_results: list[OpResult] = []
-        for op in command.success if succeeded else command.failure:
-            previous = state[op.key]
-            if op.kind == OpKind.PUT:
+        for op in command.failure if failed else command.success:
+            key = op.key
+            previous = state[key]
+            kind = op.kind
+            if kind == put_kind:
                 create_version = version if previous is None else previous.create_version
-                entry = Entry(op.key, op.value, op.content_type, version, create_version)
-                state[op.key] = entry
-                history_rows.append((version, seq, op.key, HISTORY_OP_PUT, op.value,
-                                     op.content_type, create_version))
+                entry = Entry(key, op.value, op.content_type, version, create_version)
+                state[key] = entry
+                append_history((version, seq, key, HISTORY_OP_PUT, op.value, op.content_type,
+                                create_version))
                 seq += 1
-                op_results.append(OpResult(op.kind, op.key, previous is None, False, entry))
-            elif op.kind == OpKind.DELETE:
+                op_results.append(OpResult(kind, key, previous is None, False, entry))
+            elif kind == delete_kind:
                 if previous is not None:
-                    state[op.key] = None
-                    history_rows.append((version, seq, op.key, HISTORY_OP_DELETE,
-                                         None, None, previous.create_version))
+                    state[key] = None
+                    append_history((version, seq, key, HISTORY_OP_DELETE, None, None,
+                                    previous.create_version))
                     seq += 1
-                op_results.append(OpResult(op.kind, op.key, False, previous is not None, None))
+                op_results.append(OpResult(kind, key, False, previous is not None, None))
             else:
-                op_results.append(OpResult(op.kind, op.key, False, False, previous))
-        results.append(ApplyResult(offset, version, succeeded, tuple(op_results), failed))
+                op_results.append(OpResult(kind, key, False, False, previous))
+        append_result(ApplyResult(offset, version, not failed, tuple(op_results), failed))
     upserts: list[tuple[Any, ...]] = []
     deletes: list[tuple[str]] = []
     for key, entry in state.items():
