@@ -399,16 +399,18 @@ class StateMachine:
             return results
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
-        """Which batches (and from which record) to apply; checks contiguity first."""
+        """Which batches (and from which record) to apply.
+
+        Batches may leave gaps: a cleaned log keeps only each key's newest record, so the
+        offsets of removed records are simply absent (they changed nothing that survives).
+        """
         expected = self._applied_version
         epoch = self._applied_epoch
         plan: list[tuple[Batch, int]] = []
         for batch in batches:
             if batch.next_offset <= expected:
                 continue
-            check(batch.base_offset <= expected,
-                  f"gap before batch at offset {batch.base_offset}: applied version is {expected}")
-            plan.append((batch, expected - batch.base_offset))
+            plan.append((batch, max(0, expected - batch.base_offset)))
             expected = batch.next_offset
             epoch = batch.epoch
         return plan, expected, epoch
@@ -743,7 +745,8 @@ def _evaluate(
             previous = state[key]
             kind = op.kind
             if kind == put_kind:
-                create_version = version if previous is None else previous.create_version
+                # A cleaned record restores the create_version of the records it replaced.
+                create_version = op.create_version or (version if previous is None else previous.create_version)
                 entry = Entry(key, op.value, op.content_type, version, create_version)
                 state[key] = entry
                 append_history((version, seq, key, HISTORY_OP_PUT, op.value, op.content_type,
