@@ -612,8 +612,8 @@ class SegmentLog:
             self._truncation_generation += 1
             new_start = snapshot_id.end_offset
             try:
-                above = [s for s in self._segments if s.base_offset >= new_start]
-                self._delete_segments(above)
+                above = [s for s in reversed(self._segments) if s.base_offset >= new_start]
+                self._delete_segments(above)  # newest first: a crash leaves no gap
                 if above:
                     fsync_directory(self._log_dir)
                 write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, snapshot_id, self._cleaned_end))
@@ -871,7 +871,7 @@ class SegmentLog:
 
     def _truncate_locked(self, offset: int) -> None:
         slot = max(bisect.bisect_right(self._segment_bases, offset) - 1, 0)
-        self._delete_segments(self._segments[slot + 1 :])
+        self._delete_segments(self._segments[:slot:-1])  # newest first: a crash leaves no gap
         del self._segments[slot + 1 :]
         del self._segment_bases[slot + 1 :]
         segment = self._segments[-1]
