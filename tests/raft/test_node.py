@@ -275,3 +275,23 @@ def test_leader_computes_dirty_offset_and_tombstone_horizon() -> None:
     assert (node.dirty_offset, node.tombstone_horizon) == (1, 1)  # min over voters: voter 3 at 1
     answers = [e.message for e in ready.messages if isinstance(e.message, FetchResponse)]
     assert answers and answers[-1].dirty_offset == 1 and answers[-1].tombstone_horizon == 1
+
+
+def test_high_watermark_waits_for_an_entry_of_the_leaders_own_epoch() -> None:
+    """Raft's figure-8 rule: a majority holding only older-epoch entries commits nothing."""
+    log = MemoryLog()
+    log.append(Batch(0, 1, 0, True, (b"leader-change",)))
+    log.append(Batch(1, 1, 0, False, (b"a", b"b", b"c")))  # offsets 1..3, epoch 1, uncommitted
+    log.flush()
+    node = _node(frozenset({1, 2, 3}), log=log, persisted=QuorumStateRecord(2, -1, -1))
+    node.tick(node.next_deadline_ms())
+    node.handle(5_000, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 2, -1, True, True)))
+    node.handle(5_001, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 3, -1, True, False)))
+    assert (node.role, node.epoch) == (Role.LEADER, 3)
+    log.flush()  # the LeaderChange record of epoch 3 is at offset 4
+    node.on_flushed(5_002)
+    # Voter 2 holds offsets 0..3 (epoch 1) and fetches from 4: a majority holds 0..3 ...
+    node.handle(5_003, Envelope(2, 1, FetchRequest(3, 2, 4, 1, 0, 0, "")))
+    assert node.high_watermark == 0  # ... but nothing of epoch 3 is on a majority yet
+    node.handle(5_004, Envelope(2, 1, FetchRequest(3, 2, 5, 3, 0, 0, "")))
+    assert node.high_watermark == 5
