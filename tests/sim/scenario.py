@@ -143,10 +143,29 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
         else:
             cluster.at(at_ms, lambda: _take_snapshot(cluster, log))
 
+    # Hostile elections: a new leader is sometimes cut off or crashed at once, so it leaves
+    # a LeaderChange record nobody else has (the setting of Raft's figure 8).
+    hostile_probability = plan_rng.choice((0.0, 0.0, 0.3))
+
+    def on_elected(node) -> None:  # type: ignore[no-untyped-def]
+        if cluster.now_ms >= fault_phase_ms or plan_rng.random() >= hostile_probability:
+            return
+        victim, back_ms = node.node_id, cluster.now_ms + plan_rng.randint(20, 400)
+        if plan_rng.random() < 0.5:
+            cluster.at(cluster.now_ms, lambda: (log(f"crash new leader {victim}"), cluster.crash(victim)))
+            cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
+        else:
+            others = set(all_ids) - {victim}
+            cluster.at(cluster.now_ms, lambda: (log(f"isolate new leader {victim}"),
+                                                cluster.partition({victim}, others)))
+            cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
+    cluster.on_elected = on_elected
+
     cluster.run_for(fault_phase_ms)
 
     # Liveness: heal everything and demand progress within a bound.
     log("liveness: heal, restart all, lossless network")
+    cluster.on_elected = None
     cluster.heal()
     cluster.faults.drop_probability = 0.0
     cluster.faults.duplicate_probability = 0.0
