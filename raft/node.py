@@ -776,6 +776,8 @@ class RaftNode:
     def _leader_should_park(self, request: FetchRequest, state: LeaderState, voter: int | None) -> bool:
         if request.max_wait_ms <= 0 or request.fetch_offset < self._log.end_offset():
             return False
+        if len(state.parked) >= len(self._voters) + self.config.max_observers:
+            return False  # the parking lot is full: answer at once (bound: voters + max_observers)
         if request.high_watermark < self.high_watermark:
             return False
         if voter is not None and request.read_nonce < state.read_nonce and state.reads:
