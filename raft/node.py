@@ -1061,7 +1061,7 @@ class RaftNode:
                 return
             max_bytes = min(request.max_bytes, self.config.snapshot_chunk_bytes)
             chunk = self._snapshots.read_chunk(snapshot_id, request.position, max_bytes) if request.position < size else b""
-        except SnapshotNotFoundError:
+        except (SnapshotNotFoundError, OSError):  # gone, or unreadable: the fetcher retries
             answer(ErrorCode.SNAPSHOT_NOT_FOUND)
             return
         except ValueError:
@@ -1097,7 +1097,7 @@ class RaftNode:
                 self._follower_send_snapshot_fetch(now_ms, state)
                 return
             self._snapshots.finish_download(snapshot_id)
-        except (CorruptSnapshotError, ValueError, SnapshotNotFoundError):
+        except (CorruptSnapshotError, ValueError, SnapshotNotFoundError, OSError):  # start over later
             self._follower_abandon_snapshot(now_ms, state)
             return
         self._log.reset_to_snapshot(snapshot_id)
