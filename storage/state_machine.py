@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
@@ -41,7 +42,7 @@ from sqlalchemy.pool import NullPool
 from raft.snapshots import CorruptSnapshotError
 from raft.types import Batch, SnapshotId, check
 from storage.commands import (
-    Command,
+    COMMAND_VERSION,
     CommandDecodeError,
     CompareKind,
     OpKind,
@@ -368,7 +369,7 @@ class StateMachine:
             if end_version == self._applied_version:
                 return []
             commands = self._decode(plan)
-            keys = {key for _offset, command in commands if isinstance(command, Command)
+            keys = {key for _offset, command in commands if not isinstance(command, str)
                     for key in _command_keys(command)}
             writer_cursor = self._writer.connection.driver_connection.cursor()
             try:
@@ -414,16 +415,16 @@ class StateMachine:
         return plan, expected, epoch
 
     @staticmethod
-    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, Command | str]]:
+    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, CompactCommand | str]]:
         """(offset, command or decode error) for every non-control record to apply."""
-        commands: list[tuple[int, Command | str]] = []
+        commands: list[tuple[int, CompactCommand | str]] = []
         for batch, first_index in plan:
             if batch.control:
                 continue
             for index in range(first_index, len(batch.records)):
                 offset = batch.base_offset + index
                 try:
-                    commands.append((offset, decode_command(batch.records[index])))
+                    commands.append((offset, decode_compact(batch.records[index])))
                 except CommandDecodeError as exc:
                     logger.warning("record at offset %d does not decode (%s); applied as a no-op",
                                    offset, exc)
@@ -693,16 +694,54 @@ class _Checkpointer(threading.Thread):
                 logger.exception("background WAL checkpoint failed; the writer's backstop applies")
 
 
-def _command_keys(command: Command) -> Iterator[str]:
-    for compare in command.compare:
-        yield compare.key
-    for op in command.success:
-        yield op.key
-    for op in command.failure:
-        yield op.key
+# The state machine's working form of a command: plain tuples, cheaper to build and read
+# than the Command dataclasses, with the same content:
+#   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type), ...) x 2)
+CompactOp = tuple[int, str, bytes, str]
+CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
+_OP_KINDS = {int(kind): kind for kind in OpKind}
+_PUT, _DELETE = int(OpKind.PUT), int(OpKind.DELETE)
+_SIMPLE_OP_KINDS = frozenset(_OP_KINDS)
 
 
-def _compare_holds(kind: CompareKind, target: int | bool | bytes, entry: Entry | None) -> bool:
+def decode_compact(record: bytes) -> CompactCommand:
+    """Decode a record as ``storage.commands.decode_command`` does, into the compact form.
+
+    The common record, one op and no compares, is recognised directly; any other shape goes
+    through ``decode_command``, which accepts a superset of what the shortcut accepts and
+    gives the same content for it, so both paths agree on every record.
+    """
+    try:
+        value = msgpack.unpackb(record, raw=False)
+    except Exception:  # decode_command below reports it the same way every time
+        value = None
+    if (type(value) is list and len(value) == 4 and type(value[0]) is int
+            and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
+            and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
+            and not value[3]):
+        op = value[2][0]
+        if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] in _SIMPLE_OP_KINDS
+                and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
+            return (), ((op[0], op[1], op[2], op[3]),), ()
+    command = decode_command(record)
+    return (
+        tuple((c.key, int(c.kind), c.target) for c in command.compare),
+        tuple((int(o.kind), o.key, o.value, o.content_type) for o in command.success),
+        tuple((int(o.kind), o.key, o.value, o.content_type) for o in command.failure),
+    )
+
+
+def _command_keys(command: CompactCommand) -> Iterator[str]:
+    compares, success, failure = command
+    for compare in compares:
+        yield compare[0]
+    for op in success:
+        yield op[1]
+    for op in failure:
+        yield op[1]
+
+
+def _compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) -> bool:
     if kind == CompareKind.MOD_VERSION:
         return (0 if entry is None else entry.mod_version) == target
     if kind == CompareKind.EXISTS:
@@ -714,7 +753,7 @@ HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
 
 
 def _evaluate(
-    commands: list[tuple[int, Command | str]], state: dict[str, Entry | None]
+    commands: list[tuple[int, CompactCommand | str]], state: dict[str, Entry | None]
 ) -> tuple[list[ApplyResult], list[tuple[Any, ...]], list[tuple[str]], list[HistoryRow]]:
     """Run the commands against ``state`` (updated in place); pure and deterministic.
 
@@ -725,40 +764,37 @@ def _evaluate(
     history_rows: list[HistoryRow] = []
     append_result = results.append
     append_history = history_rows.append
-    put_kind, delete_kind = OpKind.PUT, OpKind.DELETE
     for offset, command in commands:
         version = offset + 1
         seq = 0  # position of a change within its record: the same on every replica
         if isinstance(command, str):
             append_result(ApplyResult(offset, version, False, (), (), command))
             continue
+        compares, success, failure = command
         failed: tuple[tuple[str, int], ...] = ()
-        if command.compare:
+        if compares:
             failed = tuple(
-                (c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
-                for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
+                (key, 0 if state[key] is None else state[key].mod_version)  # type: ignore[union-attr]
+                for key, kind, target in compares if not _compare_holds(kind, target, state[key]))
         op_results: list[OpResult] = []
-        for op in command.failure if failed else command.success:
-            key = op.key
+        for kind, key, value, content_type in failure if failed else success:
             previous = state[key]
-            kind = op.kind
-            if kind == put_kind:
+            if kind == _PUT:
                 create_version = version if previous is None else previous.create_version
-                entry = Entry(key, op.value, op.content_type, version, create_version)
+                entry = Entry(key, value, content_type, version, create_version)
                 state[key] = entry
-                append_history((version, seq, key, HISTORY_OP_PUT, op.value, op.content_type,
-                                create_version))
+                append_history((version, seq, key, HISTORY_OP_PUT, value, content_type, create_version))
                 seq += 1
-                op_results.append(OpResult(kind, key, previous is None, False, entry))
-            elif kind == delete_kind:
+                op_results.append(OpResult(_OP_KINDS[kind], key, previous is None, False, entry))
+            elif kind == _DELETE:
                 if previous is not None:
                     state[key] = None
                     append_history((version, seq, key, HISTORY_OP_DELETE, None, None,
                                     previous.create_version))
                     seq += 1
-                op_results.append(OpResult(kind, key, False, previous is not None, None))
+                op_results.append(OpResult(_OP_KINDS[kind], key, False, previous is not None, None))
             else:
-                op_results.append(OpResult(kind, key, False, False, previous))
+                op_results.append(OpResult(_OP_KINDS[kind], key, False, False, previous))
         append_result(ApplyResult(offset, version, not failed, tuple(op_results), failed))
     upserts: list[tuple[Any, ...]] = []
     deletes: list[tuple[str]] = []
