@@ -502,9 +502,12 @@ class StateMachine:
         finally:
             cursor.execute("COMMIT")
 
-    def _check_readable(self, connection: Connection, version: int) -> int:
+    def _check_readable(self, connection: Connection, version: int | None) -> int:
+        """The applied version of this read transaction, after checking ``version`` (if
+        given) is readable in it."""
         row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
-        _check_version(version, row.applied_version, row.oldest_version)
+        if version is not None:
+            _check_version(version, row.applied_version, row.oldest_version)
         return row.applied_version
 
     def _entry_at(self, cursor: sqlite3.Cursor, key: str, version: int) -> Entry | None:
@@ -527,12 +530,13 @@ class StateMachine:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise ValueError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
         with self._read_transaction() as connection:
-            if at_version is None:
-                version = connection.execute(sa.select(meta.c.applied_version)).scalar_one()
+            applied_version = self._check_readable(connection, at_version)
+            if at_version is None or at_version == applied_version:
+                # The current rows are the state at the applied version.
+                version = applied_version
                 query = (sa.select(entries).where(*_key_range(entries.c.key, prefix, after))
                          .order_by(entries.c.key).limit(limit + 1))
             else:
-                self._check_readable(connection, at_version)
                 version = at_version
                 query = _list_at_version_query(prefix, after, limit + 1, at_version)
             rows = connection.execute(query).all()
