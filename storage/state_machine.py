@@ -295,8 +295,15 @@ class StateMachine:
             .where(meta.c.id == sa.literal_column("1")),
             dialect,
         )
-        self._sql_upsert = _compile(
-            entries.insert().prefix_with("OR REPLACE").values(
+        self._sql_update = _compile(
+            entries.update().where(entries.c.key == sa.bindparam("row_key")).values(
+                value=sa.bindparam("value"), content_type=sa.bindparam("content_type"),
+                mod_version=sa.bindparam("mod_version"),
+                create_version=sa.bindparam("create_version")),
+            dialect,
+        )
+        self._sql_insert = _compile(
+            entries.insert().values(
                 key=sa.bindparam("key"), value=sa.bindparam("value"),
                 content_type=sa.bindparam("content_type"),
                 mod_version=sa.bindparam("mod_version"),
@@ -336,9 +343,11 @@ class StateMachine:
         )
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
-            self._sql_point_read, self._sql_upsert, self._sql_delete, self._sql_history,
-            self._sql_meta, self._sql_meta_versions, self._sql_history_at, self._sql_entry)]
-            == [1, 5, 1, 7, 3, 0, 4, 1], "unexpected compiled statement shape")
+            self._sql_point_read, self._sql_insert, self._sql_update, self._sql_delete,
+            self._sql_history, self._sql_meta, self._sql_meta_versions, self._sql_history_at,
+            self._sql_entry)] == [1, 5, 5, 1, 7, 3, 0, 4, 1], "unexpected compiled statement shape")
+        check(self._sql_update.rstrip().endswith("?") and "WHERE" in self._sql_update,
+              "the update statement must bind the key last")
 
     # ---- properties ----------------------------------------------------------------
 
@@ -375,11 +384,13 @@ class StateMachine:
             try:
                 with self._write_transaction():
                     current = self._load_entries(writer_cursor, keys)
-                    results, upserts, deletes, history_rows = _evaluate(commands, current)
-                    if deletes:
-                        writer_cursor.executemany(self._sql_delete, deletes)
-                    if upserts:
-                        writer_cursor.executemany(self._sql_upsert, upserts)
+                    results, changes, history_rows = _evaluate(commands, current)
+                    if changes.deletes:
+                        writer_cursor.executemany(self._sql_delete, changes.deletes)
+                    if changes.updates:
+                        writer_cursor.executemany(self._sql_update, changes.updates)
+                    if changes.inserts:
+                        writer_cursor.executemany(self._sql_insert, changes.inserts)
                     if history_rows:
                         writer_cursor.executemany(self._sql_history, history_rows)
                     oldest = self._oldest_version
@@ -756,12 +767,21 @@ def _compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) -
 HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
 
 
+@dataclass(slots=True)
+class RowChanges:
+    """What one apply call does to the entries table, as executemany parameter rows."""
+
+    inserts: list[tuple[Any, ...]]  # keys that did not exist before the call
+    updates: list[tuple[Any, ...]]  # keys that existed and still do (value, ..., key)
+    deletes: list[tuple[str]]  # keys that existed and no longer do
+
+
 def _evaluate(
     commands: list[tuple[int, CompactCommand | str]], state: dict[str, Entry | None]
-) -> tuple[list[ApplyResult], list[tuple[Any, ...]], list[tuple[str]], list[HistoryRow]]:
+) -> tuple[list[ApplyResult], RowChanges, list[HistoryRow]]:
     """Run the commands against ``state`` (updated in place); pure and deterministic.
 
-    Returns the results, the final rows to upsert, the keys to delete, and history rows.
+    Returns the results, the row changes for the entries table, and history rows.
     """
     original = dict(state)
     results: list[ApplyResult] = []
@@ -800,15 +820,20 @@ def _evaluate(
             else:
                 op_results.append(OpResult(_OP_KINDS[kind], key, False, False, previous))
         append_result(ApplyResult(offset, version, not failed, tuple(op_results), failed))
-    upserts: list[tuple[Any, ...]] = []
-    deletes: list[tuple[str]] = []
-    for key, entry in state.items():
+    changes = RowChanges([], [], [])
+    for key in sorted(state):  # key order: neighbouring rows share B-tree pages
+        entry = state[key]
+        before = original[key]
         if entry is None:
-            if original[key] is not None:
-                deletes.append((key,))
-        elif entry is not original[key]:
-            upserts.append((key, entry.value, entry.content_type, entry.mod_version, entry.create_version))
-    return results, upserts, deletes, history_rows
+            if before is not None:
+                changes.deletes.append((key,))
+        elif before is None:
+            changes.inserts.append((key, entry.value, entry.content_type, entry.mod_version,
+                                    entry.create_version))
+        elif entry is not before:
+            changes.updates.append((entry.value, entry.content_type, entry.mod_version,
+                                    entry.create_version, key))
+    return results, changes, history_rows
 
 
 def _check_version(version: int, applied_version: int, oldest_version: int) -> None:
