@@ -53,7 +53,7 @@ from raft.types import Batch, SnapshotId, check
 from storage.commands import Command, encode_command
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import SegmentLog
-from storage.snapshot_store import FileSnapshotStore
+from storage.snapshot_store import SnapshotStore
 from storage.state_machine import StateMachine
 
 logger = logging.getLogger("metakv.runtime")
@@ -66,11 +66,6 @@ LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0
 
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
-
-
-def snapshot_path(snapshots_dir: Path, snapshot_id: SnapshotId) -> Path:
-    """The shared on-disk name of a snapshot (HELPERS.md, data directory layout)."""
-    return snapshots_dir / f"{snapshot_id.end_offset:020d}-{snapshot_id.epoch:010d}.snapshot"
 
 
 @dataclass(slots=True)
@@ -133,8 +128,8 @@ class NodeRuntime:
         self.log = SegmentLog(self.data_dir / "log", segment_bytes=self.config.segment_bytes)
         self.quorum_state_file = QuorumStateFile(self.data_dir / "quorum-state")
         persisted = self.quorum_state_file.load()
-        self.snapshots = FileSnapshotStore(self.snapshots_dir)
-        self.state = StateMachine(self.data_dir / "state.db")
+        self.snapshots = SnapshotStore(self.snapshots_dir)
+        self.state = StateMachine(str(self.data_dir / "state.db"))
         self._recover_state()
         cfg = self.config
         self.node = RaftNode(
@@ -178,31 +173,30 @@ class NodeRuntime:
             check(snapshot_id is not None and snapshot_id.end_offset >= start,
                   f"state at version {self._applied_version} but the log starts at {start} with no snapshot")
             assert snapshot_id is not None
-            self.state.load_snapshot(snapshot_path(self.snapshots_dir, snapshot_id))
+            self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
             self._applied_version = self.state.applied_version
-        self._applied_epoch = self._epoch_of_offset(self._applied_version - 1)
+        self._applied_epoch = self.state.applied_epoch
 
-    def _epoch_of_offset(self, offset: int) -> int:
-        if offset < 0:
-            return 0
-        if offset >= self.log.start_offset() and offset < self.log.end_offset():
-            for batch in self.log.read(offset, 1):
-                if batch.base_offset <= offset < batch.next_offset:
-                    return batch.epoch
-        snapshot_id = self.log.latest_snapshot_id()
-        return snapshot_id.epoch if snapshot_id is not None else self.log.last_epoch()
-
-    async def stop(self) -> None:
-        """Graceful shutdown: a leader resigns first and waits (bounded) for a successor,
-        then proposals fail, the transport closes and the log is flushed and closed."""
+    async def begin_shutdown(self) -> None:
+        """First half of a graceful stop, while HTTP still serves: refuse new writes and, on a
+        leader, resign (EndQuorumEpoch) and wait (bounded) until a successor is known, so
+        clients are redirected instead of waiting out an election timeout."""
         if self._closing or not self._started:
             return
         self._closing = True
+        self._wake_waiters()
         if self.node.role == Role.LEADER:
             logger.info("node %d resigning leadership of epoch %d before shutdown", self.node_id, self.node.epoch)
             self.node.resign(monotonic_ms())
             self._drive()
             await self._wait_for_successor(self.config.shutdown_grace_ms)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: ``begin_shutdown``, then waiting proposals fail, the transport
+        closes, the log is flushed and storage closed."""
+        if self._closed or not self._started:
+            return
+        await self.begin_shutdown()
         self._fail_pending(IndeterminateError("node shut down before the write committed"),
                            include_committed=False)
         self._fail_reads()
@@ -212,8 +206,8 @@ class NodeRuntime:
         await self.transport.stop()
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
-        await asyncio.to_thread(self.log.flush)
         self._closed = True
+        await asyncio.to_thread(self.log.flush)
         self._close_storage()
         logger.info("node %d stopped", self.node_id)
 
@@ -338,8 +332,7 @@ class NodeRuntime:
             self._applied_version = self.state.applied_version
             self._applied_epoch = batches[-1].epoch
             self._complete_writes(batches, results)
-            self._applied_changed.set()
-            self._applied_changed = asyncio.Event()
+            self._wake_waiters()
         self._kick()  # more to apply: continue next turn, after other callbacks ran
 
     def _complete_writes(self, batches: list[Batch], results: Iterable[Any]) -> None:
@@ -381,24 +374,27 @@ class NodeRuntime:
                                include_committed=False)
         if node.role != Role.LEADER:
             self._fail_reads()
-        self._applied_changed.set()  # wake waiters that watch the role (graceful stop)
-        self._applied_changed = asyncio.Event()
+        self._wake_waiters()  # also those that watch the role (graceful stop)
 
     def _install_snapshot(self, snapshot_id: SnapshotId) -> None:
         """Replace the state by a downloaded snapshot; reads answer 503 meanwhile."""
         logger.info("node %d installing snapshot %s", self.node_id, snapshot_id)
         self._installing_snapshot = True
         try:
-            self.state.load_snapshot(snapshot_path(self.snapshots_dir, snapshot_id))
+            self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
             self._applied_version = self.state.applied_version
             self._applied_epoch = snapshot_id.epoch
         finally:
             self._installing_snapshot = False
         self.node.on_snapshot_installed(monotonic_ms(), snapshot_id)
         self._fail_pending(IndeterminateError("replaced by a snapshot"), include_committed=False)
+        self._wake_waiters()
+        self._kick()
+
+    def _wake_waiters(self) -> None:
+        """Wake everything waiting for the applied version or the role to change."""
         self._applied_changed.set()
         self._applied_changed = asyncio.Event()
-        self._kick()
 
     def _fail_pending(self, error: Exception, include_committed: bool) -> None:
         for offset in list(self._pending):
@@ -574,7 +570,7 @@ class NodeRuntime:
         version, and apply runs on this loop, so nothing changes underneath it)."""
         if self._closing:
             raise WriteRejectedError("node is shutting down")
-        snapshot_id = self.state.create_snapshot(self.snapshots_dir, self._applied_epoch)
+        snapshot_id = self.state.create_snapshot(str(self.snapshots_dir))
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 
     async def resign(self) -> dict[str, Any]:
