@@ -85,6 +85,7 @@ class NodeRuntime:
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.config = config
         self.node_id = config.node_id
+        self.max_value_bytes = config.max_value_bytes  # read by app.http.create_app
         self.data_dir = Path(config.data_dir)
         self.snapshots_dir = self.data_dir / "snapshots"
         self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
@@ -570,7 +571,10 @@ class NodeRuntime:
         version, and apply runs on this loop, so nothing changes underneath it)."""
         if self._closing:
             raise WriteRejectedError("node is shutting down")
+        if self._applied_version == 0:
+            raise NotReadyError("nothing applied yet: there is no state to snapshot")
         snapshot_id = self.state.create_snapshot(str(self.snapshots_dir))
+        self.log.record_snapshot(snapshot_id)
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 
     async def resign(self) -> dict[str, Any]:
