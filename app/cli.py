@@ -137,7 +137,12 @@ async def _serve(config: NodeConfig) -> int:
     from app.runtime import NodeRuntime
 
     runtime = NodeRuntime(config)
-    await runtime.start()
+    try:
+        await runtime.start()
+    except Exception as exc:  # corrupt files name file and byte offset; a taken port its address
+        logging.getLogger("metakv").debug("startup failed", exc_info=exc)
+        print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     app = create_app(runtime)
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",

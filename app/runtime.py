@@ -127,8 +127,8 @@ class NodeRuntime:
         (self.data_dir / "log").mkdir(parents=True, exist_ok=True)
         self.snapshots_dir.mkdir(parents=True, exist_ok=True)
         self.log = SegmentLog(self.data_dir / "log", segment_bytes=self.config.segment_bytes)
-        self.quorum_state_file = QuorumStateFile(self.data_dir / "quorum-state")
-        persisted = self.quorum_state_file.load()
+        self.quorum_state_file = QuorumStateFile(self.data_dir)
+        persisted = self.quorum_state_file.read()
         self.snapshots = SnapshotStore(self.snapshots_dir)
         self.state = StateMachine(str(self.data_dir / "state.db"))
         self._recover_state()
@@ -264,7 +264,7 @@ class NodeRuntime:
         try:
             ready = self.node.take_ready()
             if ready.quorum_state is not None:
-                self.quorum_state_file.save(ready.quorum_state)  # fsyncs; before any send
+                self.quorum_state_file.write(ready.quorum_state)  # fsyncs; before any send
             for envelope in ready.messages:
                 self.transport.send(envelope)
             if ready.flush:
