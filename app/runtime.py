@@ -60,6 +60,7 @@ logger = logging.getLogger("metakv.runtime")
 
 # Bounds on the work one loop turn may do, so a catching-up replica keeps answering HTTP.
 APPLY_MAX_READS_PER_TURN = 32
+MAX_TIMER_DELAY_S = 3600.0  # the core answers 'never' with a huge deadline; re-check hourly
 LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
                      0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -288,7 +289,7 @@ class NodeRuntime:
             return
         if self._timer is not None:
             self._timer.cancel()
-        delay_s = max(0, deadline_ms - monotonic_ms()) / 1000
+        delay_s = min(MAX_TIMER_DELAY_S, max(0, deadline_ms - monotonic_ms()) / 1000)
         self._timer = self._loop.call_later(delay_s, self._on_timer)
         self._timer_deadline_ms = deadline_ms
 
