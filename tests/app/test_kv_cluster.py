@@ -128,8 +128,9 @@ def test_txn_applies_all_or_nothing(cluster: Cluster) -> None:
 
 
 def test_list_is_consistent_at_one_version_under_concurrent_writes(cluster: Cluster) -> None:
+    text = {"Content-Type": "text/plain"}  # listed as strings, not base64
     for i in range(10):
-        cluster.put(f"list/k{i:02d}", b"0")
+        cluster.put(f"list/k{i:02d}", b"0", headers=text)
     stop = threading.Event()
 
     def churn() -> None:
@@ -139,7 +140,7 @@ def test_list_is_consistent_at_one_version_under_concurrent_writes(cluster: Clus
             while not stop.is_set():
                 for i in range(10):
                     client.put(f"{leader.url}/v1/kv/list/k{i:02d}", content=str(round_number).encode(),
-                               follow_redirects=True)
+                               headers=text, follow_redirects=True)
                 round_number += 1
 
     writer = threading.Thread(target=churn, daemon=True)
