@@ -53,6 +53,8 @@ def _local_nodes(compose: dict, root: Path) -> list[Node]:
             "METAKV_ADVERTISE_HTTP": environment["METAKV_ADVERTISE_HTTP"].replace(
                 f"localhost:{host_port}", f"127.0.0.1:{local_http[name]}"),
             "METAKV_DATA_DIR": str(root / name),
+            # Other clusters run on this machine at once: a unique id keeps their nodes apart.
+            "METAKV_CLUSTER_ID": f"{environment['METAKV_CLUSTER_ID']}-{root.name}",
         })
         assert service["entrypoint"] == ["metakv"]
         command = [sys.executable, "-m", "app.cli", *service["command"]]
