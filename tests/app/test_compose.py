@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import httpx
@@ -54,7 +55,7 @@ def _local_nodes(compose: dict, root: Path) -> list[Node]:
                 f"localhost:{host_port}", f"127.0.0.1:{local_http[name]}"),
             "METAKV_DATA_DIR": str(root / name),
             # Other clusters run on this machine at once: a unique id keeps their nodes apart.
-            "METAKV_CLUSTER_ID": f"{environment['METAKV_CLUSTER_ID']}-{root.name}",
+            "METAKV_CLUSTER_ID": f"{environment['METAKV_CLUSTER_ID']}-{uuid.uuid4().hex[:12]}",
         })
         assert service["entrypoint"] == ["metakv"]
         command = [sys.executable, "-m", "app.cli", *service["command"]]
