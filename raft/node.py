@@ -154,7 +154,7 @@ class RaftNode:
         self._ready = Ready()
         self._flush_requested = False
         self._read_token = 0
-        self._created_ms = now_ms
+        self._last_fetched_ms = now_ms  # last successful Fetch answer (start time before any)
         self.high_watermark = log.start_offset()
         self.dirty_offset = 0
         self.tombstone_horizon = 0
@@ -210,9 +210,9 @@ class RaftNode:
         state = self._state
         if isinstance(state, LeaderState):
             return 0
-        if isinstance(state, FollowerState):
-            return max(0, now_ms - state.last_contact_ms)
-        return max(0, now_ms - self._created_ms)
+        if isinstance(state, FollowerState) and state.fetched_ms >= 0:
+            return max(0, now_ms - state.fetched_ms)
+        return max(0, now_ms - self._last_fetched_ms)
 
     def describe_quorum(self, now_ms: int) -> DescribeQuorumResponse:
         state = self._state
@@ -521,7 +521,9 @@ class RaftNode:
 
     # ------------------------------------------------------------------ epochs
 
-    def _observe_epoch(self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str = "") -> bool:
+    def _observe_epoch(
+        self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str = "", src: int = NO_LEADER
+    ) -> bool:
         """Rule 1 for any message: move to a higher epoch, or learn this epoch's leader.
 
         Returns False when the message is from an older epoch (the caller answers FENCED).
@@ -537,6 +539,8 @@ class RaftNode:
             else:
                 self._become_unattached(now_ms, epoch)
             return True
+        if isinstance(state, ProspectiveState) and leader_id == state.leader_id and src != leader_id:
+            return True  # hearsay about the leader we timed out on: only it can bring us back
         if leader_id != NO_LEADER and isinstance(state, (UnattachedState, ProspectiveState, CandidateState)):
             self._become_follower(now_ms, epoch, leader_id, leader_endpoint)
         return True
@@ -578,7 +582,8 @@ class RaftNode:
         """Rule 3: a pre-vote never changes this node's state."""
         state = self._state
         recent_leader = isinstance(state, LeaderState) or (
-            isinstance(state, FollowerState) and now_ms - state.last_contact_ms < self.config.fetch_timeout_ms
+            isinstance(state, FollowerState) and state.fetched_ms >= 0
+            and now_ms - state.fetched_ms < self.config.fetch_timeout_ms
         )
         granted = request.epoch > self.epoch and not recent_leader and self._log_ok(request)
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, True))
@@ -616,7 +621,7 @@ class RaftNode:
         if src not in self._voters:
             self._send(src, BeginQuorumEpochResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id))
             return
-        if not self._observe_epoch(now_ms, request.epoch, request.leader_id, request.leader_endpoint):
+        if not self._observe_epoch(now_ms, request.epoch, request.leader_id, request.leader_endpoint, src):
             self._send(src, BeginQuorumEpochResponse(ErrorCode.FENCED_LEADER_EPOCH, self.epoch, self.leader_id))
             return
         state = self._state
@@ -714,7 +719,11 @@ class RaftNode:
         if request.fetch_offset > 0 or request.last_fetched_epoch > 0:
             epoch, end_offset = log.end_offset_for_epoch(request.last_fetched_epoch)
             if epoch != request.last_fetched_epoch or end_offset < request.fetch_offset:
-                self._send(src, self._fetch_response(request, state, diverging=(epoch, end_offset)))
+                if end_offset < log.start_offset() and log.latest_snapshot_id() is not None:
+                    # The divergence lies in the prefix we replaced by a snapshot.
+                    self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
+                else:
+                    self._send(src, self._fetch_response(request, state, diverging=(epoch, end_offset)))
                 return
         # The fetch position is consistent with our log: the fetcher holds (durably) every
         # offset below fetch_offset.
@@ -933,7 +942,7 @@ class RaftNode:
                 or response.log_start_offset < 0 or response.fetch_offset < 0):
             return
         if response.error != ErrorCode.NONE:
-            self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint)
+            self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src)
             state = self._state
             if (isinstance(state, FollowerState) and state.leader_id == src and state.phase == FetchPhase.IN_FLIGHT
                     and state.fetch_offset_in_flight == response.fetch_offset):
@@ -942,7 +951,7 @@ class RaftNode:
             return
         if response.leader_id != src:
             return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint):
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src):
             return
         state = self._state
         if not isinstance(state, FollowerState) or state.leader_id != src or state.epoch != response.epoch:
@@ -950,6 +959,8 @@ class RaftNode:
         if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
             return  # stale or duplicated answer
         state.last_contact_ms = now_ms
+        state.fetched_ms = now_ms
+        self._last_fetched_ms = now_ms
         state.phase = FetchPhase.IDLE
         if response.leader_endpoint:
             state.leader_endpoint = response.leader_endpoint
@@ -1049,13 +1060,13 @@ class RaftNode:
     def _on_fetch_snapshot_response(self, now_ms: int, src: int, response: FetchSnapshotResponse) -> None:
         if src not in self._voters or response.epoch < 0:
             return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id):
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
             return
         state = self._state
         if (not isinstance(state, FollowerState) or state.phase != FetchPhase.SNAPSHOT or state.leader_id != src
                 or response.snapshot_id != state.snapshot_id or response.position != state.snapshot_position):
             return
-        state.last_contact_ms = now_ms
+        state.last_contact_ms = state.fetched_ms = self._last_fetched_ms = now_ms
         snapshot_id = state.snapshot_id
         if response.error != ErrorCode.NONE or response.size < 0 or response.position + len(response.chunk) > response.size:
             self._follower_abandon_snapshot(now_ms, state)

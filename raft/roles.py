@@ -189,7 +189,8 @@ class FollowerState:
     leader_id: int
     leader_endpoint: str
     voted_id: int
-    last_contact_ms: int  # last successful Fetch response from the leader
+    last_contact_ms: int  # fetch-timeout base: when we started following, or last fetched
+    fetched_ms: int = -1  # last successful Fetch response from the leader (-1: none yet)
     phase: FetchPhase = FetchPhase.IDLE
     fetch_offset_in_flight: int = -1
     fetch_sent_ms: int = 0

@@ -8,10 +8,11 @@ invariants (``InvariantViolation`` names the first broken one).
 
 from __future__ import annotations
 
+import collections
 import heapq
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from raft.log import MemoryLog, QuorumStateRecord
 from raft.messages import Envelope
@@ -20,6 +21,7 @@ from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch
 
 MAX_EVENTS_PER_RUN = 2_000_000  # a hard bound so a livelock cannot hang a test
+MAX_READS_KEPT = 10_000  # completed reads remembered for tests to look at
 
 
 class InvariantViolation(AssertionError):
@@ -62,17 +64,18 @@ class SimNode:
     next_tick_ms: int = -1
     highest_epoch_persisted: int = 0
     last_high_watermark: int = 0
+    last_end_offset: int = 0
     checked_offset: int = 0  # committed records below this were compared with the oracle
 
 
-@dataclass(order=True)
+@dataclass(slots=True)
 class _Event:
     time_ms: int
     sequence: int
-    kind: str = field(compare=False)
-    node_id: int = field(compare=False)
-    incarnation: int = field(compare=False)
-    payload: object = field(compare=False, default=None)
+    kind: str
+    node_id: int
+    incarnation: int
+    payload: object = None
 
 
 class Cluster:
@@ -90,7 +93,7 @@ class Cluster:
         self.majority = voters // 2 + 1
         self.nodes: dict[int, SimNode] = {}
         self.trace = trace
-        self._queue: list[_Event] = []
+        self._queue: list[tuple[int, int, _Event]] = []  # (time, sequence, event): one total order
         self._sequence = 0
         self.events_processed = 0
         self.blocked: set[tuple[int, int]] = set()  # (src, dst) pairs whose messages are lost
@@ -99,6 +102,8 @@ class Cluster:
         self.max_high_watermark = 0
         self.proposals: list[tuple[Proposal, tuple[bytes, ...]]] = []
         self.reads_done: list[tuple[int, int, int]] = []  # (node, token, offset)
+        self.reads_hook: Callable[[int, int, int], None] | None = None
+        self.stats: collections.Counter[str] = collections.Counter()  # what the run exercised
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -118,7 +123,8 @@ class Cluster:
 
     def _push(self, time_ms: int, kind: str, node: SimNode, payload: object = None) -> None:
         self._sequence += 1
-        heapq.heappush(self._queue, _Event(time_ms, self._sequence, kind, node.node_id, node.incarnation, payload))
+        event = _Event(time_ms, self._sequence, kind, node.node_id, node.incarnation, payload)
+        heapq.heappush(self._queue, (time_ms, self._sequence, event))
 
     def _after_input(self, node: SimNode) -> None:
         """Perform the node's Ready in the contract's order, then check invariants."""
@@ -137,9 +143,20 @@ class Cluster:
             node.flush_running = True
             self._push(self.now_ms + self.rng.randint(self.faults.flush_min_ms, self.faults.flush_max_ms),
                        "flush", node)
+        if ready.role_changed:
+            self.stats[f"became_{core.role.value}"] += 1
+        self.stats["reads_failed"] += len(ready.reads_failed)
+        if node.log.end_offset() < node.last_end_offset:
+            self.stats["truncations"] += 1
+        node.last_end_offset = node.log.end_offset()
         for token, offset in ready.reads_done:
-            self.reads_done.append((node.node_id, token, offset))
+            self.stats["reads_done"] += 1
+            if len(self.reads_done) < MAX_READS_KEPT:
+                self.reads_done.append((node.node_id, token, offset))
+            if self.reads_hook is not None:
+                self.reads_hook(node.node_id, token, offset)
         if ready.snapshot_to_install is not None:
+            self.stats["snapshot_installs"] += 1
             core.on_snapshot_installed(self.now_ms, ready.snapshot_to_install)
         deadline = core.next_deadline_ms()
         if node.next_tick_ms < 0 or deadline < node.next_tick_ms or node.next_tick_ms <= self.now_ms:
@@ -165,7 +182,7 @@ class Cluster:
         """Process the next event; False when there is none."""
         if not self._queue:
             return False
-        event = heapq.heappop(self._queue)
+        event = heapq.heappop(self._queue)[2]
         self.now_ms = max(self.now_ms, event.time_ms)
         self.events_processed += 1
         node = self.nodes[event.node_id]
@@ -181,7 +198,7 @@ class Cluster:
             if (envelope.src, envelope.dst) in self.blocked:
                 return True
             if self.trace:
-                self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {type(envelope.message).__name__}")
+                self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {describe_message(envelope.message)}")
             core.handle(self.now_ms, envelope)
         elif event.kind == "tick":
             if event.incarnation != node.incarnation or event.time_ms != node.next_tick_ms:
@@ -204,7 +221,7 @@ class Cluster:
         """Run events until ``predicate()`` holds (True) or ``timeout_ms`` pass (False)."""
         end_ms = self.now_ms + timeout_ms
         while not predicate():
-            if not self._queue or self._queue[0].time_ms > end_ms:
+            if not self._queue or self._queue[0][0] > end_ms:
                 self.now_ms = max(self.now_ms, end_ms)
                 return predicate()
             if self.events_processed > MAX_EVENTS_PER_RUN:
@@ -225,7 +242,9 @@ class Cluster:
             return
         node.core = None
         node.log = node.log.reopen()
+        node.last_end_offset = node.log.end_offset()
         node.incarnation += 1
+        self.stats["crashes"] += 1
 
     def shutdown(self, node_id: int) -> None:
         """Graceful stop: a leader resigns first; everything is flushed."""
@@ -352,3 +371,40 @@ def batches_text(batches: list[Batch]) -> str:
         kind = "control" if batch.control else "data"
         parts.append(f"[{batch.base_offset}..{batch.last_offset} e{batch.epoch} {kind}]")
     return " ".join(parts)
+
+
+_SHOWN_FIELDS: dict[str, tuple[str, ...]] = {
+    "VoteRequest": ("epoch", "last_offset_epoch", "last_offset", "pre_vote"),
+    "VoteResponse": ("error", "epoch", "leader_id", "vote_granted", "pre_vote"),
+    "BeginQuorumEpochRequest": ("epoch", "leader_id"),
+    "BeginQuorumEpochResponse": ("error", "epoch", "leader_id"),
+    "EndQuorumEpochRequest": ("epoch", "leader_id", "preferred_successors"),
+    "EndQuorumEpochResponse": ("error", "epoch", "leader_id"),
+    "FetchRequest": ("epoch", "fetch_offset", "last_fetched_epoch", "high_watermark"),
+    "FetchResponse": ("error", "epoch", "leader_id", "fetch_offset", "high_watermark", "records",
+                      "diverging_epoch", "diverging_end_offset", "snapshot_id"),
+    "FetchSnapshotRequest": ("epoch", "snapshot_id", "position"),
+    "FetchSnapshotResponse": ("error", "epoch", "snapshot_id", "size", "position"),
+}
+
+
+def describe_message(message: object) -> str:
+    """One stable line per message, with only the fields that explain the protocol."""
+    name = type(message).__name__
+    parts = []
+    for field_name in _SHOWN_FIELDS.get(name, ()):
+        value = getattr(message, field_name)
+        if field_name == "records":
+            value = batches_text(list(value)) or "-"
+        elif field_name == "error":
+            if not value:
+                continue
+            value = value.name
+        elif field_name in ("diverging_epoch", "diverging_end_offset") and value == -1:
+            continue
+        elif field_name == "snapshot_id":
+            if value is None:
+                continue
+            value = f"{value.end_offset}/e{value.epoch}"
+        parts.append(f"{field_name}={value}")
+    return f"{name}({', '.join(parts)})"
