@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "value_bytes": VALUE_BYTES, "duration_s": args.duration_s,
         "command": "python -m loadtest.bench_http " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    cluster = Cluster(root, voters=3, observers=0, settings={"log_level": "warning"})
+    cluster = Cluster(root, voters=3, observers=0)
     try:
         cluster.start()
         leader = cluster.wait_for_leader()
