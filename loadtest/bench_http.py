@@ -82,6 +82,7 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
     errors = collections.Counter[str]()
     measure_from = time.perf_counter() + WARMUP_S
     stop_at = measure_from + duration_s
+    sent = [0]  # every request, warm-up included (the servers' CPU covers them all)
 
     def worker(index: int) -> None:
         client = _client(urls[index % len(urls)])
@@ -99,6 +100,7 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
                 response.read()
                 finished = time.perf_counter()
                 sequence += 1
+                sent[0] += 1
                 if response.status_code != 200:
                     errors[str(response.status_code)] += 1
                 elif started >= measure_from:
@@ -114,6 +116,7 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
     pool.join()
     result = summarise(latencies, sum(errors.values()), duration_s)
     result["clients"] = clients
+    result["requests_total"] = sent[0]
     result["error_kinds"] = dict(errors)
     return result
 
@@ -180,7 +183,7 @@ def measured(cluster: Cluster, phase: Any) -> dict[str, Any]:
     cpu_before = cpu_seconds(pids)
     result: dict[str, Any] = phase()
     cpu_used = cpu_seconds(pids) - cpu_before
-    requests = result.get("requests", 0)
+    requests = result.get("requests_total", result.get("requests", 0))
     result["servers_cpu_ms_per_request"] = round(cpu_used * 1000 / requests, 3) if requests else None
     result["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return result
