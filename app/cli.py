@@ -147,7 +147,7 @@ async def _serve(config: NodeConfig) -> int:
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
         http="httptools", lifespan="off", access_log=False, log_level="warning",
-        timeout_graceful_shutdown=2, server_header=False,
+        timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
     ))
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
