@@ -91,6 +91,8 @@ class InProcessService:
                 "observers": []}
 
     async def take_snapshot(self) -> dict[str, Any]:
+        if self.state.applied_version == 0:
+            return {"snapshot_id": None}  # nothing to snapshot yet
         snapshot_id = self.state.create_snapshot(self.snapshot_dir, self.epoch)
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 

@@ -133,6 +133,7 @@ async def test_if_match_on_delete(client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.parametrize("header", [{"if-match": "abc"}, {"if-match": '"1", "2"'}, {"if-none-match": '"3"'},
+                                    {"if-none-match": ""}, {"if-match": '"99999999999999999999"'},
                                     {"if-match": '"1"', "if-none-match": "*"}])
 async def test_malformed_preconditions_are_400(client: httpx.AsyncClient, header: dict[str, str]) -> None:
     assert_problem(await client.put("/v1/kv/p", content=b"x", headers=header), 400)

@@ -63,8 +63,16 @@ async def test_list_keys_only_leaves_values_out(client: httpx.AsyncClient) -> No
 async def test_list_bad_parameters_are_400(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/v1/kv", params={"limit": 0}), 400)
     assert_problem(await client.get("/v1/kv", params={"limit": 100000}), 400)
-    assert_problem(await client.get("/v1/kv", params={"prefix": "a\x00"}), 400)
+    assert_problem(await client.get("/v1/kv", params={"at_version": 2**63}), 400)
     assert_problem(await client.get("/v1/kv", params={"keys_only": "perhaps"}), 400)
+
+
+async def test_list_prefix_no_key_can_have_lists_nothing(client: httpx.AsyncClient) -> None:
+    await client.put("/v1/kv/a", content=b"v")
+    for prefix in ("a\x00", "a" * 2000):
+        response = await client.get("/v1/kv", params={"prefix": prefix})
+        assert response.status_code == 200
+        assert response.json() == {"version": 1, "items": [], "next": None}
 
 
 async def test_list_below_horizon_is_410(client: httpx.AsyncClient, service: InProcessService) -> None:
@@ -226,6 +234,7 @@ async def test_watch_below_horizon_is_410(client: httpx.AsyncClient, service: In
 async def test_watch_bad_parameters_are_400(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/v1/watch", params={"since": -1}), 400)
     assert_problem(await client.get("/v1/watch", params={"timeout_ms": "long"}), 400)
+    assert_problem(await client.get("/v1/watch", params={"since": 2**63}), 400)
 
 
 # ---- watch (SSE) -----------------------------------------------------------------------------
