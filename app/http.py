@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -208,12 +209,14 @@ def _check_key_text(key: str) -> str:
 
 NO_NUL_PATTERN = r"^[^\x00]*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-IF_MATCH_PATTERN = r'^\s*(\*|(W/)?"[0-9]{1,18}")\s*$'
-IF_NONE_MATCH_PATTERN = r"^\s*\*\s*$"
+IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}")$'
+IF_NONE_MATCH_PATTERN = r"^\*$"
+CONTENT_TYPE_PATTERN = r"^[\x20-\x7e]+$"  # sent back in a header: printable ASCII only
+_CONTENT_TYPE_RE = re.compile(CONTENT_TYPE_PATTERN)
 
 Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_BYTES, pattern=NO_NUL_PATTERN,
                            description="UTF-8, 1-1024 bytes, no NUL"), AfterValidator(_check_key_text)]
-ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES)]
+ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES, pattern=CONTENT_TYPE_PATTERN)]
 Base64Text = Annotated[str, Field(pattern=BASE64_PATTERN, description="standard base64 with padding")]
 
 
@@ -228,7 +231,7 @@ def _version_number(value: Any) -> Any:
     return value
 
 
-VersionNumber = Annotated[int, BeforeValidator(_version_number), Field(ge=0, le=MAX_VERSION)]
+VersionNumber = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(_version_number)]
 
 
 def _utf8_bytes(value: str) -> bytes:
@@ -826,7 +829,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         _version, entry = state.get(key, at_version=at_version)
         if entry is None:
             raise ProblemError(404, "key-not-found", "Key not found", f"no key {key!r}")
-        headers = {"content-type": entry.content_type, "ETag": f'"{entry.mod_version}"',
+        content_type = entry.content_type if _CONTENT_TYPE_RE.match(entry.content_type) else DEFAULT_CONTENT_TYPE
+        headers = {"content-type": content_type, "ETag": f'"{entry.mod_version}"',
                    "X-Create-Version": str(entry.create_version)}
         if request.method == "HEAD":
             headers["content-length"] = str(len(entry.value))
@@ -865,9 +869,9 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                       ) -> WriteResult:
         key = _key_from_request(request)
         content_type = request.headers.get("content-type") or DEFAULT_CONTENT_TYPE
-        if len(content_type.encode("utf-8", "surrogateescape")) > CONTENT_TYPE_MAX_BYTES:
+        if len(content_type) > CONTENT_TYPE_MAX_BYTES or not _CONTENT_TYPE_RE.match(content_type):
             raise ProblemError(400, "invalid-content-type", "Invalid Content-Type",
-                               f"Content-Type must be at most {CONTENT_TYPE_MAX_BYTES} bytes")
+                               f"Content-Type must be 1-{CONTENT_TYPE_MAX_BYTES} printable ASCII characters")
         compares = _write_compares(key, if_match, if_none_match)
         value = await _read_body_bounded(request, settings.max_value_bytes, "the value")
         result = await service.propose(put(key, value, content_type, compares))

@@ -241,3 +241,9 @@ async def test_negative_or_non_integer_version_parameters_are_400(client: httpx.
 async def test_unknown_route_and_method_are_problem_documents(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/v2/nothing"), 404)
     assert_problem(await client.patch("/v1/kv/k", content=b"x"), 405)
+
+
+async def test_content_type_must_be_printable_ascii(client: httpx.AsyncClient) -> None:
+    response = await client.put("/v1/kv/ct", content=b"x", headers={"content-type": "text/plain; x=\xe9".encode("latin-1")})
+    assert_problem(response, 400)
+    assert (await client.get("/v1/kv/ct")).status_code == 404

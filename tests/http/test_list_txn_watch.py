@@ -287,3 +287,9 @@ async def test_sse_txn_events_share_one_resume_id(client: httpx.AsyncClient) -> 
 async def test_sse_bad_last_event_id_is_400(client: httpx.AsyncClient) -> None:
     response = await client.get("/v1/watch", headers={"accept": "text/event-stream", "last-event-id": "yesterday"})
     assert_problem(response, 400)
+
+
+async def test_txn_content_type_must_be_printable_ascii(client: httpx.AsyncClient, service: InProcessService) -> None:
+    body = {"success": [{"op": "put", "key": "a", "value": "x", "content_type": "text/\U00011606"}]}
+    assert_problem(await client.post("/v1/txn", json=body), 422)
+    assert service.proposals == 0
