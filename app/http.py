@@ -209,8 +209,7 @@ def _check_key_text(key: str) -> str:
 
 NO_NUL_PATTERN = r"^[^\x00]*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}")$'
-IF_NONE_MATCH_PATTERN = r"^\*$"
+IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}"|[0-9]{1,18})$'  # quotes optional, leniently'
 CONTENT_TYPE_PATTERN = r"^[\x20-\x7e]+$"  # sent back in a header: printable ASCII only
 _CONTENT_TYPE_RE = re.compile(CONTENT_TYPE_PATTERN)
 
@@ -566,14 +565,13 @@ def _parse_if_none_match(value: str, key: str) -> Compare:
 
 
 def _write_compares(key: str, if_match: str | None, if_none_match: str | None) -> tuple[Compare, ...]:
-    if if_match is not None and if_none_match is not None:
-        raise ProblemError(400, "invalid-precondition", "Conflicting preconditions",
-                           "send either If-Match or If-None-Match, not both")
+    """Both headers may be sent; both must hold (RFC 9110 evaluates If-Match, then If-None-Match)."""
+    compares = []
     if if_match is not None:
-        return (_parse_if_match(if_match, key),)
+        compares.append(_parse_if_match(if_match, key))
     if if_none_match is not None:
-        return (_parse_if_none_match(if_none_match, key),)
-    return ()
+        compares.append(_parse_if_none_match(if_none_match, key))
+    return tuple(compares)
 
 
 def _check_condition(result: Any, key: str) -> None:
@@ -719,9 +717,9 @@ KeyPath = Annotated[str, Path(description="the key: UTF-8, 1-1024 bytes, no NUL;
                               json_schema_extra={"minLength": 1, "maxLength": KEY_MAX_BYTES, "pattern": NO_NUL_PATTERN})]
 IfMatchHeader = Annotated[str | None, Header(
     alias="If-Match", pattern=IF_MATCH_PATTERN,
-    description='"<mod_version>": only if the key is at this version (compare-and-set); *: only if it exists')]
-IfNoneMatchHeader = Annotated[str | None, Header(
-    alias="If-None-Match", pattern=IF_NONE_MATCH_PATTERN, description="*: only if the key does not exist")]
+    description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it exists')]
+IfNoneMatchHeader = Annotated[Literal["*"] | None, Header(
+    alias="If-None-Match", description="*: only if the key does not exist")]
 
 _COMMON_HEADERS = {
     "X-Metadata-Version": "this node's applied metadata version when it answered",
@@ -801,8 +799,20 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         if not isinstance(exc, StarletteHTTPException):
             raise exc
         slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request.scope))
         return _problem_response(request, exc.status_code, slug, slug.replace("-", " ").capitalize(),
-                                 str(exc.detail), headers=dict(exc.headers or {}))
+                                 str(exc.detail), headers=headers)
+
+    def _allowed_methods(scope: Scope) -> list[str]:
+        """Every method any route serves at this path (Starlette names only the first route's)."""
+        methods: set[str] = set()
+        for route in app.router.routes:
+            match, _ = route.matches(scope)
+            if match != Match.NONE:
+                methods |= set(getattr(route, "methods", None) or ())
+        return sorted(methods)
 
     app.add_exception_handler(ProblemError, on_problem)
     for error_class in (NotLeaderError, WriteRejectedError, IndeterminateError, NotReadyError, VersionWaitTimeoutError):
@@ -1064,10 +1074,22 @@ def _hoist(model: type[BaseModel], components: dict[str, Any]) -> None:
     components[model.__name__] = schema
 
 
+def _drop_null_branch(parameter: dict[str, Any]) -> None:
+    """An optional parameter is absent, never the string "null": document only its real type."""
+    branches = parameter.get("schema", {}).get("anyOf")
+    if not branches:
+        return
+    real = [branch for branch in branches if branch.get("type") != "null"]
+    if len(real) == 1 and len(real) < len(branches):
+        schema = {key: value for key, value in parameter["schema"].items() if key != "anyOf"}
+        parameter["schema"] = {**real[0], **schema}
+
+
 def _complete_openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document plus what it cannot infer: the Problem and TxnRequest schemas
     referenced by hand, the node headers on every response, and without the default 422
-    validation responses (parameter errors are 400 problem documents here)."""
+    validation responses (parameter errors are 400 problem documents here), and without the
+    null branch of optional parameters."""
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     _hoist(Problem, components)
@@ -1077,6 +1099,8 @@ def _complete_openapi(app: FastAPI) -> dict[str, Any]:
     node_headers = {name: {"description": text, "schema": {"type": "string"}} for name, text in _COMMON_HEADERS.items()}
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():
+            for parameter in operation.get("parameters", []):
+                _drop_null_branch(parameter)
             responses: dict[str, Any] = operation.get("responses", {})
             default_422 = responses.get("422", {}).get("content", {}).get("application/json", {})
             if default_422.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
