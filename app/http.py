@@ -955,7 +955,17 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         yield b"retry: 1000\n\n"
         while time.monotonic() < stream_end_s:
             deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
-            version, events = await _changes_after(prefix, since, deadline_s)
+            try:
+                version, events = await _changes_after(prefix, since, deadline_s)
+            except VersionCompactedError as exc:
+                # The horizon passed ``since`` mid-stream: the status is sent already, so the
+                # 410 problem document travels as an event and the stream ends.
+                oldest = int(exc.oldest_version)
+                problem = _problem_body(410, "version-compacted", "Version compacted",
+                                        f"versions below {oldest} are no longer retained; re-list, then watch from the list's version",
+                                        {"oldest_version": oldest})
+                yield b"event: error\ndata: " + problem + b"\n\n"
+                return
             if not events:
                 yield b": keepalive\n\n"
                 continue

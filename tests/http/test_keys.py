@@ -230,10 +230,9 @@ async def test_min_version_not_reached_is_504_with_current_version(client: httpx
     assert_problem(future, 504)
 
 
-async def test_min_version_waits_for_a_later_write(client: httpx.AsyncClient) -> None:
+async def test_min_version_waits_for_a_later_write(client: httpx.AsyncClient, service: InProcessService) -> None:
     reader = asyncio.create_task(client.get("/v1/kv/later", params={"min_version": 1, "wait_ms": 2000}))
-    for _ in range(20):  # let the reader reach its wait before the write lands
-        await asyncio.sleep(0)
+    await service.until_waiting()
     await client.put("/v1/kv/later", content=b"arrived")
     got = await asyncio.wait_for(reader, 10)
     assert got.status_code == 200 and got.content == b"arrived"
