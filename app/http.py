@@ -13,9 +13,9 @@ response, requests-by-route-and-status counters and the latency histogram, and t
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,12 +37,13 @@ from prometheus_client import (
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
-    StrictInt,
+    Tag,
     ValidationError,
-    model_validator,
 )
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -68,11 +69,12 @@ from storage.commands import (
     delete,
     put,
 )
-from storage.state_machine import VersionCompactedError
+from storage.state_machine import VersionCompactedError, VersionNotAppliedError
 
 log = logging.getLogger("metakv.http")
 
 KEY_MAX_BYTES = 1024
+MAX_VERSION = 2**63 - 1  # versions are SQLite INTEGERs
 CONTENT_TYPE_MAX_BYTES = 256
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 DEFAULT_MAX_TXN_BODY_BYTES = 8 * 1024 * 1024  # JSON (and base64) overhead over a few values
@@ -205,22 +207,45 @@ def _check_key_text(key: str) -> str:
     return key
 
 
-Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_BYTES, description="UTF-8, 1-1024 bytes, no NUL"),
-                AfterValidator(_check_key_text)]
-ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES)]
-Encoding = Literal["utf-8", "base64"]
+NO_NUL_PATTERN = r"^[^\x00]*$"
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}"|[0-9]{1,18})$'  # quotes optional, leniently'
+CONTENT_TYPE_PATTERN = r"^[\x20-\x7e]+$"  # sent back in a header: printable ASCII only
+_CONTENT_TYPE_RE = re.compile(CONTENT_TYPE_PATTERN)
+
+Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_BYTES, pattern=NO_NUL_PATTERN,
+                           description="UTF-8, 1-1024 bytes, no NUL"), AfterValidator(_check_key_text)]
+ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES, pattern=CONTENT_TYPE_PATTERN)]
+Base64Text = Annotated[str, Field(pattern=BASE64_PATTERN, description="standard base64 with padding")]
 
 
-def _decode_value(value: str, encoding: str) -> bytes:
-    if encoding == "base64":
-        try:
-            return base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ValueError("value is not valid base64") from exc
+def _version_number(value: Any) -> Any:
+    """JSON integers only (1.0 counts, as JSON Schema says), never booleans or strings."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be an integer")
+        return int(value)
+    return value
+
+
+VersionNumber = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(_version_number)]
+
+
+def _utf8_bytes(value: str) -> bytes:
     try:
         return value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError("value is not valid UTF-8") from exc
+
+
+def _check_utf8(value: str) -> str:
+    _utf8_bytes(value)
+    return value
+
+
+Utf8Text = Annotated[str, AfterValidator(_check_utf8)]
 
 
 class _Strict(BaseModel):
@@ -231,7 +256,7 @@ class CompareModVersion(_Strict):
     """True when the key's mod_version equals this (0 = the key does not exist)."""
 
     key: Key
-    mod_version: Annotated[StrictInt, Field(ge=0)]
+    mod_version: VersionNumber
 
 
 class CompareExists(_Strict):
@@ -242,29 +267,39 @@ class CompareExists(_Strict):
 
 
 class CompareValue(_Strict):
-    """True when the key exists and its value equals this."""
+    """True when the key exists and its value (UTF-8 text) equals this."""
 
     key: Key
-    value: str
-    encoding: Encoding = "utf-8"
+    value: Utf8Text
+    encoding: Literal["utf-8"] = "utf-8"
 
-    @model_validator(mode="after")
-    def _value_decodes(self) -> CompareValue:
-        _decode_value(self.value, self.encoding)
-        return self
+
+class CompareValueBase64(_Strict):
+    """True when the key exists and its value equals these base64-encoded bytes."""
+
+    key: Key
+    value: Base64Text
+    encoding: Literal["base64"]
 
 
 class PutOp(_Strict):
+    """Put a UTF-8 text value."""
+
     op: Literal["put"]
     key: Key
-    value: str = ""
-    encoding: Encoding = Field("utf-8", description="base64 for binary values")
+    value: Utf8Text = ""
+    encoding: Literal["utf-8"] = "utf-8"
     content_type: ContentType = DEFAULT_CONTENT_TYPE
 
-    @model_validator(mode="after")
-    def _value_decodes(self) -> PutOp:
-        _decode_value(self.value, self.encoding)
-        return self
+
+class PutBase64Op(_Strict):
+    """Put a binary value, sent as base64."""
+
+    op: Literal["put"]
+    key: Key
+    value: Base64Text
+    encoding: Literal["base64"]
+    content_type: ContentType = DEFAULT_CONTENT_TYPE
 
 
 class DeleteOp(_Strict):
@@ -277,13 +312,29 @@ class GetOp(_Strict):
     key: Key
 
 
-TxnOp = Annotated[PutOp | DeleteOp | GetOp, Field(discriminator="op")]
+def _op_tag(value: Any) -> str | None:
+    """Which op model a txn op is: by ``op``, and for puts by ``encoding``."""
+    if isinstance(value, dict):
+        op, encoding = value.get("op"), value.get("encoding")
+    else:
+        op, encoding = getattr(value, "op", None), getattr(value, "encoding", None)
+    if op == "put" and encoding == "base64":
+        return "put_base64"
+    return op if isinstance(op, str) else None
+
+
+TxnOp = Annotated[
+    Annotated[PutOp, Tag("put")] | Annotated[PutBase64Op, Tag("put_base64")]
+    | Annotated[DeleteOp, Tag("delete")] | Annotated[GetOp, Tag("get")],
+    Discriminator(_op_tag),
+]
+TxnCompare = CompareModVersion | CompareExists | CompareValue | CompareValueBase64
 
 
 class TxnRequest(_Strict):
     """All compares true: the success ops run, else the failure ops; one log record either way."""
 
-    compare: list[CompareModVersion | CompareExists | CompareValue] = Field(default_factory=list, max_length=TXN_MAX_OPS)
+    compare: list[TxnCompare] = Field(default_factory=list, max_length=TXN_MAX_OPS)
     success: list[TxnOp] = Field(default_factory=list, max_length=TXN_MAX_OPS)
     failure: list[TxnOp] = Field(default_factory=list, max_length=TXN_MAX_OPS)
 
@@ -467,18 +518,6 @@ def _key_from_request(request: Request) -> str:
         raise ProblemError(400, "invalid-key", "Invalid key", "the key is not valid UTF-8") from exc
 
 
-def _check_text_param(name: str, value: str | None) -> None:
-    if value is None:
-        return
-    try:
-        encoded = value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ProblemError(400, "invalid-parameter", "Invalid parameter", f"{name} is not valid UTF-8") from exc
-    if len(encoded) > KEY_MAX_BYTES or b"\x00" in encoded:
-        raise ProblemError(400, "invalid-parameter", "Invalid parameter",
-                           f"{name} must be at most {KEY_MAX_BYTES} bytes of UTF-8 without NUL")
-
-
 async def _read_body_bounded(request: Request, limit_bytes: int, what: str) -> bytes:
     """Read the body, refusing it (413) from Content-Length before reading and while reading,
     so a client cannot make this node buffer more than ``limit_bytes``."""
@@ -512,7 +551,7 @@ def _parse_if_match(value: str, key: str) -> Compare:
         text = text[2:]
     if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
         text = text[1:-1]
-    if not text.isascii() or not text.isdigit() or len(text) > 19:
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_VERSION:
         raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
                            'If-Match must be "<mod_version>" (a single quoted integer) or *')
     return Compare(key, CompareKind.MOD_VERSION, int(text))
@@ -526,14 +565,13 @@ def _parse_if_none_match(value: str, key: str) -> Compare:
 
 
 def _write_compares(key: str, if_match: str | None, if_none_match: str | None) -> tuple[Compare, ...]:
-    if if_match is not None and if_none_match is not None:
-        raise ProblemError(400, "invalid-precondition", "Conflicting preconditions",
-                           "send either If-Match or If-None-Match, not both")
+    """Both headers may be sent; both must hold (RFC 9110 evaluates If-Match, then If-None-Match)."""
+    compares = []
     if if_match is not None:
-        return (_parse_if_match(if_match, key),)
+        compares.append(_parse_if_match(if_match, key))
     if if_none_match is not None:
-        return (_parse_if_none_match(if_none_match, key),)
-    return ()
+        compares.append(_parse_if_none_match(if_none_match, key))
+    return tuple(compares)
 
 
 def _check_condition(result: Any, key: str) -> None:
@@ -544,22 +582,28 @@ def _check_condition(result: Any, key: str) -> None:
                            current_version=current)
 
 
+def _txn_value(item: PutOp | PutBase64Op | CompareValue | CompareValueBase64) -> bytes:
+    if item.encoding == "base64":
+        return base64.b64decode(item.value, validate=True)
+    return _utf8_bytes(item.value)
+
+
 def _txn_command(body: TxnRequest, max_value_bytes: int) -> Command:
-    def op(item: PutOp | DeleteOp | GetOp) -> Op:
-        if isinstance(item, PutOp):
-            value = _decode_value(item.value, item.encoding)
+    def op(item: PutOp | PutBase64Op | DeleteOp | GetOp) -> Op:
+        if isinstance(item, PutOp | PutBase64Op):
+            value = _txn_value(item)
             if len(value) > max_value_bytes:
                 raise ProblemError(413, "value-too-large", "Value too large",
                                    f"the value for {item.key!r} is {len(value)} bytes; at most {max_value_bytes} are allowed")
             return Op(OpKind.PUT, item.key, value, item.content_type)
         return Op(OpKind.DELETE if isinstance(item, DeleteOp) else OpKind.GET, item.key)
 
-    def compare(item: CompareModVersion | CompareExists | CompareValue) -> Compare:
+    def compare(item: TxnCompare) -> Compare:
         if isinstance(item, CompareModVersion):
             return Compare(item.key, CompareKind.MOD_VERSION, item.mod_version)
         if isinstance(item, CompareExists):
             return Compare(item.key, CompareKind.EXISTS, item.exists)
-        return Compare(item.key, CompareKind.VALUE, _decode_value(item.value, item.encoding))
+        return Compare(item.key, CompareKind.VALUE, _txn_value(item))
 
     return Command(tuple(compare(c) for c in body.compare), tuple(op(o) for o in body.success),
                    tuple(op(o) for o in body.failure))
@@ -665,10 +709,17 @@ def _clamp_ms(value: int, maximum: int) -> int:
 ConsistencyQuery = Annotated[Literal["local", "leader", "linearizable"], Query(
     description="local: this node's applied state; leader: served by the leader (others 307); "
                 "linearizable: the leader confirms leadership with a quorum round first")]
-MinVersionQuery = Annotated[int | None, Query(ge=0, description="wait until this node has applied this version")]
+MinVersionQuery = Annotated[int | None, Query(ge=0, le=MAX_VERSION, description="wait until this node has applied this version")]
 WaitMsQuery = Annotated[int, Query(ge=0, description="how long min_version may wait (clamped to the server's maximum)")]
-AtVersionQuery = Annotated[int | None, Query(ge=0, description="read as of this version (410 below the oldest retained one)")]
-KeyPath = Annotated[str, Path(description="the key: UTF-8, 1-1024 bytes, no NUL; may contain /")]
+AtVersionQuery = Annotated[int | None, Query(ge=0, le=MAX_VERSION, description="read as of this version (410 below the oldest retained one)")]
+# The key's rules are documented here and enforced by the route (400, or 413 when too long).
+KeyPath = Annotated[str, Path(description="the key: UTF-8, 1-1024 bytes, no NUL; may contain /",
+                              json_schema_extra={"minLength": 1, "maxLength": KEY_MAX_BYTES, "pattern": NO_NUL_PATTERN})]
+IfMatchHeader = Annotated[str | None, Header(
+    alias="If-Match", pattern=IF_MATCH_PATTERN,
+    description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it exists')]
+IfNoneMatchHeader = Annotated[Literal["*"] | None, Header(
+    alias="If-None-Match", description="*: only if the key does not exist")]
 
 _COMMON_HEADERS = {
     "X-Metadata-Version": "this node's applied metadata version when it answered",
@@ -733,6 +784,12 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                                  f"versions below {oldest} are no longer retained; re-list, then watch from the list's version",
                                  oldest_version=oldest)
 
+    async def on_not_applied(request: Request, exc: Exception) -> Response:
+        # wait_readable should have waited for the version; answer as its timeout would.
+        current = int(getattr(exc, "applied_version", 0))
+        return _problem_response(request, 504, "version-not-reached", "Version not reached",
+                                 f"this node is still at version {current}", current_version=current)
+
     async def on_validation(request: Request, exc: Exception) -> Response:
         errors = _validation_errors(exc) if isinstance(exc, RequestValidationError) else []
         detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors) or "invalid request"
@@ -742,13 +799,26 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         if not isinstance(exc, StarletteHTTPException):
             raise exc
         slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request.scope))
         return _problem_response(request, exc.status_code, slug, slug.replace("-", " ").capitalize(),
-                                 str(exc.detail), headers=dict(exc.headers or {}))
+                                 str(exc.detail), headers=headers)
+
+    def _allowed_methods(scope: Scope) -> list[str]:
+        """Every method any route serves at this path (Starlette names only the first route's)."""
+        methods: set[str] = set()
+        for route in app.router.routes:
+            match, _ = route.matches(scope)
+            if match != Match.NONE:
+                methods |= set(getattr(route, "methods", None) or ())
+        return sorted(methods)
 
     app.add_exception_handler(ProblemError, on_problem)
     for error_class in (NotLeaderError, WriteRejectedError, IndeterminateError, NotReadyError, VersionWaitTimeoutError):
         app.add_exception_handler(error_class, on_service_error)
     app.add_exception_handler(VersionCompactedError, on_compacted)
+    app.add_exception_handler(VersionNotAppliedError, on_not_applied)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
 
@@ -769,7 +839,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         _version, entry = state.get(key, at_version=at_version)
         if entry is None:
             raise ProblemError(404, "key-not-found", "Key not found", f"no key {key!r}")
-        headers = {"content-type": entry.content_type, "ETag": f'"{entry.mod_version}"',
+        content_type = entry.content_type if _CONTENT_TYPE_RE.match(entry.content_type) else DEFAULT_CONTENT_TYPE
+        headers = {"content-type": content_type, "ETag": f'"{entry.mod_version}"',
                    "X-Create-Version": str(entry.create_version)}
         if request.method == "HEAD":
             headers["content-length"] = str(len(entry.value))
@@ -804,14 +875,13 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                                             "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                                                         "text/plain": {"schema": {"type": "string"}}}}})
     async def put_key(request: Request, key: KeyPath,
-                      if_match: Annotated[str | None, Header(alias="If-Match", description='"<mod_version>": compare-and-set; *: must exist')] = None,
-                      if_none_match: Annotated[str | None, Header(alias="If-None-Match", description="*: create only")] = None,
+                      if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None,
                       ) -> WriteResult:
         key = _key_from_request(request)
         content_type = request.headers.get("content-type") or DEFAULT_CONTENT_TYPE
-        if len(content_type.encode("utf-8", "surrogateescape")) > CONTENT_TYPE_MAX_BYTES:
+        if len(content_type) > CONTENT_TYPE_MAX_BYTES or not _CONTENT_TYPE_RE.match(content_type):
             raise ProblemError(400, "invalid-content-type", "Invalid Content-Type",
-                               f"Content-Type must be at most {CONTENT_TYPE_MAX_BYTES} bytes")
+                               f"Content-Type must be 1-{CONTENT_TYPE_MAX_BYTES} printable ASCII characters")
         compares = _write_compares(key, if_match, if_none_match)
         value = await _read_body_bounded(request, settings.max_value_bytes, "the value")
         result = await service.propose(put(key, value, content_type, compares))
@@ -821,8 +891,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
     @app.delete("/v1/kv/{key:path}", tags=["keys"], summary="Delete a key (writes a tombstone)",
                 response_model=DeleteResult, responses=write_statuses)
     async def delete_key(request: Request, key: KeyPath,
-                         if_match: Annotated[str | None, Header(alias="If-Match", description='"<mod_version>": delete only that version')] = None,
-                         if_none_match: Annotated[str | None, Header(alias="If-None-Match", description="*: only if missing (a no-op)")] = None,
+                         if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None,
                          ) -> DeleteResult:
         key = _key_from_request(request)
         compares = _write_compares(key, if_match, if_none_match)
@@ -840,8 +909,6 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         consistency: ConsistencyQuery = "local", min_version: MinVersionQuery = None,
         wait_ms: WaitMsQuery = DEFAULT_WAIT_MS, at_version: AtVersionQuery = None,
     ) -> Response:
-        _check_text_param("prefix", prefix)
-        _check_text_param("after", after)
         await _wait(consistency, min_version, wait_ms, at_version)
         version, entries, next_key = state.list(prefix, after=after, limit=limit, at_version=at_version)
         body = {"version": version, "items": [_render_entry(e, keys_only) for e in entries], "next": next_key}
@@ -888,7 +955,17 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         yield b"retry: 1000\n\n"
         while time.monotonic() < stream_end_s:
             deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
-            version, events = await _changes_after(prefix, since, deadline_s)
+            try:
+                version, events = await _changes_after(prefix, since, deadline_s)
+            except VersionCompactedError as exc:
+                # The horizon passed ``since`` mid-stream: the status is sent already, so the
+                # 410 problem document travels as an event and the stream ends.
+                oldest = int(exc.oldest_version)
+                problem = _problem_body(410, "version-compacted", "Version compacted",
+                                        f"versions below {oldest} are no longer retained; re-list, then watch from the list's version",
+                                        {"oldest_version": oldest})
+                yield b"event: error\ndata: " + problem + b"\n\n"
+                return
             if not events:
                 yield b": keepalive\n\n"
                 continue
@@ -912,11 +989,10 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
     async def watch(
         request: Request,
         prefix: Annotated[str, Query(description="only keys starting with this")] = "",
-        since: Annotated[int, Query(ge=0, description="answer changes newer than this version")] = 0,
+        since: Annotated[int, Query(ge=0, le=MAX_VERSION, description="answer changes newer than this version")] = 0,
         timeout_ms: Annotated[int, Query(ge=0, description="long-poll wait, or SSE stream lifetime (clamped)")] = DEFAULT_WATCH_TIMEOUT_MS,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description="SSE resume: overrides since")] = None,
     ) -> Response:
-        _check_text_param("prefix", prefix)
         timeout_ms = _clamp_ms(timeout_ms, settings.max_watch_timeout_ms)
         await service.wait_readable("local", None, 0)
         wants_sse = "text/event-stream" in request.headers.get("accept", "")
@@ -1008,10 +1084,22 @@ def _hoist(model: type[BaseModel], components: dict[str, Any]) -> None:
     components[model.__name__] = schema
 
 
+def _drop_null_branch(parameter: dict[str, Any]) -> None:
+    """An optional parameter is absent, never the string "null": document only its real type."""
+    branches = parameter.get("schema", {}).get("anyOf")
+    if not branches:
+        return
+    real = [branch for branch in branches if branch.get("type") != "null"]
+    if len(real) == 1 and len(real) < len(branches):
+        schema = {key: value for key, value in parameter["schema"].items() if key != "anyOf"}
+        parameter["schema"] = {**real[0], **schema}
+
+
 def _complete_openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document plus what it cannot infer: the Problem and TxnRequest schemas
     referenced by hand, the node headers on every response, and without the default 422
-    validation responses (parameter errors are 400 problem documents here)."""
+    validation responses (parameter errors are 400 problem documents here), and without the
+    null branch of optional parameters."""
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     _hoist(Problem, components)
@@ -1021,6 +1109,8 @@ def _complete_openapi(app: FastAPI) -> dict[str, Any]:
     node_headers = {name: {"description": text, "schema": {"type": "string"}} for name, text in _COMMON_HEADERS.items()}
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():
+            for parameter in operation.get("parameters", []):
+                _drop_null_branch(parameter)
             responses: dict[str, Any] = operation.get("responses", {})
             default_422 = responses.get("422", {}).get("content", {}).get("application/json", {})
             if default_422.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):

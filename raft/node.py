@@ -275,7 +275,10 @@ class RaftNode:
                 self._observer_probe(now_ms, state)
         elif isinstance(state, ProspectiveState):
             if now_ms >= state.election_deadline_ms:
-                self._become_prospective(now_ms)
+                if state.leader_id != NO_LEADER:  # lost the pre-vote: try the old leader again
+                    self._become_follower(now_ms, state.epoch, state.leader_id, "")
+                else:
+                    self._become_prospective(now_ms)
         elif isinstance(state, CandidateState):
             if now_ms >= state.election_deadline_ms:
                 self._become_prospective(now_ms)
@@ -549,7 +552,8 @@ class RaftNode:
 
     def _on_vote_request(self, now_ms: int, src: int, request: VoteRequest) -> None:
         if (request.candidate_id != src or request.epoch < 0 or request.last_offset < 0
-                or request.last_offset_epoch < 0 or request.last_offset_epoch > request.epoch):
+                or request.last_offset_epoch < 0 or request.last_offset_epoch > request.epoch
+                or (request.pre_vote and request.last_offset_epoch >= request.epoch)):
             self._send(src, VoteResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id, False, request.pre_vote))
             return
         if request.candidate_id not in self._voters or not self.is_voter:
@@ -579,7 +583,14 @@ class RaftNode:
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, False))
 
     def _on_pre_vote(self, now_ms: int, src: int, request: VoteRequest) -> None:
-        """Rule 3: a pre-vote never changes this node's state."""
+        """Rule 3: a pre-vote for epoch e never moves this node to e.
+
+        It does say the sender already is in epoch e - 1 (persisted, so sanctioned by an
+        earlier pre-vote majority); rule 1 applies to that epoch like to any other, or a
+        node whose vote requests were lost could never rejoin a leader of a lower epoch.
+        """
+        if request.epoch - 1 > self.epoch:
+            self._observe_epoch(now_ms, request.epoch - 1, NO_LEADER)
         state = self._state
         recent_leader = isinstance(state, LeaderState) or (
             isinstance(state, FollowerState) and state.fetched_ms >= 0
@@ -595,7 +606,7 @@ class RaftNode:
     def _on_vote_response(self, now_ms: int, src: int, response: VoteResponse) -> None:
         if src not in self._voters or response.epoch < 0:
             return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id):
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
             return
         state = self._state
         if response.error != ErrorCode.NONE:
@@ -632,7 +643,7 @@ class RaftNode:
 
     def _on_begin_quorum_response(self, now_ms: int, src: int, response: BeginQuorumEpochResponse) -> None:
         if src in self._voters and response.epoch >= 0:
-            self._observe_epoch(now_ms, response.epoch, response.leader_id)
+            self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
 
     def _send_begin_quorum(self, now_ms: int, state: LeaderState) -> None:
         request = BeginQuorumEpochRequest(state.epoch, self._id, self.config.endpoint)
@@ -678,7 +689,7 @@ class RaftNode:
         if isinstance(state, ResignedState) and response.epoch == state.epoch:
             state.end_quorum_pending.discard(src)
             return
-        self._observe_epoch(now_ms, response.epoch, response.leader_id)
+        self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
 
     def _send_end_quorum(self, now_ms: int, state: ResignedState) -> None:
         request = EndQuorumEpochRequest(state.epoch, self._id, state.preferred_successors)

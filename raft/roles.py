@@ -16,10 +16,14 @@ inside those methods, and only in the ways listed here.
    to learn the leader.
 3. Prospective (KIP-996): asks every voter for a *pre-vote* for epoch + 1. Pre-votes are
    never persisted, by either side, and never change the receiver's epoch. A majority
-   of grants → Candidate. Learning of a leader of the current epoch → Follower. Timer →
-   a new pre-vote round. Followers that fetched successfully from their leader within
-   fetch_timeout_ms refuse pre-votes; so do leaders. A node that is cut off therefore
-   cannot bump the epoch and depose a healthy leader when it comes back.
+   of grants → Candidate. Learning of a leader of the current epoch → Follower (hearsay
+   about the leader it timed out on does not count; that leader's own answer does).
+   Timer → Follower of the leader it lost, if it knew one (fetch again: that leader may
+   be fine), else a new pre-vote round. Followers that fetched successfully from their
+   leader within fetch_timeout_ms refuse pre-votes; leaders refuse all. A node that is
+   cut off therefore cannot bump the epoch and depose a healthy leader when it comes
+   back. A pre-vote for epoch e does tell the receiver that the sender is in epoch e - 1
+   already; rule 1 applies to that epoch.
 4. Candidate: persists epoch + 1 and a vote for itself, then asks for real votes. A
    majority → Leader. Timer → Prospective (a new pre-vote round, same epoch).
 5. Votes: a voter grants at most one vote per epoch (persisted before the response is
@@ -52,7 +56,8 @@ Transition table (from → to : trigger)
     Unattached  → Follower    : BeginQuorumEpoch / Fetch response naming a leader
     Prospective → Candidate   : majority of pre-votes
     Prospective → Follower    : leader of this epoch discovered
-    Prospective → Prospective : election timer (new round)
+    Prospective → Prospective : election timer, no leader known (new round)
+    Prospective → Follower    : election timer, a leader was known (fetch from it again)
     Candidate   → Leader      : majority of votes
     Candidate   → Prospective : election timer
     Candidate   → Follower    : leader of this epoch discovered

@@ -66,6 +66,11 @@ logger = logging.getLogger(__name__)
 KEY_LOOKUP_CHUNK_KEYS = 500
 SQLITE_CACHE_KIB = 32 * 1024
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
+# thread so that apply never waits for them; the thread is woken after this many records.
+CHECKPOINT_EVERY_RECORDS = 2_000
+# If the background thread falls behind, the writer checkpoints itself past this WAL size.
+WAL_BACKSTOP_PAGES = 16_384
 MAX_LIST_LIMIT = 10_000
 MAX_CHANGES_LIMIT = 100_000
 
@@ -169,7 +174,8 @@ def _compile(statement: sa.ClauseElement, dialect: sa.Dialect) -> str:
 class StateMachine:
     """Applies committed batches to ``db_path`` and answers versioned reads from it."""
 
-    def __init__(self, db_path: str, *, history_retention_versions: int | None = None) -> None:
+    def __init__(self, db_path: str, *, history_retention_versions: int | None = None,
+                 background_checkpoint: bool = True) -> None:
         check(history_retention_versions is None or history_retention_versions >= 0,
               "history_retention_versions must be >= 0")
         self.db_path = os.path.abspath(db_path)
@@ -196,6 +202,13 @@ class StateMachine:
         self._applied_epoch: int = row.applied_epoch
         self._oldest_version: int = row.oldest_version
         self._prepare_statements()
+        self._writer.exec_driver_sql(
+            f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
+        self._records_since_checkpoint = 0
+        self._checkpointer: _Checkpointer | None = None
+        if background_checkpoint:
+            self._checkpointer = _Checkpointer(self._open_connection(), self.db_path)
+            self._checkpointer.start()
 
     # ---- connections ---------------------------------------------------------------
 
@@ -305,10 +318,26 @@ class StateMachine:
                 oldest_version=sa.bindparam("oldest_version")),
             dialect,
         )
+        self._sql_meta_versions = _compile(
+            sa.select(meta.c.applied_version, meta.c.oldest_version)
+            .where(meta.c.id == sa.literal_column("1")), dialect)
+        self._sql_history_at = _compile(
+            sa.select(history.c.op, history.c.value, history.c.content_type, history.c.version,
+                      history.c.create_version)
+            .where(history.c.key == sa.bindparam("key"), history.c.version <= sa.bindparam("version"))
+            .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1),
+            dialect,
+        )
+        self._sql_entry = _compile(
+            sa.select(entries.c.value, entries.c.content_type, entries.c.mod_version,
+                      entries.c.create_version).where(entries.c.key == sa.bindparam("key")),
+            dialect,
+        )
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
             self._sql_point_read, self._sql_upsert, self._sql_delete, self._sql_history,
-            self._sql_meta)] == [1, 5, 1, 7, 3], "unexpected compiled statement shape")
+            self._sql_meta, self._sql_meta_versions, self._sql_history_at, self._sql_entry)]
+            == [1, 5, 1, 7, 3, 0, 4, 1], "unexpected compiled statement shape")
 
     # ---- properties ----------------------------------------------------------------
 
@@ -360,7 +389,11 @@ class StateMachine:
                     writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest))
             finally:
                 writer_cursor.close()
+            self._records_since_checkpoint += end_version - self._applied_version
             self._applied_version = end_version
+            if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
+                self._records_since_checkpoint = 0
+                self._checkpointer.wake()
             self._applied_epoch = end_epoch
             self._oldest_version = oldest
             return results
@@ -454,39 +487,38 @@ class StateMachine:
 
     def get(self, key: str, at_version: int | None = None) -> tuple[int, Entry | None]:
         """(version answered at, the entry or None)."""
+        cursor = self._reader_cursor()
         if at_version is None:
-            row = self._reader_cursor().execute(self._sql_point_read, (key,)).fetchone()
+            row = cursor.execute(self._sql_point_read, (key,)).fetchone()
             if row[1] is None:
                 return row[0], None
             return row[0], Entry(key, row[1], row[2], row[3], row[4])
-        with self._read_transaction() as connection:
-            self._check_readable(connection, at_version)
-            return at_version, self._entry_at(connection, key, at_version)
+        cursor.execute("BEGIN")
+        try:
+            applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
+            _check_version(at_version, applied_version, oldest_version)
+            return at_version, self._entry_at(cursor, key, at_version)
+        finally:
+            cursor.execute("COMMIT")
 
     def _check_readable(self, connection: Connection, version: int) -> int:
         row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
-        if version < row.oldest_version:
-            raise VersionCompactedError(version, row.oldest_version)
-        if version > row.applied_version:
-            raise VersionNotAppliedError(version, row.applied_version)
+        _check_version(version, row.applied_version, row.oldest_version)
         return row.applied_version
 
-    @staticmethod
-    def _entry_at(connection: Connection, key: str, version: int) -> Entry | None:
-        row = connection.execute(
-            sa.select(history.c.op, history.c.value, history.c.content_type, history.c.version,
-                      history.c.create_version)
-            .where(history.c.key == key, history.c.version <= version)
-            .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1)
-        ).first()
+    def _entry_at(self, cursor: sqlite3.Cursor, key: str, version: int) -> Entry | None:
+        """The key as of ``version``: its newest history row at or below it, else its current
+        row when that is no newer (see docs/state-machine.md, Schema)."""
+        row = cursor.execute(self._sql_history_at, (key, version, 1, 0)).fetchone()
         if row is not None:
-            if row.op == HISTORY_OP_DELETE:
+            op, value, content_type, mod_version, create_version = row
+            if op == HISTORY_OP_DELETE:
                 return None
-            return Entry(key, row.value, row.content_type, row.version, row.create_version)
-        current = connection.execute(sa.select(entries).where(entries.c.key == key)).first()
-        if current is None or current.mod_version > version:
+            return Entry(key, value, content_type, mod_version, create_version)
+        row = cursor.execute(self._sql_entry, (key,)).fetchone()
+        if row is None or row[2] > version:
             return None
-        return Entry(*current)
+        return Entry(key, row[0], row[1], row[2], row[3])
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> tuple[int, list[Entry], str | None]:
@@ -609,7 +641,13 @@ class StateMachine:
             if self._closed:
                 return
             self._closed = True
-            self._dispose()
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+            try:
+                # Leave a self-contained database file behind (empty WAL).
+                self._writer.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._dispose()
 
     def _dispose(self) -> None:
         with self._connections_lock:
@@ -623,6 +661,36 @@ class StateMachine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+class _Checkpointer(threading.Thread):
+    """Runs PASSIVE WAL checkpoints on its own connection when woken (see
+    CHECKPOINT_EVERY_RECORDS); sqlite3 releases the GIL while it works."""
+
+    def __init__(self, connection: Connection, db_path: str) -> None:
+        super().__init__(name=f"checkpoint:{os.path.basename(db_path)}", daemon=True)
+        self._connection = connection
+        self._wake = threading.Event()
+        self._stopping = False
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self.join()
+
+    def run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                self._connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except sa.exc.DBAPIError:
+                logger.exception("background WAL checkpoint failed; the writer's backstop applies")
 
 
 def _command_keys(command: Command) -> Iterator[str]:
@@ -655,36 +723,43 @@ def _evaluate(
     original = dict(state)
     results: list[ApplyResult] = []
     history_rows: list[HistoryRow] = []
+    append_result = results.append
+    append_history = history_rows.append
+    put_kind, delete_kind = OpKind.PUT, OpKind.DELETE
     for offset, command in commands:
         version = offset + 1
         seq = 0  # position of a change within its record: the same on every replica
         if isinstance(command, str):
-            results.append(ApplyResult(offset, version, False, (), (), command))
+            append_result(ApplyResult(offset, version, False, (), (), command))
             continue
-        failed = tuple((c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
-                       for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
-        succeeded = not failed
+        failed: tuple[tuple[str, int], ...] = ()
+        if command.compare:
+            failed = tuple(
+                (c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
+                for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
         op_results: list[OpResult] = []
-        for op in command.success if succeeded else command.failure:
-            previous = state[op.key]
-            if op.kind == OpKind.PUT:
+        for op in command.failure if failed else command.success:
+            key = op.key
+            previous = state[key]
+            kind = op.kind
+            if kind == put_kind:
                 create_version = version if previous is None else previous.create_version
-                entry = Entry(op.key, op.value, op.content_type, version, create_version)
-                state[op.key] = entry
-                history_rows.append((version, seq, op.key, HISTORY_OP_PUT, op.value,
-                                     op.content_type, create_version))
+                entry = Entry(key, op.value, op.content_type, version, create_version)
+                state[key] = entry
+                append_history((version, seq, key, HISTORY_OP_PUT, op.value, op.content_type,
+                                create_version))
                 seq += 1
-                op_results.append(OpResult(op.kind, op.key, previous is None, False, entry))
-            elif op.kind == OpKind.DELETE:
+                op_results.append(OpResult(kind, key, previous is None, False, entry))
+            elif kind == delete_kind:
                 if previous is not None:
-                    state[op.key] = None
-                    history_rows.append((version, seq, op.key, HISTORY_OP_DELETE,
-                                         None, None, previous.create_version))
+                    state[key] = None
+                    append_history((version, seq, key, HISTORY_OP_DELETE, None, None,
+                                    previous.create_version))
                     seq += 1
-                op_results.append(OpResult(op.kind, op.key, False, previous is not None, None))
+                op_results.append(OpResult(kind, key, False, previous is not None, None))
             else:
-                op_results.append(OpResult(op.kind, op.key, False, False, previous))
-        results.append(ApplyResult(offset, version, succeeded, tuple(op_results), failed))
+                op_results.append(OpResult(kind, key, False, False, previous))
+        append_result(ApplyResult(offset, version, not failed, tuple(op_results), failed))
     upserts: list[tuple[Any, ...]] = []
     deletes: list[tuple[str]] = []
     for key, entry in state.items():
@@ -694,6 +769,13 @@ def _evaluate(
         elif entry is not original[key]:
             upserts.append((key, entry.value, entry.content_type, entry.mod_version, entry.create_version))
     return results, upserts, deletes, history_rows
+
+
+def _check_version(version: int, applied_version: int, oldest_version: int) -> None:
+    if version < oldest_version:
+        raise VersionCompactedError(version, oldest_version)
+    if version > applied_version:
+        raise VersionNotAppliedError(version, applied_version)
 
 
 def _event(row: Any) -> Event:

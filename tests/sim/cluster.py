@@ -284,8 +284,12 @@ class Cluster:
                     best = node
         return best
 
-    def propose(self, records: tuple[bytes, ...]) -> Proposal | None:
-        leader = self.leader()
+    def leaders(self) -> list[SimNode]:
+        """Every live node that believes it leads (a deposed one may not know yet)."""
+        return [n for n in self.nodes.values() if n.core is not None and n.core.role == Role.LEADER]
+
+    def propose(self, records: tuple[bytes, ...], leader: SimNode | None = None) -> Proposal | None:
+        leader = leader or self.leader()
         if leader is None or leader.core is None:
             return None
         try:

@@ -73,7 +73,11 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
         flush_min_ms=1,
         flush_max_ms=plan_rng.choice((1, 5, 15)),
     )
-    overrides = {"append_linger_ms": plan_rng.choice((0, 0, 2))}
+    overrides = {
+        "append_linger_ms": plan_rng.choice((0, 0, 2)),
+        # Small batches make fetches return one batch at a time: more intermediate acks.
+        "max_batch_bytes": plan_rng.choice((8 * 1024 * 1024, 256)),
+    }
     plan: list[str] = []
     trace = print if verbose else None
     cluster = Cluster(seed, voters, observers, faults, overrides, trace=trace)
@@ -183,11 +187,16 @@ class _Load:
     def propose(self) -> None:
         self.counter += 1
         count = self.rng.randint(1, 5)
-        self.cluster.propose(tuple(f"r{self.counter}.{i}".encode() for i in range(count)))
+        self.cluster.propose(tuple(f"r{self.counter}.{i}".encode() for i in range(count)), self._some_leader())
+
+    def _some_leader(self):  # type: ignore[no-untyped-def]
+        """Any node that believes it leads: clients do reach deposed leaders."""
+        leaders = self.cluster.leaders()
+        return self.rng.choice(leaders) if leaders else None
 
     def read(self) -> None:
         cluster = self.cluster
-        leader = cluster.leader()
+        leader = self._some_leader()
         if leader is None or leader.core is None:
             return
         try:
