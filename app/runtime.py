@@ -60,7 +60,8 @@ from storage.state_machine import StateMachine
 logger = logging.getLogger("metakv.runtime")
 
 # Bounds on the work one loop turn may do, so a catching-up replica keeps answering HTTP.
-APPLY_MAX_READS_PER_TURN = 32
+APPLY_MAX_READS_PER_TURN = 8
+APPLY_READ_BYTES = 1024 * 1024  # per log read while applying; whole batches may exceed it
 MAX_TIMER_DELAY_S = 3600.0  # the core answers 'never' with a huge deadline; re-check hourly
 LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
                      0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -328,7 +329,7 @@ class NodeRuntime:
         for _ in range(APPLY_MAX_READS_PER_TURN):
             if self._applied_version >= high_watermark or self._installing_snapshot:
                 return
-            batches = _trim(self.log.read(self._applied_version, self.config.max_batch_bytes),
+            batches = _trim(self.log.read(self._applied_version, APPLY_READ_BYTES),
                             self._applied_version, high_watermark)
             if not batches:
                 return
