@@ -521,7 +521,7 @@ def _key_from_request(request: Request) -> str:
         raise ProblemError(400, "invalid-key", "Invalid key", "the key is not valid UTF-8") from exc
 
 
-async def _read_body_bounded(request: Request, limit_bytes: int, what: str) -> bytes:
+async def _read_body_bounded(request: Request, limit_bytes: int, what: str, slug: str) -> bytes:
     """Read the body, refusing it (413) from Content-Length before reading and while reading,
     so a client cannot make this node buffer more than ``limit_bytes``."""
     declared = request.headers.get("content-length")
@@ -532,14 +532,14 @@ async def _read_body_bounded(request: Request, limit_bytes: int, what: str) -> b
             raise ProblemError(400, "invalid-content-length", "Invalid Content-Length",
                                "Content-Length is not an integer") from exc
         if declared_bytes > limit_bytes:
-            raise ProblemError(413, "too-large", f"{what} too large",
+            raise ProblemError(413, slug, slug.replace("-", " ").capitalize(),
                                f"{what} is {declared_bytes} bytes; at most {limit_bytes} are allowed")
     chunks: list[bytes] = []
     received_bytes = 0
     async for chunk in request.stream():
         received_bytes += len(chunk)
         if received_bytes > limit_bytes:
-            raise ProblemError(413, "too-large", f"{what} too large",
+            raise ProblemError(413, slug, slug.replace("-", " ").capitalize(),
                                f"{what} exceeds {limit_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
@@ -895,7 +895,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
             raise ProblemError(400, "invalid-content-type", "Invalid Content-Type",
                                f"Content-Type must be a media type (type/subtype; name=value) of at most {CONTENT_TYPE_MAX_BYTES} characters")
         compares = _write_compares(key, if_match, if_none_match)
-        value = await _read_body_bounded(request, settings.max_value_bytes, "the value")
+        value = await _read_body_bounded(request, settings.max_value_bytes, "the value", "value-too-large")
         result = await service.propose(put(key, value, content_type, compares))
         _check_condition(result, key)
         return WriteResult(key=key, version=result.version, created=bool(result.ops[0].created))
@@ -933,7 +933,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/TxnRequest"}}}}})
     async def txn(request: Request) -> Response:
-        raw = await _read_body_bounded(request, settings.max_txn_body_bytes, "the txn body")
+        raw = await _read_body_bounded(request, settings.max_txn_body_bytes, "the txn body", "body-too-large")
         try:
             body = TxnRequest.model_validate_json(raw)
         except ValidationError as exc:
