@@ -210,7 +210,10 @@ def _check_key_text(key: str) -> str:
 NO_NUL_PATTERN = r"^[^\x00]*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}"|[0-9]{1,18})$'  # quotes optional, leniently'
-CONTENT_TYPE_PATTERN = r"^[\x20-\x7e]+$"  # sent back in a header: printable ASCII only
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+# An RFC 9110 media type (type/subtype; name=value or name="quoted"): it is sent back as the
+# Content-Type of GET, so it must be one a client can parse.
+CONTENT_TYPE_PATTERN = (rf'^{_TOKEN}/{_TOKEN}([ \t]*;[ \t]*{_TOKEN}=({_TOKEN}|"[\x20\x21\x23-\x5b\x5d-\x7e]*"))*$')
 _CONTENT_TYPE_RE = re.compile(CONTENT_TYPE_PATTERN)
 
 Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_BYTES, pattern=NO_NUL_PATTERN,
@@ -518,7 +521,7 @@ def _key_from_request(request: Request) -> str:
         raise ProblemError(400, "invalid-key", "Invalid key", "the key is not valid UTF-8") from exc
 
 
-async def _read_body_bounded(request: Request, limit_bytes: int, what: str) -> bytes:
+async def _read_body_bounded(request: Request, limit_bytes: int, what: str, slug: str) -> bytes:
     """Read the body, refusing it (413) from Content-Length before reading and while reading,
     so a client cannot make this node buffer more than ``limit_bytes``."""
     declared = request.headers.get("content-length")
@@ -529,14 +532,14 @@ async def _read_body_bounded(request: Request, limit_bytes: int, what: str) -> b
             raise ProblemError(400, "invalid-content-length", "Invalid Content-Length",
                                "Content-Length is not an integer") from exc
         if declared_bytes > limit_bytes:
-            raise ProblemError(413, "too-large", f"{what} too large",
+            raise ProblemError(413, slug, slug.replace("-", " ").capitalize(),
                                f"{what} is {declared_bytes} bytes; at most {limit_bytes} are allowed")
     chunks: list[bytes] = []
     received_bytes = 0
     async for chunk in request.stream():
         received_bytes += len(chunk)
         if received_bytes > limit_bytes:
-            raise ProblemError(413, "too-large", f"{what} too large",
+            raise ProblemError(413, slug, slug.replace("-", " ").capitalize(),
                                f"{what} exceeds {limit_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
@@ -730,9 +733,18 @@ _COMMON_HEADERS = {
 }
 
 
+def _settings_from(service: KVService) -> HttpSettings:
+    """HttpSettings fields the service carries as attributes of the same name (the runtime's
+    configured max_value_bytes, say) override the defaults."""
+    overrides = {name: int(getattr(service, name)) for name in HttpSettings.__dataclass_fields__
+                 if isinstance(getattr(service, name, None), int)}
+    return HttpSettings(**overrides)
+
+
 def create_app(service: KVService, settings: HttpSettings | None = None) -> FastAPI:
-    """The FastAPI application serving ``service`` per shared/API.md."""
-    settings = settings or HttpSettings(max_value_bytes=int(getattr(service, "max_value_bytes", DEFAULT_MAX_VALUE_BYTES)))
+    """The FastAPI application serving ``service`` per shared/API.md. Without ``settings``,
+    bounds come from the service's attributes of the same names, else the defaults."""
+    settings = settings or _settings_from(service)
     registry = getattr(service, "metrics", None)
     if not isinstance(registry, CollectorRegistry):
         registry = CollectorRegistry()
@@ -839,7 +851,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         _version, entry = state.get(key, at_version=at_version)
         if entry is None:
             raise ProblemError(404, "key-not-found", "Key not found", f"no key {key!r}")
-        content_type = entry.content_type if _CONTENT_TYPE_RE.match(entry.content_type) else DEFAULT_CONTENT_TYPE
+        content_type = entry.content_type if _CONTENT_TYPE_RE.fullmatch(entry.content_type) else DEFAULT_CONTENT_TYPE
         headers = {"content-type": content_type, "ETag": f'"{entry.mod_version}"',
                    "X-Create-Version": str(entry.create_version)}
         if request.method == "HEAD":
@@ -879,11 +891,11 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                       ) -> WriteResult:
         key = _key_from_request(request)
         content_type = request.headers.get("content-type") or DEFAULT_CONTENT_TYPE
-        if len(content_type) > CONTENT_TYPE_MAX_BYTES or not _CONTENT_TYPE_RE.match(content_type):
+        if len(content_type) > CONTENT_TYPE_MAX_BYTES or not _CONTENT_TYPE_RE.fullmatch(content_type):
             raise ProblemError(400, "invalid-content-type", "Invalid Content-Type",
-                               f"Content-Type must be 1-{CONTENT_TYPE_MAX_BYTES} printable ASCII characters")
+                               f"Content-Type must be a media type (type/subtype; name=value) of at most {CONTENT_TYPE_MAX_BYTES} characters")
         compares = _write_compares(key, if_match, if_none_match)
-        value = await _read_body_bounded(request, settings.max_value_bytes, "the value")
+        value = await _read_body_bounded(request, settings.max_value_bytes, "the value", "value-too-large")
         result = await service.propose(put(key, value, content_type, compares))
         _check_condition(result, key)
         return WriteResult(key=key, version=result.version, created=bool(result.ops[0].created))
@@ -921,7 +933,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/TxnRequest"}}}}})
     async def txn(request: Request) -> Response:
-        raw = await _read_body_bounded(request, settings.max_txn_body_bytes, "the txn body")
+        raw = await _read_body_bounded(request, settings.max_txn_body_bytes, "the txn body", "body-too-large")
         try:
             body = TxnRequest.model_validate_json(raw)
         except ValidationError as exc:

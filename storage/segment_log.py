@@ -7,7 +7,8 @@ Layout of ``log_dir`` (normally ``<data-dir>/log``)::
                                  entries; a sealed segment's index ends with the entry
                                  (next segment's base offset, segment size)
     leader-epoch-checkpoint      epoch -> start offset (text, replaced atomically)
-    log-start-checkpoint         log start offset and latest snapshot id (JSON, replaced atomically)
+    log-start-checkpoint         log start offset, latest snapshot id, cleaned end (JSON, atomic)
+    cleaner-swap, *.log.cleaned  only while replace_prefix installs a compacted prefix
 
 Durability rules (why the code is ordered the way it is):
 
@@ -17,18 +18,20 @@ Durability rules (why the code is ordered the way it is):
   end offset and a truncation generation under the lock, fsyncs a dup of the file descriptor
   outside it, and raises ``flushed_offset`` only if no truncation happened meanwhile.
 - Rolling to a new segment first fsyncs the old one and writes the epoch checkpoint, so every
-  sealed segment is durable and complete: recovery then only has to scan the last segment.
+  sealed segment is durable and complete: only the last segment can have a torn tail.
 - ``truncate_to`` is durable when it returns (the cut file is fsynced, deleted files are
-  removed from the directory durably): a truncated record must never come back after a crash.
+  removed from the directory durably, newest first): a truncated record must never come
+  back after a crash, and a crash halfway leaves a shorter log, never a gap.
 - Any failed write or fsync (ENOSPC, EIO) puts the log in a failed state: appends, truncations
   and flushes raise ``LogWriteError`` until the log is reopened (after an fsync failure the page
   cache can no longer be trusted); reads keep working on what was written before.
 
-Recovery on open (see docs/storage.md): sealed segments are trusted through their index
-(rebuilt by scanning the segment if missing or damaged); the last segment is scanned batch by
-batch and a torn or corrupt tail is cut at the last good batch, with a warning naming the bytes
-dropped. A bad batch followed by a good one, or a bad sealed segment, is not a tail: it raises
-``CorruptLogError`` naming the file and byte position and the repair command.
+Recovery on open (see docs/storage.md): sealed segments are CRC-checked batch by batch (or,
+with ``verify_sealed_segments=False``, trusted through their index, rebuilt by a scan when
+damaged); the last segment is scanned and a torn or corrupt tail is cut at the last good
+batch, with a warning naming the bytes dropped. A bad batch followed by a good one, or a bad
+sealed segment, is not a tail: it raises ``CorruptLogError`` naming the file, the byte
+position and the repair command.
 """
 
 from __future__ import annotations
@@ -612,8 +615,8 @@ class SegmentLog:
             self._truncation_generation += 1
             new_start = snapshot_id.end_offset
             try:
-                above = [s for s in self._segments if s.base_offset >= new_start]
-                self._delete_segments(above)
+                above = [s for s in reversed(self._segments) if s.base_offset >= new_start]
+                self._delete_segments(above)  # newest first: a crash leaves no gap
                 if above:
                     fsync_directory(self._log_dir)
                 write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, snapshot_id, self._cleaned_end))
@@ -871,7 +874,7 @@ class SegmentLog:
 
     def _truncate_locked(self, offset: int) -> None:
         slot = max(bisect.bisect_right(self._segment_bases, offset) - 1, 0)
-        self._delete_segments(self._segments[slot + 1 :])
+        self._delete_segments(self._segments[:slot:-1])  # newest first: a crash leaves no gap
         del self._segments[slot + 1 :]
         del self._segment_bases[slot + 1 :]
         segment = self._segments[-1]

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from app.service import Consistency, NodeHeaders, VersionWaitTimeoutError
+from app.service import Consistency, NodeHeaders, NotReadyError, VersionWaitTimeoutError
 from raft.types import Batch
 from storage.commands import Command, encode_command
 from storage.state_machine import ApplyResult, StateMachine
@@ -104,8 +104,8 @@ class InProcessService:
                 "observers": []}
 
     async def take_snapshot(self) -> dict[str, Any]:
-        if self.state.applied_version == 0:
-            return {"snapshot_id": None}  # nothing to snapshot yet
+        if self.state.applied_version == 0:  # as the runtime answers: nothing to snapshot yet
+            raise NotReadyError("nothing applied yet: there is no state to snapshot")
         snapshot_id = self.state.create_snapshot(self.snapshot_dir, self.epoch)
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 

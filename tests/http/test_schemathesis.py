@@ -21,7 +21,7 @@ def test_schemathesis_finds_no_server_errors_and_no_undocumented_behaviour(tmp_p
     service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
     try:
         with serve_in_thread(create_app(service, FUZZ_SETTINGS)) as base_url:
-            result = run_schemathesis(base_url, tmp_path, max_examples=10)
+            result = run_schemathesis(base_url, tmp_path, max_examples=5)
     finally:
         service.close()
     report = result.stdout + result.stderr
