@@ -1084,6 +1084,9 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
     app.openapi = openapi  # type: ignore[method-assign]
 
     def route_label(scope: Scope) -> str:
+        matched = scope.get("route")  # set by the router on the shared scope when a route served it
+        if matched is not None and hasattr(matched, "path"):
+            return str(matched.path)
         for route in app.router.routes:
             match, _ = route.matches(scope)
             if match != Match.NONE:
