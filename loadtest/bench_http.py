@@ -179,12 +179,14 @@ def cpu_seconds(pids: list[int]) -> float:
 def measured(cluster: Cluster, phase: Any) -> dict[str, Any]:
     """Run ``phase()`` and add what it cost the servers: CPU ms per request (independent of
     how busy the shared machine is) and the machine's load average meanwhile."""
-    pids = [node.pid for node in cluster.nodes.values() if node.pid is not None]
-    cpu_before = cpu_seconds(pids)
+    pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
+    cpu_before = {node_id: cpu_seconds([pid]) for node_id, pid in pids.items()}
     result: dict[str, Any] = phase()
-    cpu_used = cpu_seconds(pids) - cpu_before
+    cpu_used = {node_id: cpu_seconds([pid]) - cpu_before[node_id] for node_id, pid in pids.items()}
     requests = result.get("requests_total", result.get("requests", 0))
-    result["servers_cpu_ms_per_request"] = round(cpu_used * 1000 / requests, 3) if requests else None
+    result["servers_cpu_ms_per_request"] = round(sum(cpu_used.values()) * 1000 / requests, 3) if requests else None
+    result["cpu_ms_per_request_by_node"] = {
+        str(node_id): round(used * 1000 / requests, 3) if requests else None for node_id, used in cpu_used.items()}
     result["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return result
 
