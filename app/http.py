@@ -45,7 +45,6 @@ from pydantic import (
     Tag,
     ValidationError,
 )
-from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -661,12 +660,12 @@ class _EdgeMiddleware:
         self.metrics = metrics
         self.route_label = route_label
 
-    def _node_headers(self) -> dict[str, str]:
+    def _node_headers(self) -> list[tuple[bytes, bytes]]:
         try:
-            return self.service.headers().as_dict()
+            return [(name.lower().encode(), value.encode()) for name, value in self.service.headers().as_dict().items()]
         except Exception:
             log.exception("service.headers() failed; answering without node headers")
-            return {}
+            return []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -681,11 +680,8 @@ class _EdgeMiddleware:
             if message["type"] == "http.response.start":
                 response_started = True
                 status_code = message["status"]
-                headers = MutableHeaders(raw=list(message.get("headers", [])))
-                for name, value in self._node_headers().items():
-                    if name not in headers:
-                        headers[name] = value
-                message = {**message, "headers": headers.raw}
+                # Routes never set these headers themselves, so they are appended, not merged.
+                message = {**message, "headers": [*message.get("headers", ()), *self._node_headers()]}
             await send(message)
 
         try:
