@@ -58,6 +58,7 @@ from app.service import (
     VersionWaitTimeoutError,
     WriteRejectedError,
 )
+from raft.types import check
 from storage.commands import (
     DEFAULT_CONTENT_TYPE,
     Command,
@@ -108,6 +109,13 @@ class HttpSettings:
     max_watch_timeout_ms: int = 300_000  # watch long-polls and SSE stream lifetime
     sse_keepalive_ms: int = 15_000  # comment lines that keep idle proxies from closing streams
     watch_events_max: int = WATCH_EVENTS_MAX  # events per long-poll answer or per SSE read
+
+    def __post_init__(self) -> None:
+        for name in ("max_value_bytes", "max_txn_body_bytes", "max_wait_ms", "max_watch_timeout_ms"):
+            check(getattr(self, name) >= 0, f"HttpSettings.{name} must be >= 0")
+        # A zero keepalive would make an idle SSE stream a busy loop.
+        check(self.sse_keepalive_ms > 0, "HttpSettings.sse_keepalive_ms must be > 0")
+        check(0 < self.watch_events_max <= WATCH_EVENTS_MAX, f"HttpSettings.watch_events_max must be in 1..{WATCH_EVENTS_MAX}")
 
 
 # --------------------------------------------------------------------------------------------
