@@ -24,9 +24,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root: Path = tmp_path_factory.mktemp("kv-cluster")
     with Cluster(root, voters=3, observers=1) as running:
         try:
-            running.wait_for_leader()
+            leader = running.wait_for_leader()
             for node in running.nodes.values():
                 running.wait_ready(node)
+            # A voter that missed the first BeginQuorumEpoch learns the leader on its resend;
+            # until then it rightly answers writes with 503, so wait for every node to know.
+            running.wait_until(
+                lambda: all((running.status(node) or {}).get("leader_id") == leader.node_id
+                            for node in running.nodes.values()),
+                what="every node knows the leader")
             yield running
         finally:
             print(running.logs())
