@@ -131,9 +131,9 @@ class Client:
         record = {"process": self.process, "op": op, "key": key, "invoke_ns": invoke_ns,
                   "complete_ns": now_ns(), "outcome": outcome, "result": result, "node": self.home, **fields}
         self.history.add(record)
-        if outcome != "ok":
-            if outcome != "fail":
-                self.rotate()
+        if outcome in ("error", "indeterminate"):
+            self.rotate()
+            time.sleep(ERROR_BACKOFF_S)
         return record
 
     def step(self) -> None:

@@ -73,7 +73,8 @@ class History:
         self._add(p, "watch", "", start, end, "ok", {"version": version, "events": events}, since=since, prefix="")
 
     def check(self, require_final: bool = True):
-        return check_history(self.records, require_final=require_final)
+        # hand-built reads carry the exact version they were read at
+        return check_history(self.records, require_final=require_final, read_version_exact=True)
 
 
 def assert_invalid(history: History, *phrases: str, require_final: bool = True) -> str:
@@ -305,7 +306,7 @@ def test_value_txn_and_delete_history_is_accepted() -> None:
 def test_simulated_concurrent_histories_are_accepted() -> None:
     for seed in range(20):
         records = simulate_history(seed, op_count=400, process_count=6, key_count=3, indeterminate_rate=0.05)
-        report = check_history(records)
+        report = check_history(records, read_version_exact=True)
         assert report.ok, f"seed {seed}: {report.summary()}"
 
 
@@ -316,7 +317,7 @@ def test_corrupted_simulated_history_is_rejected() -> None:
              and r["result"].get("found") and r["process"] != "final"]
     victim = reads[len(reads) // 2]
     victim["result"]["value"] = "never-written"
-    report = check_history(records)
+    report = check_history(records, read_version_exact=True)
     assert not report.ok
     assert "never-written" in report.summary()
 
@@ -324,7 +325,7 @@ def test_corrupted_simulated_history_is_rejected() -> None:
 def test_ten_thousand_operations_check_in_seconds() -> None:
     records = simulate_history(2026, op_count=10_000, process_count=12, key_count=8, indeterminate_rate=0.02)
     started = time.perf_counter()
-    report = check_history(records)
+    report = check_history(records, read_version_exact=True)
     elapsed_s = time.perf_counter() - started
     print(f"\nchecked {report.op_count} records ({report.checked_op_count} register ops, "
           f"{sum(k.configurations for k in report.keys)} configurations) in {elapsed_s:.2f} s")
@@ -335,7 +336,7 @@ def test_ten_thousand_operations_check_in_seconds() -> None:
 def test_simulated_histories_with_many_indeterminate_ops_are_accepted() -> None:
     for seed in range(10):
         records = simulate_history(seed, op_count=600, process_count=8, key_count=2, indeterminate_rate=0.25)
-        report = check_history(records)
+        report = check_history(records, read_version_exact=True)
         assert report.ok, f"seed {seed}: {report.summary()}"
 
 
