@@ -47,6 +47,13 @@ test-storage-crash: $(STAMP)
 bench-storage: $(STAMP)
 	$(PY) -m loadtest.bench_storage
 
+# Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
+SEED ?= 1
+DURATION ?= 300
+.PHONY: chaos
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.harness --seed $(SEED) --duration-s $(DURATION) --results results/chaos-$(SEED)
+
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)
 
