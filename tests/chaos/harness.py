@@ -288,6 +288,7 @@ def run_chaos(seed: int, duration_s: float, results: Path, *, voters: int = 3, k
     history = History()
     chaos = ChaosCluster(results / "cluster", voters=voters)
     faults: list[dict[str, Any]] = []
+    recovery_failure = ""
     prefix = f"chaos{seed}/"
     config = WorkloadConfig(keys=[f"{prefix}k{index}" for index in range(keys)], process_count=processes)
     workload = Workload(chaos.urls, config, history, seed, prefix)
@@ -317,10 +318,15 @@ def run_chaos(seed: int, duration_s: float, results: Path, *, voters: int = 3, k
                      "invoke_ns": heal_start, "complete_ns": now_ns(), "outcome": "ok",
                      "restarts_nodes": []})
         log("  healed everything; waiting for recovery")
-        wait_recovered(chaos)
-        time.sleep(POST_HEAL_WORKLOAD_S)
-        workload.stop()
-        final_reads(chaos, history, config.keys, prefix)
+        try:
+            wait_recovered(chaos)
+            time.sleep(POST_HEAL_WORKLOAD_S)
+            workload.stop()
+            final_reads(chaos, history, config.keys, prefix)
+        except AssertionError as exc:
+            # the history is still worth checking; the failure to recover is the headline
+            recovery_failure = f"CLUSTER DID NOT RECOVER after the final heal: {str(exc)[:6000]}"
+            log(recovery_failure[:2000])
     finally:
         workload.stop()
         records = history.records()
@@ -328,6 +334,9 @@ def run_chaos(seed: int, duration_s: float, results: Path, *, voters: int = 3, k
         history.write(history_path)
         chaos.close()
     report = check_history(records)
+    if recovery_failure:
+        report.ok = False
+        report.anomalies.insert(0, recovery_failure)
     op_counts: dict[str, int] = {}
     for record in records:
         label = f"{record['op']}:{record['outcome']}"
