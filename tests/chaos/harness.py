@@ -56,7 +56,7 @@ PAUSE_LEADER_S = 4.0
 FAULT_HOLD_S = (2.0, 6.0)
 FAULT_GAP_S = (0.5, 2.5)
 SLOW_FSYNC_FAILPOINT = "segment.before_fsync=sleep(150)"
-FAILING_FSYNC_FAILPOINT = "segment.before_fsync=error@40"
+FAILING_FSYNC_FAILPOINT = "segment.before_fsync=error@3"
 
 NEMESES = (
     "partition_halves", "isolate_leader", "bridge", "one_way_cut", "kill_restart", "kill_leader",
