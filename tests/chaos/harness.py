@@ -61,7 +61,7 @@ FAILING_FSYNC_FAILPOINT = "segment.before_fsync=error@3"
 NEMESES = (
     "partition_halves", "isolate_leader", "bridge", "one_way_cut", "kill_restart", "kill_leader",
     "pause_leader", "graceful_restart", "slow_fsync", "failing_fsync", "crash_all", "delay_links",
-    "stall_link", "reset_connections",
+    "stall_link", "reset_connections", "mute_leader",
 )
 
 
@@ -174,6 +174,16 @@ class Nemesis:
             src, dst = (leader, self.rng.choice(others)) if self.rng.random() < 0.5 else (self.rng.choice(others), leader)
         self.network.cut_one_way(src, dst)
         return Fault("one_way_cut", f"{src} -/-> {dst}", self.network.heal, [])
+
+    def mute_leader(self) -> Fault:
+        """The leader's messages reach nobody, but it still hears everyone: its fetches keep
+        arriving (check-quorum stays satisfied) while the followers get no answers, give up
+        on it and elect another; the old leader must step down on their vote requests."""
+        leader = self._leader_or_random()
+        for other in self._ids():
+            if other != leader:
+                self.network.cut_one_way(leader, other)
+        return Fault("mute_leader", f"node {leader} -/-> everyone (it still hears them)", self.network.heal, [])
 
     def delay_links(self) -> Fault:
         delay_ms = self.rng.choice([50, 150, 400, 900])
