@@ -51,6 +51,13 @@ bench-storage: $(STAMP)
 bench-http: $(STAMP)
 	$(PY) -m loadtest.bench_http --profile-dir results/profile
 
+# Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
+SEED ?= 1
+DURATION ?= 300
+.PHONY: chaos
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.harness --seed $(SEED) --duration-s $(DURATION) --results results/chaos-$(SEED)
+
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)
 
