@@ -271,7 +271,8 @@ class RaftTransport:
             return
         queue.append(frame)
         self._outbound_wakeups.setdefault(dst, asyncio.Event()).set()
-        if dst not in self._outbound_tasks and not self._stopping:
+        task = self._outbound_tasks.get(dst)
+        if (task is None or task.done()) and not self._stopping:
             self._start_outbound(dst)
 
     # -- outbound connections ---------------------------------------------
@@ -296,7 +297,7 @@ class RaftTransport:
             connection = _Connection(peer_id, reader, writer)
             try:
                 await asyncio.wait_for(self._client_handshake(connection), self.config.handshake_timeout_ms / 1000)
-            except (TimeoutError, HandshakeError, FrameError, OSError, asyncio.IncompleteReadError) as exc:
+            except (TimeoutError, HandshakeError, FrameError, OSError, RuntimeError, asyncio.IncompleteReadError) as exc:
                 self.stats.connections_refused += 1
                 log.warning("node %d: handshake with peer %d at %s:%d failed: %s", self.node_id, peer_id, host, port, exc)
                 await self._close(connection)
@@ -308,8 +309,10 @@ class RaftTransport:
             reader_task = asyncio.get_running_loop().create_task(self._read_loop(connection))
             try:
                 await self._drain_outbound(peer_id, connection)
-            except (OSError, ConnectionError):
-                pass
+            except (OSError, RuntimeError) as exc:
+                # uvloop raises RuntimeError, not OSError, when writing to a connection a
+                # reset already closed; either way: drop this connection and reconnect.
+                log.info("node %d: connection to peer %d lost: %r", self.node_id, peer_id, exc)
             finally:
                 reader_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -376,9 +379,20 @@ class RaftTransport:
         peer = writer.get_extra_info("peername")
         connection = _Connection(-1, reader, writer)
         try:
+            await self._serve_inbound(connection, peer)
+        except asyncio.CancelledError:
+            pass  # stop(): asyncio's stream callback would log a cancelled handler as an error
+        finally:
+            await self._close(connection)
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _serve_inbound(self, connection: _Connection, peer: object) -> None:
+        try:
             try:
                 await asyncio.wait_for(self._server_handshake(connection), self.config.handshake_timeout_ms / 1000)
-            except (TimeoutError, HandshakeError, FrameError, asyncio.IncompleteReadError, OSError) as exc:
+            except (TimeoutError, HandshakeError, FrameError, asyncio.IncompleteReadError, OSError,
+                    RuntimeError) as exc:
                 self.stats.connections_refused += 1
                 log.warning("node %d: refused raft connection from %s: %s", self.node_id, peer, exc)
                 return
@@ -390,9 +404,7 @@ class RaftTransport:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await writer_task
         finally:
-            await self._close(connection)
-            if task is not None:
-                self._tasks.discard(task)
+            connection.mark_closed()
 
     async def _server_handshake(self, connection: _Connection) -> None:
         hello = _unpack_list(await _read_frame(connection.reader, 4096), "hello")
@@ -418,12 +430,17 @@ class RaftTransport:
         self.stats.handshakes_completed += 1
 
     async def _write_loop(self, connection: _Connection) -> None:
-        while not connection.closed:
-            frame = await connection.queue.get()
-            connection.writer.write(frame)
-            while not connection.queue.empty():
-                connection.writer.write(connection.queue.get_nowait())
-            await connection.writer.drain()
+        try:
+            while not connection.closed:
+                frame = await connection.queue.get()
+                connection.writer.write(frame)
+                while not connection.queue.empty():
+                    connection.writer.write(connection.queue.get_nowait())
+                await connection.writer.drain()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: uvloop, after a reset
+            log.info("node %d: connection from node %d lost: %r", self.node_id, connection.peer_id, exc)
+            connection.mark_closed()
+            connection.writer.close()
 
     async def _read_loop(self, connection: _Connection) -> None:
         """Read frames until the peer closes or misbehaves; a bad frame closes this connection only."""

@@ -191,3 +191,35 @@ def test_messages_to_unknown_peers_are_dropped_not_raised() -> None:
         finally:
             await node.transport.stop()
     run(scenario)
+
+
+def test_a_write_failing_after_a_reset_reconnects_instead_of_going_silent() -> None:
+    """Under uvloop a write to a connection that a TCP reset closed raises RuntimeError, not
+    OSError. The chaos harness (seed 7) found that this killed the outbound task for good;
+    the transport must drop that connection and reconnect."""
+    async def scenario() -> None:
+        server = Node(2, {}, respond=True)
+        await server.transport.start()
+        client = Node(1, {2: ("127.0.0.1", server.transport.port)})
+        await client.transport.start()
+        try:
+            client.transport.send(Envelope(1, 2, fetch(1)))
+            await wait_until(lambda: len(client.messages(FetchResponse)) == 1, "first response")
+            broken = client.transport._outbound[2]
+
+            def write_after_reset(_data: bytes) -> None:
+                raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+            broken.writer.write = write_after_reset  # type: ignore[method-assign]
+
+            async def resend_until_answered() -> None:
+                offset = 2
+                while max(m.fetch_offset for m in client.messages(FetchResponse)) < 2:
+                    client.transport.send(Envelope(1, 2, fetch(offset)))
+                    offset += 1
+                    await asyncio.sleep(0.05)
+            await asyncio.wait_for(resend_until_answered(), WAIT_S)
+            assert client.transport._outbound[2] is not broken
+        finally:
+            await client.transport.stop()
+            await server.transport.stop()
+    run(scenario)
