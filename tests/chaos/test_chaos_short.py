@@ -17,9 +17,8 @@ from tests.chaos.harness import run_chaos
 
 SHORT_RUNS = [
     # (seed, seconds of faults, nemeses)
-    # reset_connections is left out here until the transport survives an RST mid-write
-    # (docs/chaos.md, "Bugs found"); make chaos still schedules it
-    (101, 25.0, ("partition_halves", "isolate_leader", "bridge", "one_way_cut", "delay_links", "stall_link")),
+    (101, 25.0, ("partition_halves", "isolate_leader", "bridge", "one_way_cut", "delay_links", "stall_link",
+                 "reset_connections", "mute_leader")),
     (202, 25.0, ("kill_restart", "kill_leader", "pause_leader", "graceful_restart", "crash_all")),
     (303, 15.0, ("slow_fsync", "failing_fsync", "isolate_leader")),
 ]
