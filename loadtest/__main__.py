@@ -78,12 +78,18 @@ def main(argv: list[str] | None = None) -> int:
             for path in paths:
                 print(path)
             return 0
-        from loadtest.bench import run_bench
+        from loadtest.bench import BenchError, run_bench
 
         targets = [target.strip() for target in args.targets.split(",") if target.strip()]
         if not targets or any(target not in ("metakv", "etcd") for target in targets):
             parser.error("--targets is a comma-separated subset of metakv,etcd")
-        report_paths = run_bench(targets, args.duration, args.users, args.out)
+        try:
+            report_paths = run_bench(targets, args.duration, args.users, args.out)
+        except BenchError as error:
+            for path in error.paths:
+                print(path)
+            sys.stderr.write(f"python -m loadtest bench: {error}\n")
+            return 1
         for path in report_paths:
             print(path)
         return 0

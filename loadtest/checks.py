@@ -47,9 +47,11 @@ class Checks:
     list_short: int = 0
     large_values_checked: int = 0
     large_values_wrong_size: int = 0
+    failed: int = 0  # every failed check, of any kind
     problems: list[str] = field(default_factory=list)
 
     def problem(self, text: str) -> None:
+        self.failed += 1
         if len(self.problems) < PROBLEMS_KEPT_MAX:
             self.problems.append(text)
 
@@ -197,10 +199,12 @@ class RunLedger:
                 "per_watcher": watch,
             },
             "cas": self.cas_final,
+            "failed_checks": self.checks.failed,
             "problems": self.checks.problems,
         }
         document["ok"] = (
-            self.checks.read_own_writes_violated == 0
+            self.checks.failed == 0
+            and self.checks.read_own_writes_violated == 0
             and self.checks.list_short == 0
             and self.checks.large_values_wrong_size == 0
             and document["watch"]["missed"] == 0

@@ -282,7 +282,10 @@ class Churn(MetadataUser):
     def delete(self) -> None:
         key = self.rng.choice(list(self.live))
         del self.live[key]  # unknown state if the delete fails: never read again
-        self.wrote(self.store.delete(key, name="delete"))
+        outcome = self.store.delete(key, name="delete")
+        self.wrote(outcome.version)
+        if not outcome.existed:
+            self.check_failed("check: delete", f"delete of live key {key} found nothing")
         self.deleted.append(key)
 
     def read(self) -> None:
@@ -361,11 +364,14 @@ class Watchers(MetadataUser):
         key = f"{self.own_prefix}k{self.rng.randrange(WATCH_KEYS_PER_USER):03d}"
         sent_at_s = time.time()
         if self.rng.random() < 0.1:
-            version = self.store.delete(key, name="delete")
+            outcome = self.store.delete(key, name="delete")
+            version, changed = outcome.version, outcome.existed
         else:
             version = self.store.put(key, value_of(self.tag(), SMALL_VALUE_BYTES), name="put")
+            changed = True
         self.wrote(version)
-        self.verifier.on_ack(version, sent_at_s)
+        if changed:  # deleting an absent key changes nothing and produces no event
+            self.verifier.on_ack(version, sent_at_s)
         if self.watch_loop is None:
             self.watch_loop = gevent.spawn(self.watch_forever, version - 1)
             WATCH_LOOPS.append(self.watch_loop)

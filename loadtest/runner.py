@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,8 @@ def run(spec: RunSpec, out_dir: Path | None = None) -> Path:
             check(len(endpoints) > 0, "a URL target names at least one endpoint")
         _save_metrics(endpoints, out / "metrics", "before")
         started = dt.datetime.now(dt.UTC)
-        exit_code, failover = _run_locust(spec, endpoints, out, cluster)
+        run_id = f"{out.name}-{uuid.uuid4().hex[:8]}"  # key prefix: runs sharing a cluster never collide
+        exit_code, failover = _run_locust(spec, endpoints, out, cluster, run_id)
         _save_metrics(endpoints, out / "metrics", "after")
         checks = _read_json(out / "checks.json")
         document: dict[str, Any] = {
@@ -114,6 +116,7 @@ def run(spec: RunSpec, out_dir: Path | None = None) -> Path:
             "started": started.isoformat(),
             "host": socket.gethostname(),
             "seed": spec.seed,
+            "run_id": run_id,
             "key_count": spec.key_count,
             "endpoints": endpoints,
             "cluster": cluster_summary(cluster) if cluster else None,
@@ -131,7 +134,7 @@ def run(spec: RunSpec, out_dir: Path | None = None) -> Path:
 
 
 def _run_locust(
-    spec: RunSpec, endpoints: list[str], out: Path, cluster: LocalCluster | None
+    spec: RunSpec, endpoints: list[str], out: Path, cluster: LocalCluster | None, run_id: str
 ) -> tuple[int, dict[str, Any] | None]:
     started_marker = out / "load_started"
     started_marker.unlink(missing_ok=True)
@@ -141,7 +144,7 @@ def _run_locust(
         "--run-time", f"{spec.duration_s:g}s", "--stop-timeout", "0",
         "--host", endpoints[0], "--endpoints", ",".join(endpoints), "--store", spec.store_kind,
         "--churn", str(spec.churn), "--target-rate", str(spec.rate), "--seed", str(spec.seed),
-        "--run-id", out.name, "--key-count", str(spec.key_count),
+        "--run-id", run_id, "--key-count", str(spec.key_count),
         "--csv", str(out / "locust"), "--csv-full-history", "--json", "--only-summary",
         "--exit-code-on-error", "0", "--loglevel", "WARNING", "--logfile", str(out / "locust.log"),
         "--checks-out", str(out / "checks.json"), "--samples-out", str(out / "samples.csv"),

@@ -69,6 +69,15 @@ class CasOutcome:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """``existed``: the key was there and the delete produced ``version`` (and an event);
+    otherwise nothing changed and ``version`` is just the store's current version."""
+
+    version: int
+    existed: bool
+
+
 @dataclass(slots=True)
 class WatchEvent:
     kind: str  # "put" | "delete"
@@ -227,7 +236,7 @@ class Store:
     def get(self, key: str, *, name: str = "get", min_version: int = 0) -> Entry | None:
         raise OperationFailed(f"{self.kind} cannot get")
 
-    def delete(self, key: str, *, name: str = "delete") -> int:
+    def delete(self, key: str, *, name: str = "delete") -> Deleted:
         raise OperationFailed(f"{self.kind} cannot delete")
 
     def cas(self, key: str, expected_version: int, value: bytes, *, name: str = "cas") -> CasOutcome:
@@ -289,9 +298,10 @@ class MetakvStore(Store):
         )
         return int(reply.json()["version"]) if reply.status == 200 else None
 
-    def delete(self, key: str, *, name: str = "delete") -> int:
+    def delete(self, key: str, *, name: str = "delete") -> Deleted:
         reply = self._write("DELETE", self._key_path(key), name=name, ok={200: None})
-        return int(reply.json()["version"])
+        document = reply.json()
+        return Deleted(int(document["version"]), bool(document.get("deleted", True)))
 
     def cas(self, key: str, expected_version: int, value: bytes, *, name: str = "cas") -> CasOutcome:
         reply = self._write(
@@ -377,9 +387,9 @@ class EtcdStore(Store):
         )
         return int(answer["header"]["revision"]) if answer.get("succeeded") else None
 
-    def delete(self, key: str, *, name: str = "delete") -> int:
+    def delete(self, key: str, *, name: str = "delete") -> Deleted:
         answer = self._post("/v3/kv/deleterange", {"key": _b64(key)}, name=name)
-        return int(answer["header"]["revision"])
+        return Deleted(int(answer["header"]["revision"]), int(answer.get("deleted", 0)) > 0)
 
     def cas(self, key: str, expected_version: int, value: bytes, *, name: str = "cas") -> CasOutcome:
         document = {
