@@ -14,11 +14,13 @@ UI) are listed in ``add_arguments``.
 from __future__ import annotations
 
 import csv
+import functools
 import http.client
 import itertools
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 from urllib.parse import urlsplit
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 import gevent
 from locust import FastHttpUser, constant_throughput, events, task
 from locust.env import Environment
+from locust.exception import RescheduleTask
 from locust.runners import MasterRunner, WorkerRunner
 
 from loadtest.checks import RunLedger, WatchVerifier
@@ -83,6 +86,23 @@ def add_arguments(parser: Any) -> None:
                        help="write the time the load started (after preloading) here", include_in_web_ui=False)
     parser.add_argument("--samples-out", default="", env_var="LOADTEST_SAMPLES_OUT",
                        help="write every request (time, name, ms, ok) as CSV here", include_in_web_ui=False)
+
+
+def operation(weight: int = 1) -> Callable[[Callable[[Any], None]], Any]:
+    """A Locust task whose failed requests (already recorded as failures) end the iteration
+    quietly instead of logging a traceback per failure."""
+
+    def decorate(function: Callable[[Any], None]) -> Any:
+        @functools.wraps(function)
+        def run(self: Any) -> None:
+            try:
+                function(self)
+            except OperationFailed as error:
+                raise RescheduleTask() from error
+
+        return task(weight)(run)
+
+    return decorate
 
 
 def endpoint_list(environment: Environment) -> list[str]:
@@ -185,11 +205,11 @@ class ReadHeavy(_PreloadedKeys):
 
     scenario = "read_heavy"
 
-    @task(95)
+    @operation(95)
     def get(self) -> None:
         self.store.get(self.random_key(), name="get", min_version=self.min_version())
 
-    @task(5)
+    @operation(5)
     def put(self) -> None:
         self.wrote(self.store.put(self.random_key(), value_of(self.tag(), SMALL_VALUE_BYTES), name="put"))
 
@@ -199,11 +219,11 @@ class WriteHeavy(_PreloadedKeys):
 
     scenario = "write_heavy"
 
-    @task(90)
+    @operation(90)
     def put(self) -> None:
         self.wrote(self.store.put(self.random_key(), value_of(self.tag(), SMALL_VALUE_BYTES), name="put"))
 
-    @task(10)
+    @operation(10)
     def get(self) -> None:
         self.store.get(self.random_key(), name="get", min_version=self.min_version())
 
@@ -218,11 +238,11 @@ class HotKeys(_PreloadedKeys):
             return preloaded_key(self.prefix, self.rng.randrange(HOT_KEYS))
         return super().random_key()
 
-    @task(80)
+    @operation(80)
     def get(self) -> None:
         self.store.get(self.random_key(), name="get", min_version=self.min_version())
 
-    @task(20)
+    @operation(20)
     def put(self) -> None:
         self.wrote(self.store.put(self.random_key(), value_of(self.tag(), SMALL_VALUE_BYTES), name="put"))
 
@@ -245,7 +265,7 @@ class Churn(MetadataUser):
         self.deleted: deque[str] = deque(maxlen=CHURN_DELETED_KEPT)
         self.next_key = 0
 
-    @task
+    @operation()
     def step(self) -> None:
         churn = self.environment.parsed_options.churn
         if not self.live or self.rng.random() < churn:
@@ -323,7 +343,7 @@ class CasContention(MetadataUser):
         prefix = f"{options.run_id}/{cls.scenario}/"
         store.put_many((counter_key(prefix, index), b"0") for index in range(CAS_COUNTERS))
 
-    @task
+    @operation()
     def increment(self) -> None:
         key = counter_key(self.prefix, self.rng.randrange(CAS_COUNTERS))
         entry = self.store.get(key, name="cas read", min_version=self.min_version())
@@ -359,7 +379,7 @@ class Watchers(MetadataUser):
         LEDGER.watchers.append(self.verifier)
         self.watch_loop: gevent.Greenlet | None = None
 
-    @task
+    @operation()
     def write(self) -> None:
         key = f"{self.own_prefix}k{self.rng.randrange(WATCH_KEYS_PER_USER):03d}"
         sent_at_s = time.time()
@@ -437,12 +457,12 @@ class LargeValues(MetadataUser):
         store.put_many((large_key(prefix, index), value_of(f"preload:{index}:", LARGE_VALUE_BYTES))
                        for index in range(LARGE_KEYS))
 
-    @task
+    @operation()
     def put(self) -> None:
         key = large_key(self.prefix, self.rng.randrange(LARGE_KEYS))
         self.wrote(self.store.put(key, value_of(self.tag(), LARGE_VALUE_BYTES), name="put 64KiB"))
 
-    @task
+    @operation()
     def get(self) -> None:
         key = large_key(self.prefix, self.rng.randrange(LARGE_KEYS))
         entry = self.store.get(key, name="get 64KiB", min_version=self.min_version())
@@ -471,7 +491,7 @@ class ListPrefix(MetadataUser):
             for index in range(LIST_KEYS_PER_DIRECTORY)
         )
 
-    @task(90)
+    @operation(90)
     def list(self) -> None:
         directory = f"{self.prefix}d{self.rng.randrange(LIST_DIRECTORIES):02d}/"
         entries = self.store.list_prefix(directory, limit=LIST_LIMIT, name="list prefix",
@@ -482,7 +502,7 @@ class ListPrefix(MetadataUser):
             LEDGER.checks.list_short += 1
             self.check_failed("check: list prefix", f"{directory}: {len(entries)} entries, outside: {outside[:3]}")
 
-    @task(10)
+    @operation(10)
     def put(self) -> None:
         key = f"{self.prefix}d{self.rng.randrange(LIST_DIRECTORIES):02d}/x{self.user_id}-{self.writes}"
         self.wrote(self.store.put(key, value_of(self.tag(), SMALL_VALUE_BYTES), name="put"))

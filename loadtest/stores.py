@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
-from locust.exception import RescheduleTask
-
 from raft.types import check
 
 REDIRECTS_MAX = 3  # a write is re-sent at most this many times after 307
@@ -38,9 +36,10 @@ TXN_BYTES_MAX = 1024 * 1024  # preload batch bytes; etcd's default --max-request
 CONTENT_TYPE_OCTETS = "application/octet-stream"
 
 
-class OperationFailed(RescheduleTask):
-    """The request failed and was already recorded as a failure; raising it ends this task
-    iteration quietly (Locust catches RescheduleTask and moves on to the next task)."""
+class OperationFailed(Exception):
+    """The request failed (and, inside Locust, was already recorded as a failed request).
+    The locustfile turns it into Locust's RescheduleTask, which ends the task iteration
+    quietly; this module does not import Locust, whose import monkey-patches the process."""
 
 
 @dataclass(frozen=True, slots=True)
