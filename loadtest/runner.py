@@ -125,6 +125,7 @@ def run(spec: RunSpec, out_dir: Path | None = None) -> Path:
             "locust_version": _locust_version(),
             "load_started_at": _read_float(out / "load_started"),
             "checks_ok": bool(checks.get("ok")) if checks else None,
+            "locust_exceptions": _count_csv_rows(out / "locust_exceptions.csv"),
         }
         (out / "run.json").write_text(json.dumps(document, indent=2) + "\n")
         return out
@@ -216,6 +217,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _count_csv_rows(path: Path) -> int | None:
+    """Rows after the header: Locust lists there the exceptions raised inside tasks."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return None
+    return max(0, len(lines) - 1)
 
 
 def _read_float(path: Path) -> float | None:

@@ -44,6 +44,8 @@ class OperationFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Reply:
+    """A response; header names are lower-case."""
+
     status: int
     headers: dict[str, str]
     body: bytes
@@ -139,7 +141,8 @@ class LocustHttp:
                 if renamed is not None:
                     response.request_meta["name"] = renamed
                 response.success()
-                return Reply(status, dict(response.headers or {}), response.content or b"")
+                headers = {str(key).lower(): str(value) for key, value in (response.headers or {}).items()}
+                return Reply(status, headers, response.content or b"")
             response.failure(_describe_failure(status, response.content, response.error))
         raise OperationFailed(f"{method} {url}: {status}")
 
@@ -165,14 +168,18 @@ class PlainHttp:
         opener = urllib.request.build_opener(_NoRedirect)
         try:
             with opener.open(request, timeout=self.timeout_s) as response:
-                reply = Reply(response.status, dict(response.headers), response.read())
+                reply = Reply(response.status, _lower_keys(response.headers.items()), response.read())
         except urllib.error.HTTPError as error:
-            reply = Reply(error.code, dict(error.headers), error.read())
+            reply = Reply(error.code, _lower_keys(error.headers.items()), error.read())
         except OSError as error:
             raise OperationFailed(f"{name}: {method} {url}: {error}") from error
         if reply.status not in ok:
             raise OperationFailed(f"{name}: {_describe_failure(reply.status, reply.body, None)}")
         return reply
+
+
+def _lower_keys(items: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {str(key).lower(): str(value) for key, value in items}
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -261,9 +268,11 @@ class MetakvStore(Store):
 
     def _write(self, method: str, path: str, *, name: str, ok: dict[int, str | None], **kwargs: Any) -> Reply:
         base = self.leader or self.home
-        accept = dict(ok)
-        accept[307] = f"{name} (307 to leader)"
-        for _ in range(REDIRECTS_MAX + 1):
+        following = dict(ok)
+        following[307] = f"{name} (307 to leader)"
+        for attempt in range(REDIRECTS_MAX + 1):
+            # A 307 on the last allowed attempt is recorded as a failure (redirect loop).
+            accept = following if attempt < REDIRECTS_MAX else ok
             try:
                 reply = self.http.call(method, base + path, name=name, ok=accept, **kwargs)
             except OperationFailed:
@@ -272,12 +281,12 @@ class MetakvStore(Store):
                 raise
             if reply.status != 307:
                 return reply
-            location = reply.headers.get("location") or reply.headers.get("Location") or ""
+            location = reply.headers.get("location", "")
             parts = urlsplit(location)
             check(bool(parts.scheme and parts.netloc), f"307 without an absolute Location: {location!r}")
             base = f"{parts.scheme}://{parts.netloc}"
             self.leader = base
-        raise OperationFailed(f"{name}: more than {REDIRECTS_MAX} redirects")
+        raise OperationFailed(f"{name}: more than {REDIRECTS_MAX} redirects")  # unreachable: recorded above
 
     @staticmethod
     def _key_path(key: str) -> str:
@@ -318,7 +327,7 @@ class MetakvStore(Store):
         reply = self._call("GET", self.home, self._key_path(key) + query, name=name, ok={200: None, 404: None})
         if reply.status == 404:
             return None
-        etag = _header(reply.headers, "etag").strip('"')
+        etag = reply.headers.get("etag", "").strip('"')
         return Entry(key, reply.body, int(etag))
 
     def list_prefix(self, prefix: str, *, limit: int, name: str = "list prefix", min_version: int = 0) -> list[Entry]:
@@ -537,13 +546,6 @@ def _item_value(item: dict[str, Any]) -> bytes:
     if item.get("encoding") == "base64":
         return base64.b64decode(value)
     return str(value).encode()
-
-
-def _header(headers: dict[str, str], name: str) -> str:
-    for key, value in headers.items():
-        if key.lower() == name:
-            return value
-    return ""
 
 
 def _chunks(items: list[tuple[str, bytes]]) -> Iterable[list[tuple[str, bytes]]]:

@@ -44,6 +44,7 @@ def test_scenario_runs_clean(scenario: str, cluster: Any, tmp_path: Path) -> Non
                  "metrics/after-1.prom"):
         assert (folder / name).stat().st_size > 0, name
 
+    assert meta["locust_exceptions"] == 0, (folder / "locust_exceptions.csv").read_text()
     failed = {name: entry["num_failures"] for name, entry in stats.items() if entry["num_failures"]}
     assert failed == {}, (failed, (folder / "locust_failures.csv").read_text())
     assert checks["ok"], checks["problems"]
