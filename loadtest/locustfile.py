@@ -150,7 +150,9 @@ class MetadataUser(FastHttpUser):
             options.store, LocustHttp(self.client), endpoint_list(self.environment), home_index=self.user_number
         )
         self.prefix = f"{options.run_id}/{self.scenario}/"
-        self.session_version = 0
+        # Start at the preload's version, so even the first read on a follower sees the
+        # preloaded keys (the preload is this run's own write).
+        self.session_version = LEDGER.newest_version
         self.writes = 0
         self.pacer = None
         if options.target_rate > 0:
@@ -161,8 +163,10 @@ class MetadataUser(FastHttpUser):
         return self.pacer(self) if self.pacer is not None else 0.0
 
     @classmethod
-    def prepare(cls, store: Store, options: Any) -> None:
-        """Preload what the scenario reads; runs once before users start, outside the stats."""
+    def prepare(cls, store: Store, options: Any) -> int:
+        """Preload what the scenario reads; runs once before users start, outside the stats.
+        Returns the version of the preload (0: nothing written)."""
+        return 0
 
     def min_version(self) -> int:
         return self.session_version if self.read_own_writes else 0
@@ -189,9 +193,9 @@ class _PreloadedKeys(MetadataUser):
     abstract = True
 
     @classmethod
-    def prepare(cls, store: Store, options: Any) -> None:
+    def prepare(cls, store: Store, options: Any) -> int:
         prefix = f"{options.run_id}/{cls.scenario}/"
-        store.put_many(
+        return store.put_many(
             (preloaded_key(prefix, index), value_of(f"preload:{index}:", SMALL_VALUE_BYTES))
             for index in range(options.key_count)
         )
@@ -339,9 +343,9 @@ class CasContention(MetadataUser):
     scenario = "cas_contention"
 
     @classmethod
-    def prepare(cls, store: Store, options: Any) -> None:
+    def prepare(cls, store: Store, options: Any) -> int:
         prefix = f"{options.run_id}/{cls.scenario}/"
-        store.put_many((counter_key(prefix, index), b"0") for index in range(CAS_COUNTERS))
+        return store.put_many((counter_key(prefix, index), b"0") for index in range(CAS_COUNTERS))
 
     @operation()
     def increment(self) -> None:
@@ -452,9 +456,9 @@ class LargeValues(MetadataUser):
     scenario = "large_values"
 
     @classmethod
-    def prepare(cls, store: Store, options: Any) -> None:
+    def prepare(cls, store: Store, options: Any) -> int:
         prefix = f"{options.run_id}/{cls.scenario}/"
-        store.put_many((large_key(prefix, index), value_of(f"preload:{index}:", LARGE_VALUE_BYTES))
+        return store.put_many((large_key(prefix, index), value_of(f"preload:{index}:", LARGE_VALUE_BYTES))
                        for index in range(LARGE_KEYS))
 
     @operation()
@@ -483,9 +487,9 @@ class ListPrefix(MetadataUser):
     scenario = "list_prefix"
 
     @classmethod
-    def prepare(cls, store: Store, options: Any) -> None:
+    def prepare(cls, store: Store, options: Any) -> int:
         prefix = f"{options.run_id}/{cls.scenario}/"
-        store.put_many(
+        return store.put_many(
             (f"{prefix}d{directory:02d}/k{index:03d}", value_of(f"preload:{directory}:{index}:", SMALL_VALUE_BYTES))
             for directory in range(LIST_DIRECTORIES)
             for index in range(LIST_KEYS_PER_DIRECTORY)
@@ -544,12 +548,22 @@ class _Samples:
 SAMPLES = _Samples()
 
 
+PRELOAD_MESSAGE = "metakv-loadtest-preload-version"
+
+
+def _on_preload_message(message: Any, **_: Any) -> None:
+    """Workers learn the preload's version from the master (distributed runs)."""
+    LEDGER.newest_version = max(LEDGER.newest_version, int(message.data))
+
+
 @events.init.add_listener
 def on_init(environment: Environment, **_: Any) -> None:
     options = environment.parsed_options
     if options is None:
         return
     random.seed(options.seed)  # Locust picks tasks with the global random source
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.register_message(PRELOAD_MESSAGE, _on_preload_message)
     if options.samples_out and not isinstance(environment.runner, MasterRunner):
         SAMPLES.open(options.samples_out)
 
@@ -569,7 +583,9 @@ def on_test_start(environment: Environment, **_: Any) -> None:
     store = make_store(options.store, PlainHttp(), endpoint_list(environment))
     for user_class in environment.user_classes:
         if issubclass(user_class, MetadataUser):
-            user_class.prepare(store, options)
+            LEDGER.newest_version = max(LEDGER.newest_version, user_class.prepare(store, options))
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.send_message(PRELOAD_MESSAGE, LEDGER.newest_version)
     if options.started_out:
         Path(options.started_out).write_text(f"{time.time():.6f}\n")
 

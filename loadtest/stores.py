@@ -12,6 +12,9 @@ production client does and what makes the comparison fair:
 - a connection error marks the request failed and moves this user to the next endpoint,
   like etcd's clientv3 endpoint balancer.
 
+This module and the locustfile import only Locust and the standard library, so the Locust
+containers of docker-compose.yml run them from a mounted ./loadtest folder.
+
 Requests travel through an ``HttpTransport``: inside Locust it is the user's FastHttpSession
 (so statistics are recorded), outside Locust (preloading, end-of-run checks) it is urllib.
 """
@@ -27,8 +30,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
-
-from raft.types import check
 
 REDIRECTS_MAX = 3  # a write is re-sent at most this many times after 307
 TXN_OPS_MAX = 100  # preload batch size; etcd's default --max-txn-ops is 128
@@ -210,7 +211,8 @@ class Store:
     kind = "abstract"
 
     def __init__(self, http: HttpTransport, endpoints: list[str], home_index: int = 0) -> None:
-        check(len(endpoints) > 0, "a store needs at least one endpoint")
+        if not endpoints:
+            raise ValueError("a store needs at least one endpoint")
         self.http = http
         self.endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self.home_index = home_index % len(self.endpoints)
@@ -283,7 +285,8 @@ class MetakvStore(Store):
                 return reply
             location = reply.headers.get("location", "")
             parts = urlsplit(location)
-            check(bool(parts.scheme and parts.netloc), f"307 without an absolute Location: {location!r}")
+            if not (parts.scheme and parts.netloc):
+                raise RuntimeError(f"307 without an absolute Location: {location!r}")  # a server bug: surfaces as a Locust exception
             base = f"{parts.scheme}://{parts.netloc}"
             self.leader = base
         raise OperationFailed(f"{name}: more than {REDIRECTS_MAX} redirects")  # unreachable: recorded above

@@ -18,3 +18,12 @@ def etcd_cluster() -> Iterator[LocalCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def metakv_cluster() -> Iterator[LocalCluster]:
+    cluster = start_cluster("metakv")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

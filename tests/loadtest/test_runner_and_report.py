@@ -13,14 +13,14 @@ import pytest
 from loadtest.clusters import LocalCluster
 from loadtest.report import write_report
 from loadtest.runner import RunSpec, run
-from loadtest.stores import EtcdStore, PlainHttp
+from loadtest.stores import PlainHttp, make_store
 
-STORE_KINDS = ["etcd"]
+STORE_KINDS = ["metakv", "etcd"]
 
 
 @pytest.mark.parametrize("kind", STORE_KINDS)
 def test_fresh_cluster_with_leader_failover_then_report(kind: str, tmp_path: Path) -> None:
-    spec = RunSpec(scenario="write_heavy", target=kind, users=4, duration_s=8.0, failover_after_s=3.0,
+    spec = RunSpec(scenario="write_heavy", target=kind, users=4, duration_s=6.0, failover_after_s=2.5,
                    key_count=100)
     folder = run(spec, tmp_path / "failover")
     meta = json.loads((folder / "run.json").read_text())
@@ -64,8 +64,10 @@ def test_fresh_cluster_with_leader_failover_then_report(kind: str, tmp_path: Pat
     assert html_text.count("data:image/png;base64,") == len(pngs)
 
 
-def test_etcd_adapter_counts_a_stale_compare_and_set_as_a_lost_race(etcd_cluster: LocalCluster) -> None:
-    store = EtcdStore(PlainHttp(), etcd_cluster.endpoints)
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_adapter_counts_a_stale_compare_and_set_as_a_lost_race(kind: str, request: pytest.FixtureRequest) -> None:
+    cluster: LocalCluster = request.getfixturevalue(f"{kind}_cluster")
+    store = make_store(kind, PlainHttp(), cluster.endpoints, home_index=1)
     first = store.put("adapter/cas", b"1")
     second = store.put("adapter/cas", b"2")
     assert store.cas("adapter/cas", first, b"3").won is False

@@ -13,8 +13,8 @@ import pytest
 from loadtest.runner import RunSpec, run
 from loadtest.scenario_names import SCENARIOS
 
-STORE_KINDS = ["etcd"]
-SCENARIO_SECONDS = 3.0
+STORE_KINDS = ["metakv", "etcd"]
+SCENARIO_SECONDS = 2.0
 USERS = 4
 
 
