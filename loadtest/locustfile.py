@@ -58,7 +58,8 @@ LARGE_KEYS = 32  # large_values: shared keys holding 64 KiB each
 LIST_DIRECTORIES = 20  # list_prefix: this many prefixes ...
 LIST_KEYS_PER_DIRECTORY = 50  # ... each preloaded with this many keys
 LIST_LIMIT = 100
-SAMPLES_FLUSH_ROWS = 2000  # raw samples are written in chunks of this many rows
+SAMPLES_FLUSH_ROWS = 2000
+FAILURE_BACKOFF_S = 0.1  # a user pauses this long after a failed request, as a client would  # raw samples are written in chunks of this many rows
 
 _FILLER = (b"metakv-loadtest-" * (LARGE_VALUE_BYTES // 16 + 1))[:LARGE_VALUE_BYTES]
 _user_numbers = itertools.count()
@@ -90,7 +91,8 @@ def add_arguments(parser: Any) -> None:
 
 def operation(weight: int = 1) -> Callable[[Callable[[Any], None]], Any]:
     """A Locust task whose failed requests (already recorded as failures) end the iteration
-    quietly instead of logging a traceback per failure."""
+    quietly instead of logging a traceback per failure, after FAILURE_BACKOFF_S: without
+    it a user whose node just died would spin on connection errors (both stores alike)."""
 
     def decorate(function: Callable[[Any], None]) -> Any:
         @functools.wraps(function)
@@ -98,6 +100,7 @@ def operation(weight: int = 1) -> Callable[[Callable[[Any], None]], Any]:
             try:
                 function(self)
             except OperationFailed as error:
+                gevent.sleep(FAILURE_BACKOFF_S)
                 raise RescheduleTask() from error
 
         return task(weight)(run)

@@ -20,7 +20,7 @@ STORE_KINDS = ["metakv", "etcd"]
 
 @pytest.mark.parametrize("kind", STORE_KINDS)
 def test_fresh_cluster_with_leader_failover_then_report(kind: str, tmp_path: Path) -> None:
-    spec = RunSpec(scenario="write_heavy", target=kind, users=4, duration_s=6.0, failover_after_s=2.5,
+    spec = RunSpec(scenario="write_heavy", target=kind, users=4, duration_s=12.0, failover_after_s=3.0,
                    key_count=100)
     folder = run(spec, tmp_path / "failover")
     meta = json.loads((folder / "run.json").read_text())
