@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="the standard metakv vs etcd comparison, then its report")
     bench.add_argument("--out", type=Path, default=None, help="default results/bench-<stamp>")
-    bench.add_argument("--duration", type=float, default=12.0, help="seconds per run")
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     bench.add_argument("--users", type=int, default=8)
     bench.add_argument("--targets", default="metakv,etcd")
     return parser

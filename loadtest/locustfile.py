@@ -83,6 +83,9 @@ def add_arguments(parser: Any) -> None:
                        help="keys preloaded by read_heavy, write_heavy and hot_keys", include_in_web_ui=True)
     parser.add_argument("--checks-out", default="", env_var="LOADTEST_CHECKS_OUT",
                        help="write the end-of-run checks as JSON here", include_in_web_ui=False)
+    parser.add_argument("--load-seconds", type=float, default=0.0, env_var="LOADTEST_LOAD_SECONDS",
+                        help="headless: quit this many seconds after the preload (0: Locust's own --run-time)",
+                        include_in_web_ui=False)
     parser.add_argument("--started-out", default="", env_var="LOADTEST_STARTED_OUT",
                        help="write the time the load started (after preloading) here", include_in_web_ui=False)
     parser.add_argument("--samples-out", default="", env_var="LOADTEST_SAMPLES_OUT",
@@ -159,7 +162,8 @@ class MetadataUser(FastHttpUser):
         self.writes = 0
         self.pacer = None
         if options.target_rate > 0:
-            users = max(1, options.num_users or 1)
+            # --users of a headless run; in the web UI the count typed at start
+            users = max(1, options.num_users or getattr(self.environment.runner, "target_user_count", 0) or 1)
             self.pacer = constant_throughput(options.target_rate / users)
 
     def wait_time(self) -> float:
@@ -591,6 +595,10 @@ def on_test_start(environment: Environment, **_: Any) -> None:
         environment.runner.send_message(PRELOAD_MESSAGE, LEDGER.newest_version)
     if options.started_out:
         Path(options.started_out).write_text(f"{time.time():.6f}\n")
+    if options.load_seconds > 0:
+        # Timed from here, after the preload, so every run gets the same seconds of load
+        # however long preloading took (Locust's --run-time also counts the preload).
+        gevent.spawn_later(options.load_seconds, environment.runner.quit)
 
 
 @events.test_stop.add_listener

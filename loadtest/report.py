@@ -202,8 +202,9 @@ def build(runs: list[Run], out: Path) -> Report:
     report.blocks.append(("h1", "metakv vs etcd: metadata load test report"))
     report.blocks.append(("p", (
         f"Generated {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC} from {len(runs)} runs on {', '.join(hosts)}. "
-        "Each run started a fresh 3-node cluster on loopback (metakv: 3 voters; etcd 3.4: 3 members, fsync on) "
-        "and drove it with the same Locust scenario through `loadtest/stores.py`. Latencies are client-side "
+        "Both stores ran as 3-node clusters on loopback (metakv: 3 voters; etcd 3.4: 3 members, fsync on), "
+        f"{_cluster_sharing(runs)}, driven by the same Locust scenarios through `loadtest/stores.py`. "
+        "Latencies are client-side "
         "milliseconds; throughput is requests per second over the run. Ratios are metakv ÷ etcd "
         "(throughput: above 1 is better for metakv; p99: below 1 is better for metakv)."
     )))
@@ -213,6 +214,14 @@ def build(runs: list[Run], out: Path) -> Report:
     _failover(report, failovers, out)
     _runs_table(report, runs)
     return report
+
+
+def _cluster_sharing(runs: list[Run]) -> str:
+    shared = sum(1 for run in runs if run.meta.get("cluster_shared"))
+    if shared == 0:
+        return "a fresh cluster for every run"
+    return (f"{shared} of {len(runs)} runs on one cluster per target shared across runs (each run under its own "
+            "key prefix), the others on a fresh cluster each")
 
 
 def _headline(report: Report, steady: dict[tuple[str, float, str, bool], Run]) -> None:

@@ -84,16 +84,23 @@ def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     return root / f"{stamp}-{spec.scenario}-{target}-c{spec.churn:g}{failover}"
 
 
-def run(spec: RunSpec, out_dir: Path | None = None) -> Path:
-    """Run one scenario and return its results folder."""
+def run(spec: RunSpec, out_dir: Path | None = None, shared_cluster: LocalCluster | None = None) -> Path:
+    """Run one scenario and return its results folder. With ``shared_cluster`` (the bench
+    reuses one cluster per target for its steady-state runs) that cluster is used and left
+    running; otherwise a metakv/etcd target gets a fresh cluster, stopped afterwards."""
     spec.validate()
+    if shared_cluster is not None:
+        check(shared_cluster.kind == spec.target, "a shared cluster serves runs of its own kind")
+        check(spec.failover_after_s is None, "a failover run needs a cluster of its own")
     out = Path(out_dir) if out_dir else default_out_dir(spec)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics").mkdir(exist_ok=True)
-    cluster: LocalCluster | None = None
+    cluster: LocalCluster | None = shared_cluster
     started = dt.datetime.now(dt.UTC)
     try:
-        if spec.target in ("metakv", "etcd"):
+        if cluster is not None:
+            endpoints = cluster.endpoints
+        elif spec.target in ("metakv", "etcd"):
             cluster = start_cluster(spec.target, spec.nodes)
             endpoints = cluster.endpoints
         else:
@@ -120,6 +127,7 @@ def run(spec: RunSpec, out_dir: Path | None = None) -> Path:
             "key_count": spec.key_count,
             "endpoints": endpoints,
             "cluster": cluster_summary(cluster) if cluster else None,
+            "cluster_shared": shared_cluster is not None,
             "failover": failover,
             "locust_exit_code": exit_code,
             "locust_version": _locust_version(),
@@ -130,7 +138,7 @@ def run(spec: RunSpec, out_dir: Path | None = None) -> Path:
         (out / "run.json").write_text(json.dumps(document, indent=2) + "\n")
         return out
     finally:
-        if cluster is not None:
+        if cluster is not None and cluster is not shared_cluster:
             cluster.stop()
 
 
@@ -142,7 +150,7 @@ def _run_locust(
     command = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
         "--users", str(spec.users), "--spawn-rate", str(max(spec.users, 1)),
-        "--run-time", f"{spec.duration_s:g}s", "--stop-timeout", "0",
+        "--load-seconds", str(spec.duration_s), "--stop-timeout", "0",
         "--host", endpoints[0], "--endpoints", ",".join(endpoints), "--store", spec.store_kind,
         "--churn", str(spec.churn), "--target-rate", str(spec.rate), "--seed", str(spec.seed),
         "--run-id", run_id, "--key-count", str(spec.key_count),

@@ -81,3 +81,15 @@ def test_scenario_runs_clean(scenario: str, cluster: Any, tmp_path: Path) -> Non
         assert stats["get"]["num_requests"] > stats["put"]["num_requests"]
     if scenario == "write_heavy":
         assert stats["put"]["num_requests"] > stats["get"]["num_requests"]
+
+
+def test_target_rate_caps_the_request_rate(etcd_cluster: Any, tmp_path: Path) -> None:
+    """--rate R paces users (Locust constant_throughput): at most R task iterations per second
+    over all users, plus each user's first iteration. A slow machine only makes fewer."""
+    users, rate, seconds = 2, 10.0, 3.0
+    spec = RunSpec(scenario="read_heavy", target=",".join(etcd_cluster.endpoints), store="etcd", users=users,
+                   duration_s=seconds, rate=rate, key_count=50)
+    _, stats, checks = _load(run(spec, tmp_path / "paced"))
+    iterations = sum(entry["num_requests"] for name, entry in stats.items() if name in ("get", "put"))
+    assert 1 <= iterations <= users + rate * seconds
+    assert checks["ok"]
