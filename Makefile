@@ -42,7 +42,7 @@ test: $(STAMP)
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
 .PHONY: test-storage-crash bench-storage
 test-storage-crash: $(STAMP)
-	METAKV_CRASH_ITERATIONS=2000 $(PY) -m pytest -q tests/storage/test_crash.py
+	METAKV_CRASH_ITERATIONS=2000 $(PY) -m pytest -q --timeout=7200 tests/storage/test_crash.py
 
 bench-storage: $(STAMP)
 	$(PY) -m loadtest.bench_storage
@@ -52,6 +52,10 @@ bench-storage: $(STAMP)
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) -m loadtest bench $(BENCH_ARGS)
+
+.PHONY: bench-http
+bench-http: $(STAMP)
+	$(PY) -m loadtest.bench_http --profile-dir results/profile
 
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)

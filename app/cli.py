@@ -4,6 +4,7 @@
         --listen-raft 127.0.0.1:9001 --voters 1@127.0.0.1:9001,2@127.0.0.1:9002,3@127.0.0.1:9003
     metakv cluster up [--voters 3] [--observers 1] [--base-http-port 8001] [--base-raft-port 9001]
     metakv status [--url http://127.0.0.1:8001]
+    metakv repair --data-dir ./data/1 (--verify | --truncate-at OFFSET) [--dry-run]
 
 Bad flags or configuration exit with code 2 and one line on stderr (argparse's multi-line
 usage dump is replaced, so scripts and people see just what is wrong).
@@ -95,6 +96,14 @@ def _build_parser() -> _Parser:
     status.add_argument("--url", default=os.environ.get("METAKV_URL", "http://127.0.0.1:8001"),
                         help="any node's HTTP URL [env METAKV_URL] (default http://127.0.0.1:8001)")
     status.add_argument("--timeout-ms", default="3000", help="per request (default 3000)")
+    repair = commands.add_parser("repair", help="verify a stopped node's log, or discard it from an offset on")
+    repair.add_argument("--data-dir", default=os.environ.get("METAKV_DATA_DIR"),
+                        help="the node's data directory [env METAKV_DATA_DIR]")
+    action = repair.add_mutually_exclusive_group(required=True)
+    action.add_argument("--verify", action="store_true", help="check every batch of every segment")
+    action.add_argument("--truncate-at", metavar="OFFSET",
+                        help="remove every record at OFFSET and above (the node re-fetches them)")
+    repair.add_argument("--dry-run", action="store_true", help="say what --truncate-at would remove")
     return parser
 
 
@@ -106,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(config)
         if args.command == "cluster":
             return cluster_up(args)
+        if args.command == "repair":
+            return repair(args)
         return status(args)
     except UsageError as exc:
         print(exc, file=sys.stderr)
@@ -147,7 +158,7 @@ async def _serve(config: NodeConfig) -> int:
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
         http="httptools", lifespan="off", access_log=False, log_level="warning",
-        timeout_graceful_shutdown=2, server_header=False,
+        timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
     ))
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
@@ -280,6 +291,28 @@ def _stop_children(processes: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+# --------------------------------------------------------------------------- repair
+
+
+def repair(args: argparse.Namespace) -> int:
+    """``storage.repair`` behind the metakv command: run it with the node stopped, after a
+    startup error named the corrupt file and the offset to truncate at."""
+    from storage import repair as storage_repair
+
+    if not args.data_dir:
+        raise ConfigError("--data-dir (or METAKV_DATA_DIR) is required")
+    if not (Path(args.data_dir) / "log").is_dir():
+        raise ConfigError(f"--data-dir: {args.data_dir!r} holds no log/ directory")
+    argv = ["--data-dir", str(args.data_dir)]
+    if args.verify:
+        argv.append("--verify")
+    else:
+        argv += ["--truncate-at", str(parse_int("--truncate-at", args.truncate_at, 0, 2**62))]
+    if args.dry_run:
+        argv.append("--dry-run")
+    return storage_repair.main(argv)
 
 
 # --------------------------------------------------------------------------- status

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -208,12 +209,16 @@ def _check_key_text(key: str) -> str:
 
 NO_NUL_PATTERN = r"^[^\x00]*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-IF_MATCH_PATTERN = r'^\s*(\*|(W/)?"[0-9]{1,18}")\s*$'
-IF_NONE_MATCH_PATTERN = r"^\s*\*\s*$"
+IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}"|[0-9]{1,18})$'  # quotes optional, leniently'
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+# An RFC 9110 media type (type/subtype; name=value or name="quoted"): it is sent back as the
+# Content-Type of GET, so it must be one a client can parse.
+CONTENT_TYPE_PATTERN = (rf'^{_TOKEN}/{_TOKEN}([ \t]*;[ \t]*{_TOKEN}=({_TOKEN}|"[\x20\x21\x23-\x5b\x5d-\x7e]*"))*$')
+_CONTENT_TYPE_RE = re.compile(CONTENT_TYPE_PATTERN)
 
 Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_BYTES, pattern=NO_NUL_PATTERN,
                            description="UTF-8, 1-1024 bytes, no NUL"), AfterValidator(_check_key_text)]
-ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES)]
+ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES, pattern=CONTENT_TYPE_PATTERN)]
 Base64Text = Annotated[str, Field(pattern=BASE64_PATTERN, description="standard base64 with padding")]
 
 
@@ -228,7 +233,7 @@ def _version_number(value: Any) -> Any:
     return value
 
 
-VersionNumber = Annotated[int, BeforeValidator(_version_number), Field(ge=0, le=MAX_VERSION)]
+VersionNumber = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(_version_number)]
 
 
 def _utf8_bytes(value: str) -> bytes:
@@ -516,7 +521,7 @@ def _key_from_request(request: Request) -> str:
         raise ProblemError(400, "invalid-key", "Invalid key", "the key is not valid UTF-8") from exc
 
 
-async def _read_body_bounded(request: Request, limit_bytes: int, what: str) -> bytes:
+async def _read_body_bounded(request: Request, limit_bytes: int, what: str, slug: str) -> bytes:
     """Read the body, refusing it (413) from Content-Length before reading and while reading,
     so a client cannot make this node buffer more than ``limit_bytes``."""
     declared = request.headers.get("content-length")
@@ -527,14 +532,14 @@ async def _read_body_bounded(request: Request, limit_bytes: int, what: str) -> b
             raise ProblemError(400, "invalid-content-length", "Invalid Content-Length",
                                "Content-Length is not an integer") from exc
         if declared_bytes > limit_bytes:
-            raise ProblemError(413, "too-large", f"{what} too large",
+            raise ProblemError(413, slug, slug.replace("-", " ").capitalize(),
                                f"{what} is {declared_bytes} bytes; at most {limit_bytes} are allowed")
     chunks: list[bytes] = []
     received_bytes = 0
     async for chunk in request.stream():
         received_bytes += len(chunk)
         if received_bytes > limit_bytes:
-            raise ProblemError(413, "too-large", f"{what} too large",
+            raise ProblemError(413, slug, slug.replace("-", " ").capitalize(),
                                f"{what} exceeds {limit_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
@@ -563,14 +568,13 @@ def _parse_if_none_match(value: str, key: str) -> Compare:
 
 
 def _write_compares(key: str, if_match: str | None, if_none_match: str | None) -> tuple[Compare, ...]:
-    if if_match is not None and if_none_match is not None:
-        raise ProblemError(400, "invalid-precondition", "Conflicting preconditions",
-                           "send either If-Match or If-None-Match, not both")
+    """Both headers may be sent; both must hold (RFC 9110 evaluates If-Match, then If-None-Match)."""
+    compares = []
     if if_match is not None:
-        return (_parse_if_match(if_match, key),)
+        compares.append(_parse_if_match(if_match, key))
     if if_none_match is not None:
-        return (_parse_if_none_match(if_none_match, key),)
-    return ()
+        compares.append(_parse_if_none_match(if_none_match, key))
+    return tuple(compares)
 
 
 def _check_condition(result: Any, key: str) -> None:
@@ -716,9 +720,9 @@ KeyPath = Annotated[str, Path(description="the key: UTF-8, 1-1024 bytes, no NUL;
                               json_schema_extra={"minLength": 1, "maxLength": KEY_MAX_BYTES, "pattern": NO_NUL_PATTERN})]
 IfMatchHeader = Annotated[str | None, Header(
     alias="If-Match", pattern=IF_MATCH_PATTERN,
-    description='"<mod_version>": only if the key is at this version (compare-and-set); *: only if it exists')]
-IfNoneMatchHeader = Annotated[str | None, Header(
-    alias="If-None-Match", pattern=IF_NONE_MATCH_PATTERN, description="*: only if the key does not exist")]
+    description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it exists')]
+IfNoneMatchHeader = Annotated[Literal["*"] | None, Header(
+    alias="If-None-Match", description="*: only if the key does not exist")]
 
 _COMMON_HEADERS = {
     "X-Metadata-Version": "this node's applied metadata version when it answered",
@@ -729,9 +733,18 @@ _COMMON_HEADERS = {
 }
 
 
+def _settings_from(service: KVService) -> HttpSettings:
+    """HttpSettings fields the service carries as attributes of the same name (the runtime's
+    configured max_value_bytes, say) override the defaults."""
+    overrides = {name: int(getattr(service, name)) for name in HttpSettings.__dataclass_fields__
+                 if isinstance(getattr(service, name, None), int)}
+    return HttpSettings(**overrides)
+
+
 def create_app(service: KVService, settings: HttpSettings | None = None) -> FastAPI:
-    """The FastAPI application serving ``service`` per shared/API.md."""
-    settings = settings or HttpSettings(max_value_bytes=int(getattr(service, "max_value_bytes", DEFAULT_MAX_VALUE_BYTES)))
+    """The FastAPI application serving ``service`` per shared/API.md. Without ``settings``,
+    bounds come from the service's attributes of the same names, else the defaults."""
+    settings = settings or _settings_from(service)
     registry = getattr(service, "metrics", None)
     if not isinstance(registry, CollectorRegistry):
         registry = CollectorRegistry()
@@ -798,8 +811,20 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         if not isinstance(exc, StarletteHTTPException):
             raise exc
         slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request.scope))
         return _problem_response(request, exc.status_code, slug, slug.replace("-", " ").capitalize(),
-                                 str(exc.detail), headers=dict(exc.headers or {}))
+                                 str(exc.detail), headers=headers)
+
+    def _allowed_methods(scope: Scope) -> list[str]:
+        """Every method any route serves at this path (Starlette names only the first route's)."""
+        methods: set[str] = set()
+        for route in app.router.routes:
+            match, _ = route.matches(scope)
+            if match != Match.NONE:
+                methods |= set(getattr(route, "methods", None) or ())
+        return sorted(methods)
 
     app.add_exception_handler(ProblemError, on_problem)
     for error_class in (NotLeaderError, WriteRejectedError, IndeterminateError, NotReadyError, VersionWaitTimeoutError):
@@ -826,7 +851,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         _version, entry = state.get(key, at_version=at_version)
         if entry is None:
             raise ProblemError(404, "key-not-found", "Key not found", f"no key {key!r}")
-        headers = {"content-type": entry.content_type, "ETag": f'"{entry.mod_version}"',
+        content_type = entry.content_type if _CONTENT_TYPE_RE.fullmatch(entry.content_type) else DEFAULT_CONTENT_TYPE
+        headers = {"content-type": content_type, "ETag": f'"{entry.mod_version}"',
                    "X-Create-Version": str(entry.create_version)}
         if request.method == "HEAD":
             headers["content-length"] = str(len(entry.value))
@@ -865,11 +891,11 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                       ) -> WriteResult:
         key = _key_from_request(request)
         content_type = request.headers.get("content-type") or DEFAULT_CONTENT_TYPE
-        if len(content_type.encode("utf-8", "surrogateescape")) > CONTENT_TYPE_MAX_BYTES:
+        if len(content_type) > CONTENT_TYPE_MAX_BYTES or not _CONTENT_TYPE_RE.fullmatch(content_type):
             raise ProblemError(400, "invalid-content-type", "Invalid Content-Type",
-                               f"Content-Type must be at most {CONTENT_TYPE_MAX_BYTES} bytes")
+                               f"Content-Type must be a media type (type/subtype; name=value) of at most {CONTENT_TYPE_MAX_BYTES} characters")
         compares = _write_compares(key, if_match, if_none_match)
-        value = await _read_body_bounded(request, settings.max_value_bytes, "the value")
+        value = await _read_body_bounded(request, settings.max_value_bytes, "the value", "value-too-large")
         result = await service.propose(put(key, value, content_type, compares))
         _check_condition(result, key)
         return WriteResult(key=key, version=result.version, created=bool(result.ops[0].created))
@@ -907,7 +933,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/TxnRequest"}}}}})
     async def txn(request: Request) -> Response:
-        raw = await _read_body_bounded(request, settings.max_txn_body_bytes, "the txn body")
+        raw = await _read_body_bounded(request, settings.max_txn_body_bytes, "the txn body", "body-too-large")
         try:
             body = TxnRequest.model_validate_json(raw)
         except ValidationError as exc:
@@ -941,7 +967,17 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         yield b"retry: 1000\n\n"
         while time.monotonic() < stream_end_s:
             deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
-            version, events = await _changes_after(prefix, since, deadline_s)
+            try:
+                version, events = await _changes_after(prefix, since, deadline_s)
+            except VersionCompactedError as exc:
+                # The horizon passed ``since`` mid-stream: the status is sent already, so the
+                # 410 problem document travels as an event and the stream ends.
+                oldest = int(exc.oldest_version)
+                problem = _problem_body(410, "version-compacted", "Version compacted",
+                                        f"versions below {oldest} are no longer retained; re-list, then watch from the list's version",
+                                        {"oldest_version": oldest})
+                yield b"event: error\ndata: " + problem + b"\n\n"
+                return
             if not events:
                 yield b": keepalive\n\n"
                 continue
@@ -1060,10 +1096,22 @@ def _hoist(model: type[BaseModel], components: dict[str, Any]) -> None:
     components[model.__name__] = schema
 
 
+def _drop_null_branch(parameter: dict[str, Any]) -> None:
+    """An optional parameter is absent, never the string "null": document only its real type."""
+    branches = parameter.get("schema", {}).get("anyOf")
+    if not branches:
+        return
+    real = [branch for branch in branches if branch.get("type") != "null"]
+    if len(real) == 1 and len(real) < len(branches):
+        schema = {key: value for key, value in parameter["schema"].items() if key != "anyOf"}
+        parameter["schema"] = {**real[0], **schema}
+
+
 def _complete_openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document plus what it cannot infer: the Problem and TxnRequest schemas
     referenced by hand, the node headers on every response, and without the default 422
-    validation responses (parameter errors are 400 problem documents here)."""
+    validation responses (parameter errors are 400 problem documents here), and without the
+    null branch of optional parameters."""
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     _hoist(Problem, components)
@@ -1073,6 +1121,8 @@ def _complete_openapi(app: FastAPI) -> dict[str, Any]:
     node_headers = {name: {"description": text, "schema": {"type": "string"}} for name, text in _COMMON_HEADERS.items()}
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():
+            for parameter in operation.get("parameters", []):
+                _drop_null_branch(parameter)
             responses: dict[str, Any] = operation.get("responses", {})
             default_422 = responses.get("422", {}).get("content", {}).get("application/json", {})
             if default_422.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):

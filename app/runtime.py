@@ -27,6 +27,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,8 @@ from storage.state_machine import StateMachine
 logger = logging.getLogger("metakv.runtime")
 
 # Bounds on the work one loop turn may do, so a catching-up replica keeps answering HTTP.
-APPLY_MAX_READS_PER_TURN = 32
+APPLY_MAX_READS_PER_TURN = 8
+APPLY_READ_BYTES = 1024 * 1024  # per log read while applying; whole batches may exceed it
 MAX_TIMER_DELAY_S = 3600.0  # the core answers 'never' with a huge deadline; re-check hourly
 LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
                      0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -107,6 +109,8 @@ class NodeRuntime:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline_ms: int | None = None
         self._flush_task: asyncio.Task[None] | None = None
+        # One flush at a time, on its own thread (the core never asks for two at once).
+        self._flush_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flush-{config.node_id}")
         self._flush_wanted = False
         self._pending: dict[int, _PendingWrite] = {}  # base offset -> waiting proposal
         self._reads: dict[int, asyncio.Future[int]] = {}  # read_index token -> future(offset)
@@ -209,7 +213,8 @@ class NodeRuntime:
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
         self._closed = True
-        await asyncio.to_thread(self.log.flush)
+        await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
+        self._flush_executor.shutdown(wait=True)
         self._close_storage()
         logger.info("node %d stopped", self.node_id)
 
@@ -302,7 +307,7 @@ class NodeRuntime:
         """One fsync in a worker thread; the core appends meanwhile (group commit)."""
         started_s = time.perf_counter()
         try:
-            await asyncio.to_thread(self.log.flush)
+            await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
         except Exception as exc:  # a failed fsync cannot be retried safely: fail-stop
             self._flush_task = None
             self._fatal(exc)
@@ -324,7 +329,7 @@ class NodeRuntime:
         for _ in range(APPLY_MAX_READS_PER_TURN):
             if self._applied_version >= high_watermark or self._installing_snapshot:
                 return
-            batches = _trim(self.log.read(self._applied_version, self.config.max_batch_bytes),
+            batches = _trim(self.log.read(self._applied_version, APPLY_READ_BYTES),
                             self._applied_version, high_watermark)
             if not batches:
                 return
@@ -447,14 +452,23 @@ class NodeRuntime:
             raise self._not_leader() from None
         except ProposalRejectedError as exc:
             raise WriteRejectedError(str(exc)) from None
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending[proposal.base_offset] = _PendingWrite(proposal.epoch, future, time.perf_counter())
+        # One timer handle per write (cheaper than wait_for + shield on the hot path).
+        expiry = loop.call_later(self.config.commit_timeout_ms / 1000, self._expire_write, proposal.base_offset, future)
         self._kick()
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.config.commit_timeout_ms / 1000)
-        except TimeoutError:
-            self._pending.pop(proposal.base_offset, None)
-            raise IndeterminateError(f"not committed within {self.config.commit_timeout_ms} ms") from None
+            return await future
+        finally:
+            expiry.cancel()
+
+    def _expire_write(self, offset: int, future: asyncio.Future[Any]) -> None:
+        pending = self._pending.get(offset)
+        if pending is not None and pending.future is future:
+            del self._pending[offset]
+        if not future.done():
+            future.set_exception(IndeterminateError(f"not committed within {self.config.commit_timeout_ms} ms"))
 
     async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
         deadline_s = time.monotonic() + wait_ms / 1000

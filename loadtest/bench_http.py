@@ -82,6 +82,7 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
     errors = collections.Counter[str]()
     measure_from = time.perf_counter() + WARMUP_S
     stop_at = measure_from + duration_s
+    sent = [0]  # every request, warm-up included (the servers' CPU covers them all)
 
     def worker(index: int) -> None:
         client = _client(urls[index % len(urls)])
@@ -99,6 +100,7 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
                 response.read()
                 finished = time.perf_counter()
                 sequence += 1
+                sent[0] += 1
                 if response.status_code != 200:
                     errors[str(response.status_code)] += 1
                 elif started >= measure_from:
@@ -114,11 +116,12 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
     pool.join()
     result = summarise(latencies, sum(errors.values()), duration_s)
     result["clients"] = clients
+    result["requests_total"] = sent[0]
     result["error_kinds"] = dict(errors)
     return result
 
 
-def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 32) -> dict[str, Any]:
+def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 256) -> dict[str, Any]:
     """Open loop: request i is due at start + i / rate; latency counts from when it was due."""
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
     clients: collections.deque[HTTPClient] = collections.deque(_client(url) for _ in range(connections))
@@ -157,6 +160,34 @@ def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 
     result = summarise(latencies, sum(errors.values()), duration_s)
     result["target_per_s"] = rate_per_s
     result["error_kinds"] = dict(errors)
+    return result
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by these processes (Linux /proc)."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks_per_s
+    return total
+
+
+def measured(cluster: Cluster, phase: Any) -> dict[str, Any]:
+    """Run ``phase()`` and add what it cost the servers: CPU ms per request (independent of
+    how busy the shared machine is) and the machine's load average meanwhile."""
+    pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
+    cpu_before = {node_id: cpu_seconds([pid]) for node_id, pid in pids.items()}
+    result: dict[str, Any] = phase()
+    cpu_used = {node_id: cpu_seconds([pid]) - cpu_before[node_id] for node_id, pid in pids.items()}
+    requests = result.get("requests_total", result.get("requests", 0))
+    result["servers_cpu_ms_per_request"] = round(sum(cpu_used.values()) * 1000 / requests, 3) if requests else None
+    result["cpu_ms_per_request_by_node"] = {
+        str(node_id): round(used * 1000 / requests, 3) if requests else None for node_id, used in cpu_used.items()}
+    result["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return result
 
 
@@ -257,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "value_bytes": VALUE_BYTES, "duration_s": args.duration_s,
         "command": "python -m loadtest.bench_http " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    cluster = Cluster(root, voters=3, observers=0, settings={"log_level": "warning"})
+    cluster = Cluster(root, voters=3, observers=0)
     try:
         cluster.start()
         leader = cluster.wait_for_leader()
@@ -269,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             profiler = None
             if clients == 64 and args.profile_dir is not None:
                 profiler = start_profile(leader, args.duration_s, args.profile_dir)
-            writes[str(clients)] = closed_loop([leader.url], clients, args.duration_s, "write")
+            writes[str(clients)] = measured(
+                cluster, lambda c=clients: closed_loop([leader.url], c, args.duration_s, "write"))
             if profiler is not None:
                 profiler.wait(timeout=60)
                 profile_path = args.profile_dir / f"leader-node{leader.node_id}.txt"
@@ -278,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                     results["profile_leader_64_writers"] = summarise_profile(profile_path, requests)
             w = writes[str(clients)]
             print(f"writes, {clients:2d} clients: {w['per_s']:8.1f}/s  p50 {w['latency_ms_p50']:.2f} ms  "
-                  f"p99 {w['latency_ms_p99']:.2f} ms  errors {w['errors']}", flush=True)
+                  f"p99 {w['latency_ms_p99']:.2f} ms  errors {w['errors']}  "
+                  f"servers' CPU {w['servers_cpu_ms_per_request']} ms/request  "
+                  f"load {w['load_average_1m_after']}", flush=True)
         results["writes"] = writes
         seed = _client(leader.url)
         for key in range(READ_KEYS):
@@ -286,11 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         seed.close()
         for node in cluster.nodes.values():
             cluster.wait_ready(node)
-        reads = closed_loop([node.url for node in cluster.nodes.values()], 64, args.duration_s, "read")
+        urls = [node.url for node in cluster.nodes.values()]
+        reads = measured(cluster, lambda: closed_loop(urls, 64, args.duration_s, "read"))
         results["local_reads_64_clients"] = reads
         print(f"local reads, 64 clients over 3 nodes: {reads['per_s']:8.1f}/s  p50 {reads['latency_ms_p50']:.2f} ms  "
-              f"p99 {reads['latency_ms_p99']:.2f} ms  errors {reads['errors']}", flush=True)
-        fixed = fixed_rate(leader.url, FIXED_RATE_WRITES_PER_S, args.duration_s)
+              f"p99 {reads['latency_ms_p99']:.2f} ms  errors {reads['errors']}  "
+              f"servers' CPU {reads['servers_cpu_ms_per_request']} ms/request", flush=True)
+        fixed = measured(cluster, lambda: fixed_rate(leader.url, FIXED_RATE_WRITES_PER_S, args.duration_s))
         results["fixed_rate_500_writes_per_s"] = fixed
         print(f"fixed 500 writes/s: achieved {fixed['per_s']:.1f}/s  p50 {fixed['latency_ms_p50']:.2f} ms  "
               f"p99 {fixed['latency_ms_p99']:.2f} ms  errors {fixed['errors']}", flush=True)

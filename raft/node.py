@@ -275,7 +275,10 @@ class RaftNode:
                 self._observer_probe(now_ms, state)
         elif isinstance(state, ProspectiveState):
             if now_ms >= state.election_deadline_ms:
-                self._become_prospective(now_ms)
+                if state.leader_id != NO_LEADER:  # lost the pre-vote: try the old leader again
+                    self._become_follower(now_ms, state.epoch, state.leader_id, "")
+                else:
+                    self._become_prospective(now_ms)
         elif isinstance(state, CandidateState):
             if now_ms >= state.election_deadline_ms:
                 self._become_prospective(now_ms)
@@ -353,7 +356,8 @@ class RaftNode:
             )
         self._read_token += 1
         token = self._read_token
-        state.reads[token] = PendingRead(token)
+        state.read_nonce += 1
+        state.reads[token] = PendingRead(token, state.read_nonce)
         # Answer parked fetches now, so followers fetch again (and confirm) quickly.
         self._leader_wake_parked(now_ms, state)
         self._leader_complete_reads(state)
@@ -549,7 +553,8 @@ class RaftNode:
 
     def _on_vote_request(self, now_ms: int, src: int, request: VoteRequest) -> None:
         if (request.candidate_id != src or request.epoch < 0 or request.last_offset < 0
-                or request.last_offset_epoch < 0 or request.last_offset_epoch > request.epoch):
+                or request.last_offset_epoch < 0 or request.last_offset_epoch > request.epoch
+                or (request.pre_vote and request.last_offset_epoch >= request.epoch)):
             self._send(src, VoteResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id, False, request.pre_vote))
             return
         if request.candidate_id not in self._voters or not self.is_voter:
@@ -579,7 +584,14 @@ class RaftNode:
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, False))
 
     def _on_pre_vote(self, now_ms: int, src: int, request: VoteRequest) -> None:
-        """Rule 3: a pre-vote never changes this node's state."""
+        """Rule 3: a pre-vote for epoch e never moves this node to e.
+
+        It does say the sender already is in epoch e - 1 (persisted, so sanctioned by an
+        earlier pre-vote majority); rule 1 applies to that epoch like to any other, or a
+        node whose vote requests were lost could never rejoin a leader of a lower epoch.
+        """
+        if request.epoch - 1 > self.epoch:
+            self._observe_epoch(now_ms, request.epoch - 1, NO_LEADER)
         state = self._state
         recent_leader = isinstance(state, LeaderState) or (
             isinstance(state, FollowerState) and state.fetched_ms >= 0
@@ -595,7 +607,7 @@ class RaftNode:
     def _on_vote_response(self, now_ms: int, src: int, response: VoteResponse) -> None:
         if src not in self._voters or response.epoch < 0:
             return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id):
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
             return
         state = self._state
         if response.error != ErrorCode.NONE:
@@ -632,7 +644,7 @@ class RaftNode:
 
     def _on_begin_quorum_response(self, now_ms: int, src: int, response: BeginQuorumEpochResponse) -> None:
         if src in self._voters and response.epoch >= 0:
-            self._observe_epoch(now_ms, response.epoch, response.leader_id)
+            self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
 
     def _send_begin_quorum(self, now_ms: int, state: LeaderState) -> None:
         request = BeginQuorumEpochRequest(state.epoch, self._id, self.config.endpoint)
@@ -678,7 +690,7 @@ class RaftNode:
         if isinstance(state, ResignedState) and response.epoch == state.epoch:
             state.end_quorum_pending.discard(src)
             return
-        self._observe_epoch(now_ms, response.epoch, response.leader_id)
+        self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
 
     def _send_end_quorum(self, now_ms: int, state: ResignedState) -> None:
         request = EndQuorumEpochRequest(state.epoch, self._id, state.preferred_successors)
@@ -691,7 +703,7 @@ class RaftNode:
     def _on_fetch(self, now_ms: int, src: int, request: FetchRequest) -> None:
         if (request.fetch_offset < 0 or request.epoch < 0 or request.last_fetched_epoch < 0
                 or request.last_fetched_epoch > request.epoch or request.max_wait_ms < 0
-                or request.high_watermark < 0
+                or request.high_watermark < 0 or request.read_nonce < 0
                 or (request.replica_id != ANONYMOUS_REPLICA and request.replica_id != src)):
             self._send(src, self._error_fetch_response(request, ErrorCode.INVALID_REQUEST))
             return
@@ -739,7 +751,7 @@ class RaftNode:
         if is_voter:
             state.begin_quorum_pending.discard(src)
             for read in state.reads.values():
-                if src in read.answered:
+                if request.read_nonce >= read.nonce:
                     read.confirmed.add(src)
             self._leader_update_high_watermark(now_ms, state)
             self._leader_complete_reads(state)
@@ -766,17 +778,12 @@ class RaftNode:
             return False
         if request.high_watermark < self.high_watermark:
             return False
-        if voter is not None:
-            for read in state.reads.values():
-                if voter not in read.confirmed:
-                    return False
+        if voter is not None and request.read_nonce < state.read_nonce and state.reads:
+            return False  # it must learn the read nonce now, to confirm the pending reads
         return True
 
     def _leader_answer_fetch(self, src: int, request: FetchRequest, state: LeaderState) -> None:
         records = tuple(self._log.read(request.fetch_offset, self.config.max_batch_bytes))
-        if request.replica_id in state.voters and request.replica_id == src:
-            for read in state.reads.values():
-                read.answered.add(src)
         self._send(src, self._fetch_response(request, state, records=records))
 
     def _fetch_response(
@@ -792,7 +799,7 @@ class RaftNode:
         return FetchResponse(
             ErrorCode.NONE, state.epoch, self._id, self.config.endpoint, request.fetch_offset,
             self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
-            records, diverging_epoch, diverging_end, snapshot_id,
+            records, diverging_epoch, diverging_end, snapshot_id, state.read_nonce,
         )
 
     def _error_fetch_response(
@@ -925,9 +932,11 @@ class RaftNode:
 
     def _send_fetch(self, now_ms: int, dst: int, epoch: int) -> None:
         log = self._log
+        state = self._state
+        read_nonce = state.read_nonce if isinstance(state, FollowerState) and state.leader_id == dst else 0
         self._send(dst, FetchRequest(
             epoch, self._id, log.end_offset(), log.last_epoch(), self.high_watermark,
-            self.config.fetch_max_wait_ms, self.config.endpoint,
+            self.config.fetch_max_wait_ms, self.config.endpoint, read_nonce,
         ))
 
     def _observer_probe(self, now_ms: int, state: UnattachedState) -> None:
@@ -939,7 +948,7 @@ class RaftNode:
 
     def _on_fetch_response(self, now_ms: int, src: int, response: FetchResponse) -> None:
         if (src not in self._voters or response.epoch < 0 or response.high_watermark < 0
-                or response.log_start_offset < 0 or response.fetch_offset < 0):
+                or response.log_start_offset < 0 or response.fetch_offset < 0 or response.read_nonce < 0):
             return
         if response.error != ErrorCode.NONE:
             self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src)
@@ -961,6 +970,7 @@ class RaftNode:
         state.last_contact_ms = now_ms
         state.fetched_ms = now_ms
         self._last_fetched_ms = now_ms
+        state.read_nonce = max(state.read_nonce, response.read_nonce)
         state.phase = FetchPhase.IDLE
         if response.leader_endpoint:
             state.leader_endpoint = response.leader_endpoint

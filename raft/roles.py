@@ -16,10 +16,14 @@ inside those methods, and only in the ways listed here.
    to learn the leader.
 3. Prospective (KIP-996): asks every voter for a *pre-vote* for epoch + 1. Pre-votes are
    never persisted, by either side, and never change the receiver's epoch. A majority
-   of grants → Candidate. Learning of a leader of the current epoch → Follower. Timer →
-   a new pre-vote round. Followers that fetched successfully from their leader within
-   fetch_timeout_ms refuse pre-votes; so do leaders. A node that is cut off therefore
-   cannot bump the epoch and depose a healthy leader when it comes back.
+   of grants → Candidate. Learning of a leader of the current epoch → Follower (hearsay
+   about the leader it timed out on does not count; that leader's own answer does).
+   Timer → Follower of the leader it lost, if it knew one (fetch again: that leader may
+   be fine), else a new pre-vote round. Followers that fetched successfully from their
+   leader within fetch_timeout_ms refuse pre-votes; leaders refuse all. A node that is
+   cut off therefore cannot bump the epoch and depose a healthy leader when it comes
+   back. A pre-vote for epoch e does tell the receiver that the sender is in epoch e - 1
+   already; rule 1 applies to that epoch.
 4. Candidate: persists epoch + 1 and a vote for itself, then asks for real votes. A
    majority → Leader. Timer → Prospective (a new pre-vote round, same epoch).
 5. Votes: a voter grants at most one vote per epoch (persisted before the response is
@@ -52,7 +56,8 @@ Transition table (from → to : trigger)
     Unattached  → Follower    : BeginQuorumEpoch / Fetch response naming a leader
     Prospective → Candidate   : majority of pre-votes
     Prospective → Follower    : leader of this epoch discovered
-    Prospective → Prospective : election timer (new round)
+    Prospective → Prospective : election timer, no leader known (new round)
+    Prospective → Follower    : election timer, a leader was known (fetch from it again)
     Candidate   → Leader      : majority of votes
     Candidate   → Prospective : election timer
     Candidate   → Follower    : leader of this epoch discovered
@@ -140,14 +145,16 @@ class ParkedFetch:
 class PendingRead:
     """A read_index call waiting for a majority of voters to confirm this leader.
 
-    A voter confirms by fetching *after* the leader sent it a response after the call:
-    a follower sends its next Fetch only once the previous one was answered, so that
-    Fetch left the follower after the call.
+    The call raises the leader's read nonce to ``nonce``; every Fetch answer carries the
+    current nonce and followers echo the latest one they got. A Fetch echoing ``nonce``
+    or more was sent after the follower heard from this leader after the call, so it
+    confirms leadership at a time after the call; a delayed or duplicated older Fetch
+    cannot.
     """
 
     token: int
-    answered: set[int] = field(default_factory=set)  # voters answered since the call
-    confirmed: set[int] = field(default_factory=set)  # voters that fetched after that
+    nonce: int
+    confirmed: set[int] = field(default_factory=set)  # voters that echoed the nonce
 
 
 @dataclass(slots=True)
@@ -169,6 +176,7 @@ class LeaderState:
     begin_quorum_pending: set[int] = field(default_factory=set)
     begin_quorum_next_ms: int = 0
     reads: dict[int, PendingRead] = field(default_factory=dict)
+    read_nonce: int = 0  # raised by each read_index call, sent in every Fetch answer
     pending_batches: list[PendingBatch] = field(default_factory=list)
     pending_records: int = 0
     linger_deadline_ms: int = -1
@@ -195,6 +203,7 @@ class FollowerState:
     fetch_offset_in_flight: int = -1
     fetch_sent_ms: int = 0
     next_fetch_ms: int = 0
+    read_nonce: int = 0  # latest read nonce the leader sent us, echoed in each Fetch
     snapshot_id: SnapshotId | None = None
     snapshot_position: int = 0
     snapshot_size: int = -1

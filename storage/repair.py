@@ -29,10 +29,10 @@ from storage.segment_log import (
     EPOCH_CHECKPOINT_NAME,
     INDEX_SUFFIX,
     CorruptLogError,
-    _check_batch,
     _segment_path,
     decode_epoch_checkpoint,
     encode_epoch_checkpoint,
+    finish_or_drop_swap,
     list_segment_bases,
     read_log_start_checkpoint,
 )
@@ -57,13 +57,17 @@ def verify_log(log_dir: Path) -> tuple[int, int]:
     """Check every batch of every segment (CRC, body, offset continuity); return (batches, bytes).
 
     Raises CorruptLogError at the first bad batch, naming file, byte and the offset to truncate at.
+    Offsets may jump only below the cleaned end recorded in the log start checkpoint.
     """
+    finish_or_drop_swap(log_dir)
+    checkpoint = read_log_start_checkpoint(log_dir)
+    cleaned_end = checkpoint.cleaned_end if checkpoint is not None else 0
     batch_count = total_bytes = 0
     expected_offset: int | None = None
     for base in list_segment_bases(log_dir):
         path = _segment_path(log_dir, base)
         data = path.read_bytes()
-        if expected_offset is not None and base != expected_offset:
+        if expected_offset is not None and base != expected_offset and not expected_offset < base < cleaned_end:
             raise CorruptLogError(path, 0, f"segment starts at offset {base}, the previous one ends at "
                                   f"{expected_offset}", expected_offset)
         expected_offset = base
@@ -73,7 +77,7 @@ def verify_log(log_dir: Path) -> tuple[int, int]:
                 batch, end = decode_batch(data, position)
             except CorruptBatchError as exc:
                 raise CorruptLogError(path, position, exc.reason, expected_offset) from exc
-            if batch.base_offset != expected_offset:
+            if batch.base_offset != expected_offset and not expected_offset < batch.base_offset < cleaned_end:
                 raise CorruptLogError(path, position, f"batch has base offset {batch.base_offset}, expected "
                                       f"{expected_offset}", expected_offset)
             expected_offset = batch.next_offset
@@ -85,9 +89,11 @@ def verify_log(log_dir: Path) -> tuple[int, int]:
 
 def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> RepairReport:
     """Remove every record at ``truncate_at`` and above from the log in ``log_dir``."""
+    if not dry_run:
+        finish_or_drop_swap(log_dir)
     checkpoint = read_log_start_checkpoint(log_dir)
     bases = list_segment_bases(log_dir)
-    start_offset = checkpoint[0] if checkpoint is not None else (bases[0] if bases else 0)
+    start_offset = checkpoint.start_offset if checkpoint is not None else (bases[0] if bases else 0)
     if truncate_at < start_offset:
         raise RepairError(f"--truncate-at {truncate_at} is below the log start offset {start_offset}")
     if not bases:
@@ -95,7 +101,8 @@ def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> R
     doomed = [base for base in bases if base >= truncate_at and base != bases[0]]
     holder = [base for base in bases if base not in doomed][-1]
     holder_path = _segment_path(log_dir, holder)
-    cut_at_byte, kept_partial = _locate_cut(holder_path, holder, truncate_at)
+    cleaned_end = checkpoint.cleaned_end if checkpoint is not None else 0
+    cut_at_byte, kept_partial = _locate_cut(holder_path, holder, truncate_at, cleaned_end, last=not doomed)
     holder_size = holder_path.stat().st_size
     deleted = [_segment_path(log_dir, base) for base in doomed]
     dropped_bytes = sum(path.stat().st_size for path in deleted) + holder_size - cut_at_byte
@@ -119,30 +126,33 @@ def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> R
     return report
 
 
-def _locate_cut(path: Path, base: int, truncate_at: int) -> tuple[int, Batch | None]:
+def _locate_cut(path: Path, base: int, truncate_at: int, cleaned_end: int, last: bool) -> tuple[int, Batch | None]:
     """Byte position in segment ``path`` where offset ``truncate_at`` begins; every batch before
     it must be valid. Returns the cut position and the part of a straddling batch to keep."""
     data = path.read_bytes()
     position, expected_offset = 0, base
-    while position < len(data) and expected_offset < truncate_at:
+    while position < len(data):
         try:
-            header, end = _check_batch(data, position)
-            batch, _ = decode_batch(data, position)
+            batch, end = decode_batch(data, position)
         except CorruptBatchError as exc:
+            if expected_offset >= truncate_at:
+                return position, None  # the bad batch is itself at or above the cut
             raise RepairError(
                 f"{path} is corrupt at byte {position} ({exc.reason}), below --truncate-at {truncate_at}: "
                 f"use --truncate-at {expected_offset}") from exc
-        if header.base_offset != expected_offset:
-            raise RepairError(f"{path} at byte {position}: batch has base offset {header.base_offset}, "
+        if batch.base_offset != expected_offset and not expected_offset < batch.base_offset < cleaned_end:
+            raise RepairError(f"{path} at byte {position}: batch has base offset {batch.base_offset}, "
                               f"expected {expected_offset}: use --truncate-at {expected_offset}")
+        if batch.base_offset >= truncate_at:
+            return position, None
         if batch.next_offset > truncate_at:
             kept = Batch(batch.base_offset, batch.epoch, batch.timestamp_ms, batch.control,
                          batch.records[: truncate_at - batch.base_offset])
             return position, kept
         expected_offset = batch.next_offset
         position = end
-    if expected_offset < truncate_at:
-        raise RepairError(f"the log ends at offset {expected_offset}, below --truncate-at {truncate_at}: "
+    if last:
+        raise RepairError(f"the log ends at offset {expected_offset}, at or below --truncate-at {truncate_at}: "
                           "nothing to truncate")
     return position, None
 

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,15 +172,22 @@ class Cluster:
         settings: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         cluster_secret: str = "test-cluster-secret",
+        cluster_id: str | None = None,
     ) -> None:
         """``settings``: extra serve settings for every node, by name (``election_timeout_ms=500``),
-        passed as flags. ``env``: extra environment variables for every node."""
+        passed as flags. ``env``: extra environment variables for every node.
+
+        Every cluster gets its own random ``cluster_id`` unless one is given: many clusters run
+        on this machine at once, and a port freed by one can be reused by another; the raft
+        handshake refuses peers of another cluster id, so nodes never join a foreign cluster."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         count = voters + observers
         ports = free_ports(2 * count)
         voter_spec = ",".join(f"{i}@127.0.0.1:{ports[2 * (i - 1) + 1]}" for i in range(1, voters + 1))
-        base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "METAKV_CLUSTER_SECRET": cluster_secret, **(env or {})}
+        self.cluster_id = cluster_id or f"test-{uuid.uuid4().hex[:12]}"
+        base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "METAKV_CLUSTER_SECRET": cluster_secret,
+                    "METAKV_CLUSTER_ID": self.cluster_id, **(env or {})}
         base_env.pop("METAKV_CONFIG", None)
         self.nodes: dict[int, Node] = {}
         for index in range(count):

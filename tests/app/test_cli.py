@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -94,6 +95,7 @@ def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) ->
         [sys.executable, "-m", "app.cli", "cluster", "up", "--base-http-port", str(http_base),
          "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path / "data")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True,
+        env={**os.environ, "METAKV_CLUSTER_ID": f"cli-test-{uuid.uuid4().hex[:12]}"},
     )
     output: list[str] = []
     try:
@@ -145,7 +147,7 @@ def test_serve_takes_every_setting_from_environment_and_toml(tmp_path: Path) -> 
                       f'data_dir = "{tmp_path / "data"}"\n')
     cluster = Cluster(tmp_path / "unused", voters=0)
     env = {key: value for key, value in os.environ.items() if not key.startswith("METAKV_")}
-    env.update(METAKV_NODE_ID="1", METAKV_LISTEN_HTTP=f"127.0.0.1:{http_port}", METAKV_CONFIG=str(config),
+    env.update(METAKV_CLUSTER_ID=f"cli-env-{uuid.uuid4().hex[:12]}", METAKV_NODE_ID="1", METAKV_LISTEN_HTTP=f"127.0.0.1:{http_port}", METAKV_CONFIG=str(config),
                PYTHONUNBUFFERED="1")
     node = Node(1, http_port, raft_port, tmp_path / "data", tmp_path / "node.log",
                 command=[sys.executable, "-m", "app.cli", "serve"], env=env)

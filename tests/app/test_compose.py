@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import httpx
@@ -40,6 +41,7 @@ def _local_nodes(compose: dict, root: Path) -> list[Node]:
     local_raft: dict[str, int] = {}
     for index, name in enumerate(services):
         local_http[name], local_raft[name] = ports[2 * index], ports[2 * index + 1]
+    run_id = uuid.uuid4().hex[:12]
     nodes = []
     for name, service in services.items():
         environment = {key: _expand(str(value), {}) for key, value in service["environment"].items()}
@@ -59,6 +61,8 @@ def _local_nodes(compose: dict, root: Path) -> list[Node]:
             "METAKV_ADVERTISE_HTTP": environment["METAKV_ADVERTISE_HTTP"].replace(
                 f"localhost:{host_port}", f"127.0.0.1:{local_http[name]}"),
             "METAKV_DATA_DIR": str(root / name),
+            # Other clusters run on this machine at once: a unique id keeps their nodes apart.
+            "METAKV_CLUSTER_ID": f"{environment['METAKV_CLUSTER_ID']}-{run_id}",
         })
         assert service["entrypoint"] == ["metakv"]
         command = [sys.executable, "-m", "app.cli", *service["command"]]

@@ -6,6 +6,7 @@ own key prefix.
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -232,3 +233,46 @@ def test_random_bytes_on_raft_port_close_that_connection_only(cluster: Cluster) 
     assert read.status_code == 200
     assert read.content == b"still-works"
     assert cluster.wait_for_leader().node_id == leader.node_id
+
+
+def test_linearizable_and_leader_reads_are_served_by_the_leader_only(cluster: Cluster) -> None:
+    leader, follower = follower_of(cluster)
+    version = cluster.put("linear/k", b"v").json()["version"]
+    client = cluster.client()
+    for consistency in ("linearizable", "leader"):
+        on_leader = client.get(f"{leader.url}/v1/kv/linear/k", params={"consistency": consistency})
+        assert on_leader.status_code == 200 and on_leader.content == b"v"
+        assert int(on_leader.headers["x-metadata-version"]) >= version
+        on_follower = client.get(f"{follower.url}/v1/kv/linear/k", params={"consistency": consistency})
+        assert on_follower.status_code == 307
+        assert on_follower.headers["location"].startswith(leader.url)
+
+
+def test_admin_snapshot_is_taken_at_the_applied_version(cluster: Cluster) -> None:
+    leader, follower = follower_of(cluster)
+    version = cluster.put("snapshot/k", b"v").json()["version"]
+    client = cluster.client()
+    client.get(f"{follower.url}/v1/kv/snapshot/k", params={"min_version": version})
+    response = client.post(f"{follower.url}/v1/admin/snapshot")
+    assert response.status_code == 200, response.text
+    snapshot = response.json()["snapshot_id"]
+    assert snapshot["end_offset"] >= version
+    status = cluster.status(follower)
+    assert status is not None and status["snapshot_id"]["end_offset"] == snapshot["end_offset"]
+
+
+def test_metrics_expose_role_progress_latencies_and_replica_lag(cluster: Cluster) -> None:
+    leader, follower = follower_of(cluster)
+    cluster.put("metrics/k", b"v")
+    text = cluster.client().get(f"{leader.url}/metrics").text
+    assert 'metakv_role{role="leader"} 1.0' in text
+    for name in ("metakv_epoch", "metakv_high_watermark", "metakv_applied_version",
+                 "metakv_commit_latency_seconds_count", "metakv_fsync_latency_seconds_count",
+                 "metakv_apply_latency_seconds_count"):
+        assert re.search(rf"^{name} [1-9]", text, re.MULTILINE), name
+    for node in cluster.nodes.values():
+        if node.node_id != leader.node_id:
+            assert re.search(rf'^metakv_fetch_lag_records{{[^}}]*replica_id="{node.node_id}"', text, re.MULTILINE)
+    follower_text = cluster.client().get(f"{follower.url}/metrics").text
+    assert 'metakv_role{role="follower"} 1.0' in follower_text
+    assert not re.search(r"^metakv_fetch_lag_records{", follower_text, re.MULTILINE)

@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from app.service import Consistency, NodeHeaders, VersionWaitTimeoutError
+from app.service import Consistency, NodeHeaders, NotReadyError, VersionWaitTimeoutError
 from raft.types import Batch
 from storage.commands import Command, encode_command
 from storage.state_machine import ApplyResult, StateMachine
@@ -31,6 +31,7 @@ class InProcessService:
         self.snapshot_dir = snapshot_dir
         self.metrics = CollectorRegistry()
         self.proposals = 0
+        self.waiting = 0  # requests parked in wait_readable / wait_for_change right now
         if max_value_bytes is not None:
             self.max_value_bytes = max_value_bytes
         self._changed: asyncio.Condition | None = None
@@ -56,12 +57,24 @@ class InProcessService:
 
     async def _wait_until(self, predicate: Any, timeout_ms: int) -> bool:
         condition = self._condition()
-        async with condition:
-            try:
-                await asyncio.wait_for(condition.wait_for(predicate), timeout_ms / 1000)
-            except TimeoutError:
-                return predicate()
-        return True
+        self.waiting += 1
+        try:
+            async with condition:
+                try:
+                    await asyncio.wait_for(condition.wait_for(predicate), timeout_ms / 1000)
+                except TimeoutError:
+                    return predicate()
+            return True
+        finally:
+            self.waiting -= 1
+
+    async def until_waiting(self, count: int = 1, max_steps: int = 10_000) -> None:
+        """Tests: yield to the loop until ``count`` requests are parked (bounded by steps, not time)."""
+        for _ in range(max_steps):
+            if self.waiting >= count:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"{count} waiting requests expected, {self.waiting} found")
 
     async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
         if min_version is None or self.state.applied_version >= min_version:
@@ -91,8 +104,8 @@ class InProcessService:
                 "observers": []}
 
     async def take_snapshot(self) -> dict[str, Any]:
-        if self.state.applied_version == 0:
-            return {"snapshot_id": None}  # nothing to snapshot yet
+        if self.state.applied_version == 0:  # as the runtime answers: nothing to snapshot yet
+            raise NotReadyError("nothing applied yet: there is no state to snapshot")
         snapshot_id = self.state.create_snapshot(self.snapshot_dir, self.epoch)
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 

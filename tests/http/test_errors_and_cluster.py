@@ -163,6 +163,7 @@ async def test_quorum_on_non_leader_is_307(faulty: FaultyService, faulty_client:
 
 
 async def test_admin_routes(faulty: FaultyService, faulty_client: httpx.AsyncClient) -> None:
+    assert_problem(await faulty_client.post("/v1/admin/snapshot"), 503)  # nothing applied yet
     await faulty_client.put("/v1/kv/k", content=b"v")
     snapshot = await faulty_client.post("/v1/admin/snapshot")
     assert snapshot.status_code == 200

@@ -125,6 +125,15 @@ async def test_if_none_match_star_is_create_only(client: httpx.AsyncClient) -> N
     assert (await client.get("/v1/kv/once")).content == b"a"
 
 
+async def test_if_match_and_if_none_match_must_both_hold(client: httpx.AsyncClient) -> None:
+    await client.put("/v1/kv/both", content=b"a")
+    document = assert_problem(await client.put("/v1/kv/both", content=b"b",
+                                               headers={"if-match": "*", "if-none-match": "*"}), 412)
+    assert document["current_version"] == 1
+    created = await client.put("/v1/kv/fresh", content=b"b", headers={"if-match": "0", "if-none-match": "*"})
+    assert created.status_code == 200 and created.json()["created"] is True
+
+
 async def test_if_match_on_delete(client: httpx.AsyncClient) -> None:
     await client.put("/v1/kv/dm", content=b"a")
     assert_problem(await client.delete("/v1/kv/dm", headers={"if-match": '"7"'}), 412)
@@ -133,8 +142,7 @@ async def test_if_match_on_delete(client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.parametrize("header", [{"if-match": "abc"}, {"if-match": '"1", "2"'}, {"if-none-match": '"3"'},
-                                    {"if-none-match": ""}, {"if-match": '"99999999999999999999"'},
-                                    {"if-match": '"1"', "if-none-match": "*"}])
+                                    {"if-none-match": ""}, {"if-match": '"99999999999999999999"'}])
 async def test_malformed_preconditions_are_400(client: httpx.AsyncClient, header: dict[str, str]) -> None:
     assert_problem(await client.put("/v1/kv/p", content=b"x", headers=header), 400)
     assert (await client.get("/v1/kv/p")).status_code == 404
@@ -222,10 +230,9 @@ async def test_min_version_not_reached_is_504_with_current_version(client: httpx
     assert_problem(future, 504)
 
 
-async def test_min_version_waits_for_a_later_write(client: httpx.AsyncClient) -> None:
+async def test_min_version_waits_for_a_later_write(client: httpx.AsyncClient, service: InProcessService) -> None:
     reader = asyncio.create_task(client.get("/v1/kv/later", params={"min_version": 1, "wait_ms": 2000}))
-    for _ in range(20):  # let the reader reach its wait before the write lands
-        await asyncio.sleep(0)
+    await service.until_waiting()
     await client.put("/v1/kv/later", content=b"arrived")
     got = await asyncio.wait_for(reader, 10)
     assert got.status_code == 200 and got.content == b"arrived"
@@ -240,4 +247,13 @@ async def test_negative_or_non_integer_version_parameters_are_400(client: httpx.
 
 async def test_unknown_route_and_method_are_problem_documents(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/v2/nothing"), 404)
-    assert_problem(await client.patch("/v1/kv/k", content=b"x"), 405)
+    not_allowed = await client.patch("/v1/kv/k", content=b"x")
+    assert_problem(not_allowed, 405)
+    assert not_allowed.headers["allow"] == "DELETE, GET, HEAD, PUT"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain; x=\xe9".encode("latin-1"), b"`", b"text", b"text/plain; charset"])
+async def test_content_type_must_be_a_media_type(client: httpx.AsyncClient, content_type: bytes) -> None:
+    response = await client.put("/v1/kv/ct", content=b"x", headers={"content-type": content_type})
+    assert_problem(response, 400)
+    assert (await client.get("/v1/kv/ct")).status_code == 404

@@ -184,10 +184,10 @@ async def test_watch_times_out_with_empty_list_and_current_version(client: httpx
     assert response.json() == {"version": 1, "events": []}
 
 
-async def test_watch_long_poll_answers_when_a_change_arrives(client: httpx.AsyncClient) -> None:
+async def test_watch_long_poll_answers_when_a_change_arrives(client: httpx.AsyncClient,
+                                                             service: InProcessService) -> None:
     watcher = asyncio.create_task(client.get("/v1/watch", params={"prefix": "job/", "since": 0, "timeout_ms": 2000}))
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await service.until_waiting()
     await client.put("/v1/kv/unrelated", content=b"x")
     await client.put("/v1/kv/job/1", content=b"go", headers={"content-type": "text/plain"})
     response = await asyncio.wait_for(watcher, 10)
@@ -287,3 +287,28 @@ async def test_sse_txn_events_share_one_resume_id(client: httpx.AsyncClient) -> 
 async def test_sse_bad_last_event_id_is_400(client: httpx.AsyncClient) -> None:
     response = await client.get("/v1/watch", headers={"accept": "text/event-stream", "last-event-id": "yesterday"})
     assert_problem(response, 400)
+
+
+@pytest.mark.parametrize("content_type", ["text/\U00011606", "`", "text/plain\n", "text/plain; x"])
+async def test_txn_content_type_must_be_a_media_type(client: httpx.AsyncClient, service: InProcessService,
+                                                    content_type: str) -> None:
+    body = {"success": [{"op": "put", "key": "a", "value": "x", "content_type": content_type}]}
+    assert_problem(await client.post("/v1/txn", json=body), 422)
+    assert service.proposals == 0
+
+
+async def test_sse_horizon_passing_since_mid_stream_ends_with_an_error_event(client: httpx.AsyncClient,
+                                                                            service: InProcessService) -> None:
+    await client.put("/v1/kv/e/0", content=b"v")
+    stream = asyncio.create_task(client.get("/v1/watch", params={"prefix": "e/", "since": 1, "timeout_ms": 2000},
+                                            headers={"accept": "text/event-stream"}))
+    await service.until_waiting()
+    await client.put("/v1/kv/other", content=b"v")
+    service.state.prune_history(2)
+    await client.put("/v1/kv/other", content=b"w")
+    response = await asyncio.wait_for(stream, 10)
+    assert response.status_code == 200
+    errors = [m for m in parse_sse(response.text) if m.get("event") == "error"]
+    assert errors, response.text
+    problem = json.loads(errors[-1]["data"])
+    assert problem["status"] == 410 and problem["oldest_version"] == 2

@@ -8,6 +8,7 @@ prints what it observed, so a script with its output reads as a protocol transcr
     run-until leader [timeout_ms]         run until some node leads
     run-until committed [timeout_ms]      run until the last proposal is committed
     run-until caught-up [timeout_ms]      run until every node holds the leader's log and HW
+    run-until role N ROLE [timeout_ms]    run until node N is in ROLE (e.g. prospective)
     propose-on N rec...                   propose records on node N (prints the outcome)
     partition 1,2 | 3                     cut both directions between two groups
     isolate N / heal                      cut N off from everyone / undo every cut
@@ -62,6 +63,13 @@ def run_script(text: str) -> str:
                 proposal = last
                 ok = proposal is not None and cluster.run_until(
                     lambda c=cluster, p=proposal: c.is_committed(p), timeout_ms)
+            elif args[0] == "role":
+                node_id, role = int(args[1]), args[2]
+                timeout_ms = int(args[3]) if len(args) > 3 else 5_000
+                def in_role(c: Cluster = cluster, n: int = node_id, r: str = role) -> bool:
+                    core = c.nodes[n].core
+                    return core is not None and core.role.value == r
+                ok = cluster.run_until(in_role, timeout_ms)
             elif args[0] == "caught-up":
                 def caught_up(c: Cluster = cluster) -> bool:
                     leader = c.leader()
@@ -70,7 +78,7 @@ def run_script(text: str) -> str:
                         and n.log.end_offset() == leader.log.end_offset() for n in c.nodes.values())
                 ok = cluster.run_until(caught_up, timeout_ms)
             else:
-                raise ScriptError(f"{line!r}: run-until leader|committed|caught-up")
+                raise ScriptError(f"{line!r}: run-until leader|committed|caught-up|role")
             out.append(f"  {'ok' if ok else 'timed out'} t={cluster.now_ms}")
         elif command == "propose-on":
             node = cluster.nodes[int(args[0])]

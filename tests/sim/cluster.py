@@ -8,6 +8,7 @@ invariants (``InvariantViolation`` names the first broken one).
 
 from __future__ import annotations
 
+import collections
 import heapq
 import random
 from collections.abc import Callable
@@ -63,6 +64,7 @@ class SimNode:
     next_tick_ms: int = -1
     highest_epoch_persisted: int = 0
     last_high_watermark: int = 0
+    last_end_offset: int = 0
     checked_offset: int = 0  # committed records below this were compared with the oracle
 
 
@@ -101,6 +103,8 @@ class Cluster:
         self.proposals: list[tuple[Proposal, tuple[bytes, ...]]] = []
         self.reads_done: list[tuple[int, int, int]] = []  # (node, token, offset)
         self.reads_hook: Callable[[int, int, int], None] | None = None
+        self.stats: collections.Counter[str] = collections.Counter()  # what the run exercised
+        self.on_elected: Callable[[SimNode], None] | None = None  # a fault plan's hook
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -140,12 +144,22 @@ class Cluster:
             node.flush_running = True
             self._push(self.now_ms + self.rng.randint(self.faults.flush_min_ms, self.faults.flush_max_ms),
                        "flush", node)
+        if ready.role_changed:
+            self.stats[f"became_{core.role.value}"] += 1
+            if core.role == Role.LEADER and self.on_elected is not None:
+                self.on_elected(node)
+        self.stats["reads_failed"] += len(ready.reads_failed)
+        if node.log.end_offset() < node.last_end_offset:
+            self.stats["truncations"] += 1
+        node.last_end_offset = node.log.end_offset()
         for token, offset in ready.reads_done:
+            self.stats["reads_done"] += 1
             if len(self.reads_done) < MAX_READS_KEPT:
                 self.reads_done.append((node.node_id, token, offset))
             if self.reads_hook is not None:
                 self.reads_hook(node.node_id, token, offset)
         if ready.snapshot_to_install is not None:
+            self.stats["snapshot_installs"] += 1
             core.on_snapshot_installed(self.now_ms, ready.snapshot_to_install)
         deadline = core.next_deadline_ms()
         if node.next_tick_ms < 0 or deadline < node.next_tick_ms or node.next_tick_ms <= self.now_ms:
@@ -231,7 +245,9 @@ class Cluster:
             return
         node.core = None
         node.log = node.log.reopen()
+        node.last_end_offset = node.log.end_offset()
         node.incarnation += 1
+        self.stats["crashes"] += 1
 
     def shutdown(self, node_id: int) -> None:
         """Graceful stop: a leader resigns first; everything is flushed."""
@@ -271,8 +287,12 @@ class Cluster:
                     best = node
         return best
 
-    def propose(self, records: tuple[bytes, ...]) -> Proposal | None:
-        leader = self.leader()
+    def leaders(self) -> list[SimNode]:
+        """Every live node that believes it leads (a deposed one may not know yet)."""
+        return [n for n in self.nodes.values() if n.core is not None and n.core.role == Role.LEADER]
+
+    def propose(self, records: tuple[bytes, ...], leader: SimNode | None = None) -> Proposal | None:
+        leader = leader or self.leader()
         if leader is None or leader.core is None:
             return None
         try:

@@ -159,3 +159,44 @@ def test_crash_failpoints_leave_a_recoverable_log(tmp_path: Path, failpoint: str
         flushed_reported = check_log(log_dir, flushed_reported)
     if failpoint.startswith("segment.after_roll"):
         assert len(list(log_dir.glob("*.log"))) >= 3  # each round rolled once before crashing
+
+
+@pytest.mark.parametrize("operation", ["truncate_to", "reset_to_snapshot"])
+def test_crash_between_segment_deletions_leaves_a_log_without_gaps(tmp_path: Path, operation: str) -> None:
+    """Segments are deleted newest first: a crash after some deletions is a shorter log, not a gap."""
+    log_dir = tmp_path / "log"
+    with SegmentLog(log_dir, segment_bytes=2048) as log:
+        offset = 0
+        while log.segment_count() < 6:
+            log.append(batch_at(offset, 1, 3))
+            offset += 3
+        log.flush()
+        written = log.read(0, EVERYTHING)
+        second_base = int(log.segment_paths()[1].stem)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            deleted_logs = []
+            real_unlink = Path.unlink
+
+            def unlink_then_crash(path: Path, missing_ok: bool = False) -> None:
+                real_unlink(path, missing_ok=missing_ok)
+                if path.suffix == ".log":
+                    deleted_logs.append(path)
+                    if len(deleted_logs) == 2:
+                        os._exit(FAILPOINT_CRASH_EXIT_CODE)
+
+            Path.unlink = unlink_then_crash  # type: ignore[method-assign]
+            child_log = SegmentLog(log_dir, segment_bytes=2048)
+            if operation == "truncate_to":
+                child_log.truncate_to(second_base + 1)
+            else:
+                from raft.types import SnapshotId
+                child_log.reset_to_snapshot(SnapshotId(second_base + 1, 1))
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == FAILPOINT_CRASH_EXIT_CODE
+    with SegmentLog(log_dir, segment_bytes=2048) as log:
+        survived = log.read(0, EVERYTHING)
+    assert 0 < len(survived) < len(written) and survived == written[: len(survived)]
