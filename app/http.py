@@ -612,6 +612,10 @@ def _txn_command(body: TxnRequest, max_value_bytes: int) -> Command:
                    tuple(op(o) for o in body.failure))
 
 
+def _describe(error: dict[str, str]) -> str:
+    return f"{error['location']}: {error['message']}" if error["location"] else error["message"]
+
+
 def _validation_errors(exc: ValidationError | RequestValidationError) -> list[dict[str, str]]:
     """Location and message of each error; never the offending input, which may be huge or binary."""
     return [{"location": ".".join(str(part) for part in error.get("loc", ())), "message": str(error.get("msg", ""))}
@@ -804,7 +808,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         errors = _validation_errors(exc) if isinstance(exc, RequestValidationError) else []
-        detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors) or "invalid request"
+        detail = "; ".join(_describe(e) for e in errors) or "invalid request"
         return _problem_response(request, 400, "invalid-parameter", "Invalid parameter", detail, errors=errors)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -938,7 +942,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
             body = TxnRequest.model_validate_json(raw)
         except ValidationError as exc:
             errors = _validation_errors(exc)
-            detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors[:10]) or "invalid txn body"
+            detail = "; ".join(_describe(e) for e in errors[:10]) or "invalid txn body"
             raise ProblemError(422, "invalid-body", "Invalid txn body", detail, errors=errors) from exc
         result = await service.propose(_txn_command(body, settings.max_value_bytes))
         return JSONResponse({
@@ -1080,6 +1084,9 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
     app.openapi = openapi  # type: ignore[method-assign]
 
     def route_label(scope: Scope) -> str:
+        matched = scope.get("route")  # set by the router on the shared scope when a route served it
+        if matched is not None and hasattr(matched, "path"):
+            return str(matched.path)
         for route in app.router.routes:
             match, _ = route.matches(scope)
             if match != Match.NONE:

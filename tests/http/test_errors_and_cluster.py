@@ -201,7 +201,9 @@ async def test_metrics_count_requests_by_route_and_status_in_the_service_registr
     await client.get("/v1/kv/a")
     await client.get("/v1/kv/missing")
     await client.get("/v1/kv/missing")
+    await client.get("/no/such/route")
     text = (await client.get("/metrics")).text
+    assert 'metakv_http_requests_total{method="GET",route="unmatched",status="404"} 1.0' in text
     assert 'metakv_http_requests_total{method="GET",route="/v1/kv/{key:path}",status="404"} 2.0' in text
     assert 'metakv_http_requests_total{method="PUT",route="/v1/kv/{key:path}",status="200"} 1.0' in text
     assert 'metakv_http_request_duration_seconds_count{method="GET",route="/v1/kv/{key:path}"} 3.0' in text
