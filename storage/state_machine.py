@@ -74,6 +74,7 @@ CHECKPOINT_EVERY_RECORDS = 2_000
 # If the background thread falls behind, the writer checkpoints itself past this WAL size.
 WAL_BACKSTOP_PAGES = 16_384
 MAX_LIST_LIMIT = 10_000
+_KEYS_PLACEHOLDER = "__[POSTCOMPILE_keys]"
 MAX_CHANGES_LIMIT = 100_000
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +338,14 @@ class StateMachine:
             .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1),
             dialect,
         )
+        # "key IN (...)": compiled once with a placeholder for as many "?" as a chunk needs.
+        self._sql_lookup_keys = _compile(
+            sa.select(entries.c.key, entries.c.value, entries.c.content_type, entries.c.mod_version,
+                      entries.c.create_version)
+            .where(entries.c.key.in_(sa.bindparam("keys", expanding=True))),
+            dialect,
+        )
+        check(_KEYS_PLACEHOLDER in self._sql_lookup_keys, "unexpected compiled IN clause")
         self._sql_entry = _compile(
             sa.select(entries.c.value, entries.c.content_type, entries.c.mod_version,
                       entries.c.create_version).where(entries.c.key == sa.bindparam("key")),
@@ -450,8 +459,7 @@ class StateMachine:
         key_list = list(found)
         for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
             chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
-            sql = ("SELECT key, value, content_type, mod_version, create_version FROM entries "
-                   f"WHERE key IN ({','.join('?' * len(chunk))})")
+            sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * len(chunk)))
             for row in cursor.execute(sql, chunk):
                 found[row[0]] = Entry(row[0], row[1], row[2], row[3], row[4])
         return found
