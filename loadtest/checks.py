@@ -178,6 +178,14 @@ class RunLedger:
     cas_final: dict[str, Any] | None = None
     newest_version: int = 0  # newest version any user's write produced (final reads wait for it)
 
+    def reset(self) -> None:
+        """A new test starts in the same process (the web UI): forget the last one."""
+        self.checks = Checks()
+        self.watchers.clear()
+        self.cas = CasLedger()
+        self.cas_final = None
+        self.newest_version = 0
+
     def as_document(self) -> dict[str, Any]:
         watch = [watcher.summary() for watcher in self.watchers]
         document: dict[str, Any] = {

@@ -6,7 +6,8 @@ Run one scenario by naming its user class (``python -m loadtest run`` does this 
         --store metakv --endpoints http://127.0.0.1:8001,http://127.0.0.1:8002 ReadHeavy
 
 Every scenario runs unchanged against either store through ``loadtest.stores``; keys live
-under ``<run-id>/<scenario>/`` so runs sharing a cluster never see each other's keys.
+under ``<run-id>/<scenario>/`` so runs sharing a cluster never see each other's keys (with the
+default run id, a fresh one per test start, for the web UI).
 Options added here (also settable as LOADTEST_* environment variables, and shown in the web
 UI) are listed in ``add_arguments``.
 """
@@ -21,6 +22,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 from urllib.parse import urlsplit
@@ -64,6 +66,22 @@ FAILURE_BACKOFF_S = 0.1  # a user pauses this long after a failed request, as a 
 _FILLER = (b"metakv-loadtest-" * (LARGE_VALUE_BYTES // 16 + 1))[:LARGE_VALUE_BYTES]
 _user_numbers = itertools.count()
 LEDGER = RunLedger()
+DEFAULT_RUN_ID = "loadtest"
+
+
+@dataclass
+class RunState:
+    """Set when a test starts (by the master in distributed runs, sent to the workers)."""
+
+    key_root: str = DEFAULT_RUN_ID  # keys live under <key_root>/<scenario>/
+    preload_version: int = 0  # users' reads start from here, so they see the preload
+
+
+RUN = RunState()
+
+
+def scenario_prefix(scenario: str) -> str:
+    return f"{RUN.key_root}/{scenario}/"
 
 
 @events.init_command_line_parser.add_listener
@@ -155,10 +173,10 @@ class MetadataUser(FastHttpUser):
         self.store: Store = make_store(
             options.store, LocustHttp(self.client), endpoint_list(self.environment), home_index=self.user_number
         )
-        self.prefix = f"{options.run_id}/{self.scenario}/"
+        self.prefix = scenario_prefix(self.scenario)
         # Start at the preload's version, so even the first read on a follower sees the
         # preloaded keys (the preload is this run's own write).
-        self.session_version = LEDGER.newest_version
+        self.session_version = max(RUN.preload_version, LEDGER.newest_version)
         self.writes = 0
         self.pacer = None
         if options.target_rate > 0:
@@ -201,7 +219,7 @@ class _PreloadedKeys(MetadataUser):
 
     @classmethod
     def prepare(cls, store: Store, options: Any) -> int:
-        prefix = f"{options.run_id}/{cls.scenario}/"
+        prefix = scenario_prefix(cls.scenario)
         return store.put_many(
             (preloaded_key(prefix, index), value_of(f"preload:{index}:", SMALL_VALUE_BYTES))
             for index in range(options.key_count)
@@ -351,7 +369,7 @@ class CasContention(MetadataUser):
 
     @classmethod
     def prepare(cls, store: Store, options: Any) -> int:
-        prefix = f"{options.run_id}/{cls.scenario}/"
+        prefix = scenario_prefix(cls.scenario)
         return store.put_many((counter_key(prefix, index), b"0") for index in range(CAS_COUNTERS))
 
     @operation()
@@ -464,7 +482,7 @@ class LargeValues(MetadataUser):
 
     @classmethod
     def prepare(cls, store: Store, options: Any) -> int:
-        prefix = f"{options.run_id}/{cls.scenario}/"
+        prefix = scenario_prefix(cls.scenario)
         return store.put_many((large_key(prefix, index), value_of(f"preload:{index}:", LARGE_VALUE_BYTES))
                        for index in range(LARGE_KEYS))
 
@@ -495,7 +513,7 @@ class ListPrefix(MetadataUser):
 
     @classmethod
     def prepare(cls, store: Store, options: Any) -> int:
-        prefix = f"{options.run_id}/{cls.scenario}/"
+        prefix = scenario_prefix(cls.scenario)
         return store.put_many(
             (f"{prefix}d{directory:02d}/k{index:03d}", value_of(f"preload:{directory}:{index}:", SMALL_VALUE_BYTES))
             for directory in range(LIST_DIRECTORIES)
@@ -555,12 +573,13 @@ class _Samples:
 SAMPLES = _Samples()
 
 
-PRELOAD_MESSAGE = "metakv-loadtest-preload-version"
+PRELOAD_MESSAGE = "metakv-loadtest-run-state"
 
 
-def _on_preload_message(message: Any, **_: Any) -> None:
-    """Workers learn the preload's version from the master (distributed runs)."""
-    LEDGER.newest_version = max(LEDGER.newest_version, int(message.data))
+def _on_preload_message(environment: Environment, msg: Any, **_: Any) -> None:
+    """Workers learn the key root and the preload's version from the master."""
+    RUN.key_root = str(msg.data["key_root"])
+    RUN.preload_version = int(msg.data["preload_version"])
 
 
 @events.init.add_listener
@@ -584,15 +603,22 @@ def on_request(request_type: str, name: str, response_time: float, exception: An
 @events.test_start.add_listener
 def on_test_start(environment: Environment, **_: Any) -> None:
     """Preload on the master (or the only process), before any user starts."""
+    LEDGER.reset()  # the web UI starts many tests in one process
     if isinstance(environment.runner, WorkerRunner):
         return
     options = environment.parsed_options
+    RUN.key_root = options.run_id
+    if options.run_id == DEFAULT_RUN_ID:
+        RUN.key_root = f"{DEFAULT_RUN_ID}-{time.strftime('%Y%m%dT%H%M%S')}-{random.randrange(1 << 16):04x}"
     store = make_store(options.store, PlainHttp(), endpoint_list(environment))
+    RUN.preload_version = 0
     for user_class in environment.user_classes:
         if issubclass(user_class, MetadataUser):
-            LEDGER.newest_version = max(LEDGER.newest_version, user_class.prepare(store, options))
+            RUN.preload_version = max(RUN.preload_version, user_class.prepare(store, options))
     if isinstance(environment.runner, MasterRunner):
-        environment.runner.send_message(PRELOAD_MESSAGE, LEDGER.newest_version)
+        environment.runner.send_message(
+            PRELOAD_MESSAGE, {"key_root": RUN.key_root, "preload_version": RUN.preload_version}
+        )
     if options.started_out:
         Path(options.started_out).write_text(f"{time.time():.6f}\n")
     if options.load_seconds > 0:
@@ -617,11 +643,11 @@ def on_test_stop(environment: Environment, **_: Any) -> None:
             watcher.finish()
     if any(issubclass(cls, CasContention) for cls in environment.user_classes):
         store = make_store(options.store, PlainHttp(), endpoint_list(environment))
-        prefix = f"{options.run_id}/{CasContention.scenario}/"
+        prefix = scenario_prefix(CasContention.scenario)
         final = {}
         for index in range(CAS_COUNTERS):
             key = counter_key(prefix, index)
-            entry = store.get(key, name="cas final", min_version=LEDGER.newest_version)
+            entry = store.get(key, name="cas final", min_version=max(LEDGER.newest_version, RUN.preload_version))
             final[key] = int(entry.value) if entry is not None else 0
         LEDGER.cas_final = LEDGER.cas.verdict(final)
         if not LEDGER.cas_final["ok"]:
