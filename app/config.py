@@ -60,7 +60,7 @@ class NodeConfig:
     segment_bytes: int = 64 * 1024 * 1024
     max_value_bytes: int = 1024 * 1024
     commit_timeout_ms: int = 5000
-    shutdown_grace_ms: int = 2000
+    shutdown_grace_ms: int = 5000
     log_level: str = "info"
 
     @property

@@ -50,7 +50,7 @@ from app.transport import RaftTransport
 from raft.messages import Envelope
 from raft.node import NotLeaderError as RaftNotLeaderError
 from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
-from raft.types import Batch, SnapshotId, check
+from raft.types import Batch, ProtocolInvariantError, SnapshotId
 from storage.commands import Command, encode_command
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import SegmentLog
@@ -116,12 +116,10 @@ class NodeRuntime:
         self._reads: dict[int, asyncio.Future[int]] = {}  # read_index token -> future(offset)
         self._applied_changed = asyncio.Event()
         self._applied_version = 0
-        self._applied_epoch = 0
         self._installing_snapshot = False
         self._started = False
         self._closing = False
         self._closed = False
-        self._leader_epoch = -1  # the epoch in which this node last was leader
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,12 +174,12 @@ class NodeRuntime:
         start = self.log.start_offset()
         if self._applied_version < start:
             snapshot_id = self.log.latest_snapshot_id() or self.snapshots.latest_id()
-            check(snapshot_id is not None and snapshot_id.end_offset >= start,
-                  f"state at version {self._applied_version} but the log starts at {start} with no snapshot")
-            assert snapshot_id is not None
+            if snapshot_id is None or snapshot_id.end_offset < start:
+                raise ProtocolInvariantError(
+                    f"state at version {self._applied_version} but the log starts at {start} "
+                    f"and no snapshot reaches it")
             self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
             self._applied_version = self.state.applied_version
-        self._applied_epoch = self.state.applied_epoch
 
     async def begin_shutdown(self) -> None:
         """First half of a graceful stop, while HTTP still serves: refuse new writes and, on a
@@ -337,7 +335,6 @@ class NodeRuntime:
             results = self.state.apply(batches)
             self._apply_latency.observe(time.perf_counter() - started_s)
             self._applied_version = self.state.applied_version
-            self._applied_epoch = batches[-1].epoch
             self._complete_writes(batches, results)
             self._wake_waiters()
         self._kick()  # more to apply: continue next turn, after other callbacks ran
@@ -372,9 +369,7 @@ class NodeRuntime:
     def _on_role_changed(self) -> None:
         node = self.node
         logger.info("node %d: role %s, epoch %d, leader %d", self.node_id, node.role.name, node.epoch, node.leader_id)
-        if node.role == Role.LEADER:
-            self._leader_epoch = node.epoch
-        elif self._pending:
+        if node.role != Role.LEADER and self._pending:
             # Everything committed was applied in step 4 of this Ready; what is left may or
             # may not be committed by the next leader.
             self._fail_pending(IndeterminateError("leadership changed before the write committed"),
@@ -390,7 +385,6 @@ class NodeRuntime:
         try:
             self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
             self._applied_version = self.state.applied_version
-            self._applied_epoch = snapshot_id.epoch
         finally:
             self._installing_snapshot = False
         self.node.on_snapshot_installed(monotonic_ms(), snapshot_id)
