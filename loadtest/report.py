@@ -332,6 +332,10 @@ def _churn(report: Report, steady: dict[tuple[str, float, str, bool], Run], out:
     )))
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     rows = []
+    all_names = sorted({name for key, run in steady.items() if key[0] == "churn" for name in run.operations
+                        if is_operation(name)})
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color_of = {name: palette[index % len(palette)] for index, name in enumerate(all_names)}
     for target in TARGET_ORDER:
         runs = [(level, steady.get(("churn", level, target, False))) for level in levels]
         runs = [(level, run) for level, run in runs if run is not None]
@@ -340,12 +344,13 @@ def _churn(report: Report, steady: dict[tuple[str, float, str, bool], Run], out:
         names = sorted({name for _, run in runs for name in run.operations if is_operation(name)})
         for name in names:
             points = [(level, run.operations[name]) for level, run in runs if name in run.operations]
-            style = "-" if target == "metakv" else "--"
+            # One colour per operation; metakv solid with circles, etcd dashed with squares.
+            style = {"linestyle": "-" if target == "metakv" else "--", "marker": "o" if target == "metakv" else "s",
+                     "color": color_of[name], "label": f"{target} {name}"}
             xs = [level for level, _ in points]
-            axes[0].plot(xs, [op.p50_ms for _, op in points], style, marker="o", label=f"{target} {name}")
-            axes[1].plot(xs, [op.p99_ms for _, op in points], style, marker="o", label=f"{target} {name}")
-            axes[2].plot(xs, [op.throughput_per_s for _, op in points], style, marker="o",
-                         label=f"{target} {name}")
+            axes[0].plot(xs, [op.p50_ms for _, op in points], **style)
+            axes[1].plot(xs, [op.p99_ms for _, op in points], **style)
+            axes[2].plot(xs, [op.throughput_per_s for _, op in points], **style)
         for level, run in runs:
             total = run.totals()
             rows.append([target, f"{level:g}", f"{total.throughput_per_s:.0f}", _fmt_ms(total.p50_ms),
