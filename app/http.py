@@ -45,7 +45,6 @@ from pydantic import (
     Tag,
     ValidationError,
 )
-from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -59,6 +58,7 @@ from app.service import (
     VersionWaitTimeoutError,
     WriteRejectedError,
 )
+from raft.types import check
 from storage.commands import (
     DEFAULT_CONTENT_TYPE,
     Command,
@@ -85,6 +85,7 @@ WATCH_EVENTS_MAX = 1000  # events per long-poll answer or per SSE read
 DEFAULT_WAIT_MS = 5000
 DEFAULT_WATCH_TIMEOUT_MS = 30_000
 RETRY_AFTER_SECONDS = 1
+WAIT_EARLY_RETURN_S = 0.005  # a change wait ending this long before its deadline was cut short
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_PREFIX = "urn:metakv:problem:"
 LATENCY_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -108,6 +109,13 @@ class HttpSettings:
     max_watch_timeout_ms: int = 300_000  # watch long-polls and SSE stream lifetime
     sse_keepalive_ms: int = 15_000  # comment lines that keep idle proxies from closing streams
     watch_events_max: int = WATCH_EVENTS_MAX  # events per long-poll answer or per SSE read
+
+    def __post_init__(self) -> None:
+        for name in ("max_value_bytes", "max_txn_body_bytes", "max_wait_ms", "max_watch_timeout_ms"):
+            check(getattr(self, name) >= 0, f"HttpSettings.{name} must be >= 0")
+        # A zero keepalive would make an idle SSE stream a busy loop.
+        check(self.sse_keepalive_ms > 0, "HttpSettings.sse_keepalive_ms must be > 0")
+        check(0 < self.watch_events_max <= WATCH_EVENTS_MAX, f"HttpSettings.watch_events_max must be in 1..{WATCH_EVENTS_MAX}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,12 +668,12 @@ class _EdgeMiddleware:
         self.metrics = metrics
         self.route_label = route_label
 
-    def _node_headers(self) -> dict[str, str]:
+    def _node_headers(self) -> list[tuple[bytes, bytes]]:
         try:
-            return self.service.headers().as_dict()
+            return [(name.lower().encode(), value.encode()) for name, value in self.service.headers().as_dict().items()]
         except Exception:
             log.exception("service.headers() failed; answering without node headers")
-            return {}
+            return []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -680,11 +688,8 @@ class _EdgeMiddleware:
             if message["type"] == "http.response.start":
                 response_started = True
                 status_code = message["status"]
-                headers = MutableHeaders(raw=list(message.get("headers", [])))
-                for name, value in self._node_headers().items():
-                    if name not in headers:
-                        headers[name] = value
-                message = {**message, "headers": headers.raw}
+                # Routes never set these headers themselves, so they are appended, not merged.
+                message = {**message, "headers": [*message.get("headers", ()), *self._node_headers()]}
             await send(message)
 
         try:
@@ -953,14 +958,19 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
 
     # ---- watch ------------------------------------------------------------------------------
 
-    async def _changes_after(prefix: str, since: int, deadline_s: float) -> tuple[int, list[Any]]:
-        """Events under ``prefix`` newer than ``since``, waiting for one until the deadline."""
+    async def _changes_after(prefix: str, since: int, deadline_s: float) -> tuple[int, list[Any], bool]:
+        """Events under ``prefix`` newer than ``since``, waiting for one until the deadline.
+        The flag says the service stopped waiting well before the deadline without a new
+        version (the node is closing): callers answer instead of asking again in a busy loop."""
         while True:
             version, events = state.changes(prefix, since, settings.watch_events_max)
             remaining_ms = int((deadline_s - time.monotonic()) * 1000)
             if events or remaining_ms <= 0:
-                return version, list(events)
-            await service.wait_for_change(max(version, since), remaining_ms)
+                return version, list(events), False
+            waited_on = max(version, since)
+            if await service.wait_for_change(waited_on, remaining_ms) <= waited_on:
+                stopped_early = deadline_s - time.monotonic() > WAIT_EARLY_RETURN_S
+                return version, [], stopped_early
 
     async def _sse(prefix: str, since: int, timeout_ms: int) -> AsyncIterator[bytes]:
         """Events as Server-Sent Events; the id of the last event of each read is a version
@@ -972,7 +982,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         while time.monotonic() < stream_end_s:
             deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
             try:
-                version, events = await _changes_after(prefix, since, deadline_s)
+                version, events, stopped_early = await _changes_after(prefix, since, deadline_s)
             except VersionCompactedError as exc:
                 # The horizon passed ``since`` mid-stream: the status is sent already, so the
                 # 410 problem document travels as an event and the stream ends.
@@ -982,6 +992,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                                         {"oldest_version": oldest})
                 yield b"event: error\ndata: " + problem + b"\n\n"
                 return
+            if stopped_early:
+                return  # the node stopped waiting (shutting down): end the stream, clients reconnect
             if not events:
                 yield b": keepalive\n\n"
                 continue
@@ -1022,7 +1034,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
             return StreamingResponse(_sse(prefix, since, timeout_ms), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         if not events:
-            version, events = await _changes_after(prefix, since, time.monotonic() + timeout_ms / 1000)
+            version, events, _ = await _changes_after(prefix, since, time.monotonic() + timeout_ms / 1000)
         return JSONResponse({"version": version, "events": [_render_event(e) for e in events]})
 
     # ---- cluster ----------------------------------------------------------------------------

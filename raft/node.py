@@ -776,6 +776,8 @@ class RaftNode:
     def _leader_should_park(self, request: FetchRequest, state: LeaderState, voter: int | None) -> bool:
         if request.max_wait_ms <= 0 or request.fetch_offset < self._log.end_offset():
             return False
+        if len(state.parked) >= len(self._voters) + self.config.max_observers:
+            return False  # the parking lot is full: answer at once (bound: voters + max_observers)
         if request.high_watermark < self.high_watermark:
             return False
         if voter is not None and request.read_nonce < state.read_nonce and state.reads:
@@ -1059,7 +1061,7 @@ class RaftNode:
                 return
             max_bytes = min(request.max_bytes, self.config.snapshot_chunk_bytes)
             chunk = self._snapshots.read_chunk(snapshot_id, request.position, max_bytes) if request.position < size else b""
-        except SnapshotNotFoundError:
+        except (SnapshotNotFoundError, OSError):  # gone, or unreadable: the fetcher retries
             answer(ErrorCode.SNAPSHOT_NOT_FOUND)
             return
         except ValueError:
@@ -1095,7 +1097,7 @@ class RaftNode:
                 self._follower_send_snapshot_fetch(now_ms, state)
                 return
             self._snapshots.finish_download(snapshot_id)
-        except (CorruptSnapshotError, ValueError, SnapshotNotFoundError):
+        except (CorruptSnapshotError, ValueError, SnapshotNotFoundError, OSError):  # start over later
             self._follower_abandon_snapshot(now_ms, state)
             return
         self._log.reset_to_snapshot(snapshot_id)

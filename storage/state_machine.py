@@ -378,8 +378,9 @@ class StateMachine:
     def apply(self, batches: Sequence[Batch]) -> list[ApplyResult]:
         """Apply committed batches in one transaction; return results of non-control records.
 
-        Records below ``applied_version`` are skipped, so replaying is a no-op; a gap (a batch
-        starting above ``applied_version``) raises before anything is written.
+        Records below ``applied_version`` are skipped, so replaying is a no-op. Offsets absent
+        between batches (a cleaned log) are skipped too: the version moves to the end of the
+        last batch. Any failure rolls the whole call back and leaves the versions unchanged.
         """
         with self._write_lock:
             if self._closed:

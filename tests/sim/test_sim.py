@@ -6,6 +6,8 @@ phase (see tests/sim/scenario.py). A failure message carries the replay command.
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from tests.sim.scenario import SimulationFailure, run_seed
@@ -16,11 +18,16 @@ CHUNKS = 10  # 510 seeds in all; seed % 3 picks 1, 3 or 5 voters
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_simulated_seeds(chunk: int) -> None:
+    exercised: collections.Counter[str] = collections.Counter()
     for seed in range(chunk * SEEDS_PER_CHUNK, (chunk + 1) * SEEDS_PER_CHUNK):
         try:
-            run_seed(seed)
+            result = run_seed(seed)
         except SimulationFailure as exc:
             pytest.fail(str(exc), pytrace=False)
+        exercised.update(result.stats)
+    # The faults really happened: a simulator that stopped injecting them would pass vacuously.
+    for what in ("crashes", "became_leader", "became_resigned", "truncations", "reads_done", "reads_failed"):
+        assert exercised[what] > 0, f"chunk {chunk} never exercised {what}: {dict(exercised)}"
 
 
 def test_failure_names_the_replay_command(monkeypatch: pytest.MonkeyPatch) -> None:
