@@ -416,10 +416,45 @@ class WatchResponse(BaseModel):
     events: list[WatchEvent]
 
 
+class SnapshotIdModel(BaseModel):
+    end_offset: int
+    epoch: int
+
+
 class StatusResponse(BaseModel):
-    """The node's own view; fields come from the runtime (KVService.status)."""
+    """The node's own view (KVService.status). Fields are documented, not required: the
+    runtime may add or leave out fields without this layer turning its answer into a 500."""
 
     model_config = ConfigDict(extra="allow")
+
+    node_id: int | None = None
+    role: str | None = Field(None, description="unattached, prospective, candidate, leader, follower, resigned")
+    voter: bool | None = None
+    epoch: int | None = None
+    leader_id: int | None = Field(None, description="-1 when unknown")
+    leader_url: str | None = None
+    log_start_offset: int | None = None
+    log_end_offset: int | None = None
+    flushed_offset: int | None = None
+    high_watermark: int | None = None
+    applied_version: int | None = None
+    dirty_offset: int | None = None
+    tombstone_horizon: int | None = None
+    snapshot_id: SnapshotIdModel | None = None
+    last_contact_ms: int | None = None
+    ready: bool | None = None
+    advertise_http: str | None = None
+
+
+class ReplicaState(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    node_id: int | None = None
+    endpoint: str | None = Field(None, description="the replica's advertised HTTP URL")
+    log_end_offset: int | None = None
+    lag: int | None = Field(None, description="high watermark minus the replica's log end offset")
+    last_fetch_timestamp_ms: int | None = Field(None, description="wall clock, ms since the epoch")
+    last_caught_up_timestamp_ms: int | None = Field(None, description="wall clock, ms since the epoch")
 
 
 class QuorumResponse(BaseModel):
@@ -427,11 +462,21 @@ class QuorumResponse(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
+    epoch: int | None = None
+    leader_id: int | None = None
+    high_watermark: int | None = None
+    voters: list[ReplicaState] | None = None
+    observers: list[ReplicaState] | None = None
+
 
 class AdminResponse(BaseModel):
     """What the admin action reports (KVService.take_snapshot / compact / resign)."""
 
     model_config = ConfigDict(extra="allow")
+
+    snapshot_id: SnapshotIdModel | None = Field(None, description="snapshot: the snapshot taken")
+    resigned: bool | None = Field(None, description="resign: the leader stepped down")
+    epoch: int | None = Field(None, description="resign: the epoch it led")
 
 
 class HealthResponse(BaseModel):
@@ -1039,12 +1084,13 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
 
     # ---- cluster ----------------------------------------------------------------------------
 
-    @app.get("/v1/status", tags=["cluster"], summary="This node's state", response_model=StatusResponse)
+    @app.get("/v1/status", tags=["cluster"], summary="This node's state", response_model=StatusResponse,
+             response_model_exclude_unset=True)
     async def status() -> dict[str, Any]:
         return service.status()
 
     @app.get("/v1/quorum", tags=["cluster"], summary="The leader's view of the quorum",
-             response_model=QuorumResponse, responses=_problems(307, 503))
+             response_model=QuorumResponse, response_model_exclude_unset=True, responses=_problems(307, 503))
     async def quorum() -> dict[str, Any]:
         return service.quorum()
 
@@ -1068,12 +1114,12 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
     admin_statuses = _problems(307, 503)
 
     @app.post("/v1/admin/snapshot", tags=["admin"], summary="Take a snapshot now",
-              response_model=AdminResponse, responses=_problems(503))
+              response_model=AdminResponse, response_model_exclude_unset=True, responses=_problems(503))
     async def admin_snapshot() -> dict[str, Any]:
         return await service.take_snapshot()
 
     @app.post("/v1/admin/resign", tags=["admin"], summary="The leader steps down gracefully",
-              response_model=AdminResponse, responses=admin_statuses)
+              response_model=AdminResponse, response_model_exclude_unset=True, responses=admin_statuses)
     async def admin_resign() -> dict[str, Any]:
         return await service.resign()
 
@@ -1082,7 +1128,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         run_compact = compact
 
         @app.post("/v1/admin/compact", tags=["admin"], summary="Run the cleaner now (leader)",
-                  response_model=AdminResponse, responses=admin_statuses)
+                  response_model=AdminResponse, response_model_exclude_unset=True, responses=admin_statuses)
         async def admin_compact() -> dict[str, Any]:
             return await run_compact()
 

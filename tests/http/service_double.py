@@ -96,16 +96,17 @@ class InProcessService:
 
     def status(self) -> dict[str, Any]:
         version = self.state.applied_version
-        return {"node_id": self.node_id, "role": "leader", "epoch": self.epoch, "leader": self.node_id,
-                "log_start_offset": 0, "log_end_offset": version, "high_watermark": version,
-                "applied_version": version, "dirty_offset": 0, "tombstone_horizon": 0,
-                "oldest_version": self.state.oldest_version, "snapshot_id": None, "ready": True}
+        return {"node_id": self.node_id, "role": "leader", "voter": True, "epoch": self.epoch,
+                "leader_id": self.node_id, "leader_url": "http://node1", "log_start_offset": 0,
+                "log_end_offset": version, "flushed_offset": version, "high_watermark": version,
+                "applied_version": version, "dirty_offset": 0, "tombstone_horizon": 0, "snapshot_id": None,
+                "last_contact_ms": 0, "ready": True, "advertise_http": "http://node1"}
 
     def quorum(self) -> dict[str, Any]:
         version = self.state.applied_version
-        return {"leader": self.node_id, "epoch": self.epoch, "high_watermark": version,
-                "voters": [{"node_id": self.node_id, "log_end_offset": version, "lag": 0,
-                            "last_fetch_ms": 0, "last_caught_up_ms": 0}],
+        return {"epoch": self.epoch, "leader_id": self.node_id, "high_watermark": version,
+                "voters": [{"node_id": self.node_id, "endpoint": "http://node1", "log_end_offset": version,
+                            "lag": 0, "last_fetch_timestamp_ms": None, "last_caught_up_timestamp_ms": None}],
                 "observers": []}
 
     async def take_snapshot(self) -> dict[str, Any]:

@@ -183,16 +183,19 @@ async def test_compact_route_exists_only_when_the_service_compacts(client: httpx
     assert "/v1/admin/compact" not in paths
 
 
-async def test_status_health_and_quorum(client: httpx.AsyncClient) -> None:
+async def test_status_health_and_quorum(client: httpx.AsyncClient, service: InProcessService) -> None:
     await client.put("/v1/kv/k", content=b"v")
     status = await client.get("/v1/status")
     assert status.status_code == 200
     assert status.json()["applied_version"] == 1 and status.json()["role"] == "leader"
+    assert status.json() == service.status()  # passed through: no field invented, none dropped
     assert_node_headers(status, version=1)
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     assert (await client.get("/readyz")).json() == {"ready": True}
     quorum = (await client.get("/v1/quorum")).json()
-    assert quorum["voters"][0]["node_id"] == 1
+    assert quorum == service.quorum()
+    schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    assert {"applied_version", "high_watermark", "dirty_offset", "snapshot_id", "ready"} <= set(schemas["StatusResponse"]["properties"])
 
 
 async def test_metrics_count_requests_by_route_and_status_in_the_service_registry(
