@@ -47,6 +47,12 @@ test-storage-crash: $(STAMP)
 bench-storage: $(STAMP)
 	$(PY) -m loadtest.bench_storage
 
+# The standard metakv vs etcd load comparison (docs/loadtest.md); report under results/bench-*/report/.
+.PHONY: bench
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(PY) -m loadtest bench $(BENCH_ARGS)
+
 .PHONY: bench-http
 bench-http: $(STAMP)
 	$(PY) -m loadtest.bench_http --profile-dir results/profile

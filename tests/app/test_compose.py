@@ -28,8 +28,14 @@ def _expand(value: str, environ: dict[str, str]) -> str:
     return re.sub(r"\$\{([A-Z0-9_]+)(:-([^}]*))?\}", replace, value)
 
 
+def _node_services(compose: dict) -> dict[str, dict]:
+    """The services `docker compose up` starts: those outside any profile (the Locust
+    services of the `loadtest` profile are tested in tests/loadtest/test_compose_profile.py)."""
+    return {name: service for name, service in compose["services"].items() if not service.get("profiles")}
+
+
 def _local_nodes(compose: dict, root: Path) -> list[Node]:
-    services: dict[str, dict] = compose["services"]
+    services: dict[str, dict] = _node_services(compose)
     ports = free_ports(2 * len(services))
     local_http: dict[str, int] = {}
     local_raft: dict[str, int] = {}
@@ -78,7 +84,7 @@ def _healthcheck_passes(service: dict, node: Node) -> bool:
 
 def test_compose_services_form_a_cluster_that_serves_a_write(tmp_path: Path) -> None:
     compose = yaml.safe_load(COMPOSE_FILE.read_text())
-    services = compose["services"]
+    services = _node_services(compose)
     assert len(services) == 4
     assert set(compose["volumes"]) == {volume.split(":")[0] for s in services.values() for volume in s["volumes"]}
     nodes = _local_nodes(compose, tmp_path)
