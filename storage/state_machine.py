@@ -573,9 +573,16 @@ class StateMachine:
             raise ValueError(f"limit must be between 1 and {MAX_CHANGES_LIMIT}")
         if since < 0:
             raise ValueError("since must be >= 0")
+        applied_version = self._applied_version
+        if since >= applied_version >= self._oldest_version:
+            return applied_version, []  # nothing newer can exist: no need to ask SQLite
         columns = (history.c.version, history.c.seq, history.c.key, history.c.op,
                    history.c.value, history.c.content_type)
-        in_range = _key_range(history.c.key, prefix, None)
+        # Scan history in (version, seq) order from ``since`` and filter keys on the way:
+        # watchers ask for what is new, so that scan touches only the newest rows and stops
+        # at the limit. "+key" keeps SQLite from choosing the key index instead, which reads
+        # every retained change under the prefix (milliseconds per call on a busy prefix).
+        in_range = _key_range(sa.literal_column("+history.key"), prefix, None)
         with self._read_transaction() as connection:
             row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
             if since < row.oldest_version:
