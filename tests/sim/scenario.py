@@ -145,7 +145,7 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
 
     # Hostile elections: a new leader is sometimes cut off or crashed at once, so it leaves
     # a LeaderChange record nobody else has (the setting of Raft's figure 8).
-    hostile_probability = plan_rng.choice((0.0, 0.0, 0.3))
+    hostile_probability = plan_rng.choice((0.0, 0.3, 0.6))
 
     def on_elected(node) -> None:  # type: ignore[no-untyped-def]
         if cluster.now_ms >= fault_phase_ms or plan_rng.random() >= hostile_probability:
