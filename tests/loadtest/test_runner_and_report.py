@@ -75,13 +75,14 @@ def test_adapter_counts_a_stale_compare_and_set_as_a_lost_race(kind: str, reques
     assert (lost.won, lost.version) == (False, second)
     won = store.cas("adapter/cas", second, b"3")
     assert won.won and won.version > second
-    assert store.get("adapter/cas").value == b"3"
+    # A local read may lag the leader: read our own write with min_version, as users do.
+    assert store.get("adapter/cas", min_version=won.version).value == b"3"
     assert store.create("adapter/cas", b"x") is None
     created = store.create("adapter/new", b"x")
-    assert created is not None and store.get("adapter/new").mod_version == created
+    assert created is not None and store.get("adapter/new", min_version=created).mod_version == created
     deleted = store.delete("adapter/new")
     assert deleted.existed and deleted.version > created
     assert store.delete("adapter/new").existed is False
-    store.put_many([(f"adapter/list/{index:03d}", b"v") for index in range(150)])
-    listed = store.list_prefix("adapter/list/", limit=500)
+    written = store.put_many([(f"adapter/list/{index:03d}", b"v") for index in range(150)])
+    listed = store.list_prefix("adapter/list/", limit=500, min_version=written)
     assert [entry.key for entry in listed] == [f"adapter/list/{index:03d}" for index in range(150)]
