@@ -68,7 +68,7 @@ def resolve_conditions(spark: SparkSession, ops: DataFrame, base: DataFrame) -> 
               .select("offset", "op_index", "branch", "operation", "key", "value")
               .orderBy("offset", "op_index"))
     writes_by_offset: dict[int, list[tuple[str, str, str, bytes | None]]] = defaultdict(list)
-    for row in writes.toLocalIterator():
+    for row in writes.collect():  # only the compared keys' writes
         writes_by_offset[row.offset].append((row.branch, row.operation, row.key, row.value))
     outcomes: list[tuple[int, bool]] = []
     for offset in sorted(set(compares_by_offset) | set(writes_by_offset)):
