@@ -1,0 +1,78 @@
+"""The ``quorum-state`` file: the epoch, vote and known leader a node must never forget.
+
+A node that forgets its vote can vote twice in one epoch and elect two leaders, so the file
+is replaced atomically and durably (temp file, fsync, rename, directory fsync) before the
+core may act on the new state. A missing file means a fresh node; an unreadable one is never
+guessed at: startup stops with an error naming the file and the byte where parsing failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from raft.log import QuorumStateRecord
+from storage.durable_files import write_file_atomically
+from storage.failpoints import Failpoints
+
+QUORUM_STATE_FILE_NAME = "quorum-state"
+_FIELDS = ("epoch", "voted_id", "leader_id")
+
+
+class CorruptQuorumStateError(Exception):
+    """The quorum-state file exists but does not hold a valid record."""
+
+    def __init__(self, path: Path, position: int, reason: str) -> None:
+        self.path = path
+        self.position = position
+        super().__init__(
+            f"corrupt quorum-state file {path} at byte {position}: {reason}. It holds this node's "
+            "epoch and vote; do not delete it while the node is a voter (it could vote twice). "
+            "Restore it from a backup, or remove the node from the quorum and wipe its data directory."
+        )
+
+
+class QuorumStateFile:
+    """Reads and durably writes ``<data-dir>/quorum-state``."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], failpoints: Failpoints | None = None) -> None:
+        self.path = Path(data_dir) / QUORUM_STATE_FILE_NAME
+        self._failpoints = failpoints if failpoints is not None else Failpoints.from_env()
+
+    def read(self) -> QuorumStateRecord | None:
+        """The stored record, or None when the file does not exist (a node that never voted)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return decode_quorum_state(data, self.path)
+
+    def write(self, record: QuorumStateRecord) -> None:
+        """Replace the file; durable when this returns."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomically(self.path, encode_quorum_state(record), self._failpoints, "quorum_state")
+
+
+def encode_quorum_state(record: QuorumStateRecord) -> bytes:
+    return json.dumps({name: getattr(record, name) for name in _FIELDS}).encode() + b"\n"
+
+
+def decode_quorum_state(data: bytes, path: Path) -> QuorumStateRecord:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptQuorumStateError(path, exc.start, "not UTF-8 text") from exc
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptQuorumStateError(path, len(text[: exc.pos].encode()), f"not JSON ({exc.msg})") from exc
+    if not isinstance(value, dict) or set(value) != set(_FIELDS):
+        raise CorruptQuorumStateError(path, 0, f"expected a JSON object with exactly the fields {list(_FIELDS)}")
+    for name in _FIELDS:
+        field_value = value[name]
+        if type(field_value) is not int:
+            raise CorruptQuorumStateError(path, 0, f"field {name!r} is {field_value!r}, not an integer")
+    if value["epoch"] < 0 or value["voted_id"] < -1 or value["leader_id"] < -1:
+        raise CorruptQuorumStateError(path, 0, f"impossible values {value}")
+    return QuorumStateRecord(value["epoch"], value["voted_id"], value["leader_id"])

@@ -1,0 +1,993 @@
+"""The raft log on disk: segment files of record batches, an offset index, a leader-epoch file.
+
+Layout of ``log_dir`` (normally ``<data-dir>/log``)::
+
+    <base_offset:020d>.log       batches back to back, storage/batch_codec.py format
+    <base_offset:020d>.index     sparse offset index: big-endian (offset u64, byte position u64)
+                                 entries; a sealed segment's index ends with the entry
+                                 (next segment's base offset, segment size)
+    leader-epoch-checkpoint      epoch -> start offset (text, replaced atomically)
+    log-start-checkpoint         log start offset and latest snapshot id (JSON, replaced atomically)
+
+Durability rules (why the code is ordered the way it is):
+
+- ``append`` writes into the page cache only; ``flush`` fsyncs the active segment (and the
+  directory when files were created or deleted) and only then raises ``flushed_offset``.
+  ``flush`` runs on a worker thread while the event loop keeps appending, so it captures the
+  end offset and a truncation generation under the lock, fsyncs a dup of the file descriptor
+  outside it, and raises ``flushed_offset`` only if no truncation happened meanwhile.
+- Rolling to a new segment first fsyncs the old one and writes the epoch checkpoint, so every
+  sealed segment is durable and complete: recovery then only has to scan the last segment.
+- ``truncate_to`` is durable when it returns (the cut file is fsynced, deleted files are
+  removed from the directory durably): a truncated record must never come back after a crash.
+- Any failed write or fsync (ENOSPC, EIO) puts the log in a failed state: appends, truncations
+  and flushes raise ``LogWriteError`` until the log is reopened (after an fsync failure the page
+  cache can no longer be trusted); reads keep working on what was written before.
+
+Recovery on open (see docs/storage.md): sealed segments are trusted through their index
+(rebuilt by scanning the segment if missing or damaged); the last segment is scanned batch by
+batch and a torn or corrupt tail is cut at the last good batch, with a warning naming the bytes
+dropped. A bad batch followed by a good one, or a bad sealed segment, is not a tail: it raises
+``CorruptLogError`` naming the file and byte position and the repair command.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import re
+import struct
+import sys
+import threading
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import crc32c
+
+from raft.types import Batch, SnapshotId, check
+from storage.batch_codec import (
+    CRC_START,
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    BatchHeader,
+    CorruptBatchError,
+    TruncatedBatchError,
+    decode_batch,
+    decode_header,
+    encode_batch,
+)
+from storage.durable_files import fsync_directory, write_file_atomically
+from storage.failpoints import Failpoints
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+DEFAULT_INDEX_INTERVAL_BYTES = 4096
+READ_CHUNK_BYTES = 256 * 1024  # bound on one pread while reading batches
+ITERATE_CHUNK_BYTES = 1024 * 1024  # bound on the bytes one iter_batches step holds
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+EPOCH_CHECKPOINT_NAME = "leader-epoch-checkpoint"
+LOG_START_CHECKPOINT_NAME = "log-start-checkpoint"
+EPOCH_CHECKPOINT_HEADER = "metakv-leader-epoch-checkpoint 1"
+INDEX_ENTRY = struct.Struct(">QQ")
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+_INDEX_NAME = re.compile(r"^(\d{20})\.index$")
+
+
+class CorruptLogError(Exception):
+    """The log holds bad bytes that are not a torn tail; startup must stop, nothing is repaired.
+
+    ``truncate_at_offset`` is the first record offset that cannot be trusted: discarding it and
+    everything after it (``python -m storage.repair``) lets the node re-fetch from the leader.
+    """
+
+    def __init__(self, path: Path, position: int, reason: str, truncate_at_offset: int | None) -> None:
+        self.path = path
+        self.position = position
+        self.reason = reason
+        self.truncate_at_offset = truncate_at_offset
+        data_dir = path.parent.parent
+        way_out = (
+            f"; to discard offset {truncate_at_offset} and everything after it (this node then "
+            f"re-fetches them from the leader) run: python -m storage.repair --data-dir {data_dir} "
+            f"--truncate-at {truncate_at_offset}"
+            if truncate_at_offset is not None
+            else ""
+        )
+        super().__init__(f"corrupt log file {path} at byte {position}: {reason}{way_out}")
+
+
+class LogWriteError(Exception):
+    """A write or fsync failed (disk full, I/O error); the log refuses writes until reopened."""
+
+
+@dataclass(slots=True)
+class _Segment:
+    base_offset: int
+    path: Path
+    fd: int
+    size_bytes: int
+    next_offset: int
+    index_offsets: array = field(default_factory=lambda: array("Q"))
+    index_positions: array = field(default_factory=lambda: array("Q"))
+    last_indexed_position: int = -1
+    durable_bytes: int = 0  # size at the last fsync: what a power loss cannot take away
+    index_fd: int = -1  # open for appending entries while this segment is active
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(INDEX_SUFFIX)
+
+    def position_for(self, offset: int) -> int:
+        """Byte position of the last indexed batch starting at or below ``offset``."""
+        slot = bisect.bisect_right(self.index_offsets, offset) - 1
+        return self.index_positions[slot] if slot >= 0 else 0
+
+    def add_index_entry(self, offset: int, position: int, interval_bytes: int) -> bool:
+        if self.last_indexed_position >= 0 and position - self.last_indexed_position < interval_bytes:
+            return False
+        self.index_offsets.append(offset)
+        self.index_positions.append(position)
+        self.last_indexed_position = position
+        return True
+
+    def cut_index(self, offset: int) -> None:
+        """Drop index entries for batches starting at or above ``offset``."""
+        keep = bisect.bisect_left(self.index_offsets, offset)
+        del self.index_offsets[keep:]
+        del self.index_positions[keep:]
+        self.last_indexed_position = self.index_positions[-1] if keep else -1
+
+
+@dataclass(slots=True)
+class _ScanResult:
+    valid_bytes: int
+    next_offset: int
+    index_offsets: array
+    index_positions: array
+    last_indexed_position: int
+    epoch_starts: list[tuple[int, int]]  # (epoch, first offset) at every epoch change
+    error_position: int | None = None
+    error_reason: str = ""
+
+
+def _check_batch(buffer: bytes | memoryview, position: int) -> tuple[BatchHeader, int]:
+    """Header sanity and CRC of the batch at ``position``, without decoding its body."""
+    header = decode_header(buffer, position)
+    end = position + header.total_bytes
+    if end > len(buffer):
+        raise TruncatedBatchError(position, "file ends inside a batch body")
+    (stored_crc,) = struct.unpack_from(">I", buffer, position + 5)
+    if crc32c.crc32c(memoryview(buffer)[position + CRC_START : end]) != stored_crc:
+        raise CorruptBatchError(position, "CRC32C mismatch")
+    return header, end
+
+
+def _scan_segment(buffer: bytes, base_offset: int, index_interval_bytes: int) -> _ScanResult:
+    """Walk every batch of a segment, checking CRCs and offset continuity; stop at the first bad one."""
+    result = _ScanResult(0, base_offset, array("Q"), array("Q"), -1, [])
+    position = 0
+    last_epoch = -1
+    while position < len(buffer):
+        try:
+            header, end = _check_batch(buffer, position)
+        except CorruptBatchError as exc:
+            result.error_position, result.error_reason = position, exc.reason
+            return result
+        if header.base_offset != result.next_offset:
+            result.error_position = position
+            result.error_reason = f"batch has base offset {header.base_offset}, expected {result.next_offset}"
+            return result
+        if header.epoch < last_epoch:
+            result.error_position = position
+            result.error_reason = f"batch epoch {header.epoch} is below the previous batch's {last_epoch}"
+            return result
+        if result.last_indexed_position < 0 or position - result.last_indexed_position >= index_interval_bytes:
+            result.index_offsets.append(header.base_offset)
+            result.index_positions.append(position)
+            result.last_indexed_position = position
+        if header.epoch != last_epoch:
+            result.epoch_starts.append((header.epoch, header.base_offset))
+            last_epoch = header.epoch
+        result.next_offset = header.base_offset + header.count
+        position = end
+        result.valid_bytes = end
+    return result
+
+
+def _find_good_batch_after(buffer: bytes, position: int, min_base_offset: int) -> int | None:
+    """Position of a valid batch (CRC good, base offset >= ``min_base_offset``) after ``position``.
+
+    Tells a torn tail (nothing valid follows) from corruption in the middle (good data
+    follows, which must not be cut silently). Candidates are found by the format byte.
+    """
+    magic = bytes([FORMAT_VERSION])
+    candidate = buffer.find(magic, position + 1 + 4)
+    while candidate != -1:
+        start = candidate - 4
+        try:
+            header, _end = _check_batch(buffer, start)
+        except CorruptBatchError:
+            header = None
+        if header is not None and header.base_offset >= min_base_offset:
+            return start
+        candidate = buffer.find(magic, candidate + 1)
+    return None
+
+
+def _encode_index(offsets: array, positions: array, sentinel: tuple[int, int] | None) -> bytes:
+    entries = array("Q")
+    for offset, position in zip(offsets, positions, strict=True):
+        entries.append(offset)
+        entries.append(position)
+    if sentinel is not None:
+        entries.extend(sentinel)
+    if sys.byteorder == "little":
+        entries.byteswap()
+    return entries.tobytes()
+
+
+def _decode_index(data: bytes) -> list[tuple[int, int]] | None:
+    if len(data) % INDEX_ENTRY.size:
+        return None
+    return [INDEX_ENTRY.unpack_from(data, at) for at in range(0, len(data), INDEX_ENTRY.size)]
+
+
+def _segment_path(log_dir: Path, base_offset: int) -> Path:
+    return log_dir / f"{base_offset:020d}{LOG_SUFFIX}"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _read_exact(fd: int, size: int, position: int) -> bytes:
+    data = os.pread(fd, size, position)
+    if len(data) != size:
+        raise OSError(f"short read: {len(data)} of {size} bytes at byte {position}")
+    return data
+
+
+def encode_epoch_checkpoint(entries: list[tuple[int, int]]) -> bytes:
+    lines = [EPOCH_CHECKPOINT_HEADER, str(len(entries))]
+    lines += [f"{epoch} {start_offset}" for epoch, start_offset in entries]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def decode_epoch_checkpoint(data: bytes) -> list[tuple[int, int]]:
+    """Parse the leader-epoch checkpoint; ValueError names the first bad line."""
+    lines = data.decode("ascii", errors="replace").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if not lines or lines[0] != EPOCH_CHECKPOINT_HEADER:
+        raise ValueError("line 1 is not the checkpoint header")
+    if len(lines) < 2 or not lines[1].isdigit() or int(lines[1]) != len(lines) - 2:
+        raise ValueError("line 2 does not hold the number of entries that follow")
+    entries: list[tuple[int, int]] = []
+    for number, line in enumerate(lines[2:], start=3):
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"line {number} is not 'epoch start_offset'")
+        epoch, start_offset = int(parts[0]), int(parts[1])
+        if entries and (epoch <= entries[-1][0] or start_offset <= entries[-1][1]):
+            raise ValueError(f"line {number} does not increase epoch and start offset")
+        entries.append((epoch, start_offset))
+    return entries
+
+
+def read_log_start_checkpoint(log_dir: Path) -> tuple[int, SnapshotId | None] | None:
+    """(log start offset, latest snapshot id) from the checkpoint, None when there is none."""
+    path = log_dir / LOG_START_CHECKPOINT_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        value = json.loads(data)
+        start_offset = value["start_offset"]
+        snapshot = value["snapshot"]
+        check(type(start_offset) is int and start_offset >= 0, "start_offset")
+        snapshot_id = None
+        if snapshot is not None:
+            snapshot_id = SnapshotId(snapshot["end_offset"], snapshot["epoch"])
+            check(type(snapshot_id.end_offset) is int and type(snapshot_id.epoch) is int, "snapshot")
+    except json.JSONDecodeError as exc:
+        raise CorruptLogError(path, exc.pos, f"not JSON ({exc.msg})", None) from exc
+    except Exception as exc:
+        raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the "
+                              "log start offset and snapshot id and cannot be rebuilt", None) from exc
+    return start_offset, snapshot_id
+
+
+def write_log_start_checkpoint(log_dir: Path, start_offset: int, snapshot_id: SnapshotId | None) -> None:
+    snapshot = None if snapshot_id is None else {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}
+    data = json.dumps({"start_offset": start_offset, "snapshot": snapshot}).encode()
+    write_file_atomically(log_dir / LOG_START_CHECKPOINT_NAME, data)
+
+
+def list_segment_bases(log_dir: Path) -> list[int]:
+    bases = []
+    for entry in os.listdir(log_dir):
+        match = _SEGMENT_NAME.match(entry)
+        if match:
+            bases.append(int(match.group(1)))
+    return sorted(bases)
+
+
+class SegmentLog:
+    """``raft.log.RaftLog`` on disk. Thread-safe: one lock guards every method."""
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+        failpoints: Failpoints | None = None,
+    ) -> None:
+        check(segment_bytes >= 1024, f"segment_bytes {segment_bytes} below 1024")
+        check(index_interval_bytes > 0, "index_interval_bytes must be positive")
+        self._log_dir = Path(log_dir)
+        self._segment_bytes = segment_bytes
+        self._index_interval_bytes = index_interval_bytes
+        self._failpoints = failpoints if failpoints is not None else Failpoints.from_env()
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._segment_bases: list[int] = []
+        self._epoch_entries: list[tuple[int, int]] = []  # (epoch, start offset), increasing
+        self._epoch_checkpoint_dirty = False
+        self._start_offset = 0
+        self._snapshot_id: SnapshotId | None = None
+        self._flushed_offset = 0
+        self._truncation_generation = 0
+        self._directory_dirty = False
+        self._failure: LogWriteError | None = None
+        self._closed = False
+        self._last_segment_epochs: list[tuple[int, int]] = []  # epoch changes found by recovery's scan
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._recover()
+        except BaseException:
+            self._close_files()
+            raise
+
+    # ------------------------------------------------------------------ RaftLog protocol
+
+    def start_offset(self) -> int:
+        with self._lock:
+            return self._start_offset
+
+    def end_offset(self) -> int:
+        with self._lock:
+            return self._end_offset()
+
+    def flushed_offset(self) -> int:
+        with self._lock:
+            return self._flushed_offset
+
+    def last_epoch(self) -> int:
+        with self._lock:
+            return self._last_epoch()
+
+    def append(self, batch: Batch) -> None:
+        with self._lock:
+            self._check_writable()
+            end_offset = self._end_offset()
+            check(batch.base_offset == end_offset, f"append at {batch.base_offset}, end is {end_offset}")
+            check(batch.epoch >= self._last_epoch(), f"append epoch {batch.epoch} below {self._last_epoch()}")
+            check(len(batch.records) > 0, "empty batch")
+            data = encode_batch(batch)
+            active = self._segments[-1]
+            if active.size_bytes > 0 and active.size_bytes + len(data) > self._segment_bytes:
+                self._roll()
+            self._append_encoded(batch, data)
+
+    def truncate_to(self, offset: int) -> None:
+        with self._lock:
+            self._check_writable()
+            check(offset >= self._start_offset, f"truncate to {offset} below start {self._start_offset}")
+            if offset >= self._end_offset():
+                return
+            self._truncation_generation += 1
+            try:
+                self._truncate_locked(offset)
+            except OSError as exc:
+                raise self._fail(exc) from exc
+
+    def read(self, offset: int, max_bytes: int) -> list[Batch]:
+        with self._lock:
+            result: list[Batch] = []
+            if offset >= self._end_offset():
+                return result
+            offset = max(offset, self._start_offset)
+            total_bytes = 0
+            slot = max(bisect.bisect_right(self._segment_bases, offset) - 1, 0)
+            for segment in self._segments[slot:]:
+                position = segment.position_for(offset) if not result else 0
+                total_bytes, full = self._read_segment(segment, position, offset, max_bytes, total_bytes, result)
+                if full:
+                    break
+            return result
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        with self._lock:
+            last_epoch = self._last_epoch()
+            if epoch >= last_epoch:
+                return last_epoch, self._end_offset()
+            best = (0, 0)
+            if self._snapshot_id is not None and self._snapshot_id.epoch <= epoch:
+                best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)
+            for slot, (entry_epoch, _start) in enumerate(self._epoch_entries):
+                if entry_epoch > epoch:
+                    break
+                following = self._epoch_entries[slot + 1 :]
+                best = (entry_epoch, following[0][1] if following else self._end_offset())
+            return best
+
+    def flush(self) -> int:
+        with self._lock:
+            self._check_writable()
+            target_offset = self._end_offset()
+            if target_offset <= self._flushed_offset and not self._directory_dirty:
+                return self._flushed_offset
+            generation = self._truncation_generation
+            segment = self._segments[-1]
+            captured_bytes = segment.size_bytes
+            fd = os.dup(segment.fd)
+            sync_directory = self._directory_dirty
+            self._directory_dirty = False
+        try:
+            self._failpoints.hit("segment.before_fsync")
+            os.fsync(fd)
+            self._failpoints.hit("segment.after_fsync")
+            if sync_directory:
+                fsync_directory(self._log_dir)
+        except OSError as exc:
+            with self._lock:
+                raise self._fail(exc) from exc
+        finally:
+            os.close(fd)
+        with self._lock:
+            if generation == self._truncation_generation:
+                self._flushed_offset = max(self._flushed_offset, target_offset)
+                segment.durable_bytes = max(segment.durable_bytes, captured_bytes)
+            return self._flushed_offset
+
+    def latest_snapshot_id(self) -> SnapshotId | None:
+        with self._lock:
+            return self._snapshot_id
+
+    def reset_to_snapshot(self, snapshot_id: SnapshotId) -> None:
+        """Replace the whole log by ``snapshot_id``; durable when it returns.
+
+        Order: delete segments at or above the snapshot's end (a plain suffix truncation),
+        persist the new start offset, then delete the rest; recovery deletes any segment
+        below the persisted start, so a crash anywhere leaves a consistent log.
+        """
+        with self._lock:
+            self._check_writable()
+            self._truncation_generation += 1
+            new_start = snapshot_id.end_offset
+            try:
+                above = [s for s in self._segments if s.base_offset >= new_start]
+                self._delete_segments(above)
+                if above:
+                    fsync_directory(self._log_dir)
+                write_log_start_checkpoint(self._log_dir, new_start, snapshot_id)
+                self._delete_segments([s for s in self._segments if s.base_offset < new_start])
+                self._segments, self._segment_bases = [], []
+                self._create_segment(new_start)
+                self._epoch_entries = []
+                self._write_epoch_checkpoint()
+                fsync_directory(self._log_dir)
+            except OSError as exc:
+                raise self._fail(exc) from exc
+            self._directory_dirty = False
+            self._start_offset = new_start
+            self._snapshot_id = snapshot_id
+            self._flushed_offset = new_start
+
+    # ------------------------------------------------------------------ beyond the protocol
+
+    def record_snapshot(self, snapshot_id: SnapshotId) -> None:
+        """Remember a snapshot taken locally, so latest_snapshot_id() and delete_before see it."""
+        with self._lock:
+            self._check_writable()
+            check(snapshot_id.end_offset >= self._start_offset,
+                  f"snapshot end {snapshot_id.end_offset} below log start {self._start_offset}")
+            if self._snapshot_id is not None and snapshot_id.end_offset <= self._snapshot_id.end_offset:
+                return
+            try:
+                write_log_start_checkpoint(self._log_dir, self._start_offset, snapshot_id)
+            except OSError as exc:
+                raise self._fail(exc) from exc
+            self._snapshot_id = snapshot_id
+
+    def delete_before(self, offset: int) -> int:
+        """Drop whole segments holding only offsets below ``offset``; return the new start offset.
+
+        ``offset`` must be covered by the recorded snapshot. The active segment is never
+        dropped. The new start offset is persisted before any file is deleted, and recovery
+        deletes segments below it, so a crash in between leaves no gap.
+        """
+        with self._lock:
+            self._check_writable()
+            snapshot_end = self._snapshot_id.end_offset if self._snapshot_id is not None else 0
+            check(offset <= snapshot_end, f"delete_before({offset}) above the snapshot end {snapshot_end}")
+            doomed = [s for s in self._segments[:-1] if s.next_offset <= offset]
+            if not doomed:
+                return self._start_offset
+            new_start = self._segments[len(doomed)].base_offset
+            try:
+                write_log_start_checkpoint(self._log_dir, new_start, self._snapshot_id)
+                self._delete_segments(doomed)
+                self._segments = self._segments[len(doomed):]
+                self._segment_bases = self._segment_bases[len(doomed):]
+                self._start_offset = new_start
+                self._clamp_epoch_entries_to_start()
+                self._write_epoch_checkpoint()
+                fsync_directory(self._log_dir)
+            except OSError as exc:
+                raise self._fail(exc) from exc
+            return new_start
+
+    def iter_batches(self, from_offset: int | None = None,
+                     chunk_bytes: int = ITERATE_CHUNK_BYTES) -> Iterator[Batch]:
+        """Every batch from ``from_offset`` (default: the start) to the end, in order.
+
+        Reads ``chunk_bytes`` at a time under the lock, so appends continue between steps.
+        """
+        offset = self.start_offset() if from_offset is None else from_offset
+        while True:
+            batches = self.read(offset, chunk_bytes)
+            if not batches:
+                return
+            yield from batches
+            offset = batches[-1].next_offset
+
+    def size_bytes(self) -> int:
+        """Total bytes of all segment files (for metrics)."""
+        with self._lock:
+            return sum(segment.size_bytes for segment in self._segments)
+
+    def segment_count(self) -> int:
+        with self._lock:
+            return len(self._segments)
+
+    def segment_paths(self) -> list[Path]:
+        """Segment files, oldest first; every one but the last is sealed and immutable."""
+        with self._lock:
+            return [segment.path for segment in self._segments]
+
+    def durable_sizes(self) -> dict[Path, int]:
+        """Bytes of each segment known to be on stable storage; tests use it to model a power loss."""
+        with self._lock:
+            return {segment.path: segment.durable_bytes for segment in self._segments}
+
+    def failed(self) -> bool:
+        with self._lock:
+            return self._failure is not None
+
+    def close(self) -> None:
+        """Close the files. No flush and no checkpoint write: closing behaves like a crash, so the
+        recovery path is the only open path and is exercised on every restart."""
+        with self._lock:
+            self._close_files()
+            self._closed = True
+
+    def __enter__(self) -> SegmentLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals (lock held)
+
+    def _end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    def _last_epoch(self) -> int:
+        if self._epoch_entries:
+            return self._epoch_entries[-1][0]
+        return self._snapshot_id.epoch if self._snapshot_id is not None else 0
+
+    def _check_writable(self) -> None:
+        check(not self._closed, "log is closed")
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, exc: OSError) -> LogWriteError:
+        """Enter the failed state: nothing more is written until the log is reopened."""
+        if self._failure is None:
+            self._failure = LogWriteError(
+                f"writing the log in {self._log_dir} failed ({exc}); the log refuses writes "
+                "until it is reopened, reads keep working"
+            )
+            logger.error("%s", self._failure)
+        return self._failure
+
+    def _append_encoded(self, batch: Batch, data: bytes) -> None:
+        active = self._segments[-1]
+        try:
+            self._failpoints.hit("segment.before_write")
+            _write_all(active.fd, data)
+            self._failpoints.hit("segment.after_write")
+        except OSError as exc:
+            try:  # do not leave half a batch for the next append to follow
+                os.ftruncate(active.fd, active.size_bytes)
+            except OSError:
+                logger.warning("could not cut %s back to %d bytes after a failed write",
+                               active.path, active.size_bytes)
+            raise self._fail(exc) from exc
+        position = active.size_bytes
+        active.size_bytes += len(data)
+        active.next_offset = batch.next_offset
+        if active.add_index_entry(batch.base_offset, position, self._index_interval_bytes):
+            try:
+                _write_all(active.index_fd, INDEX_ENTRY.pack(batch.base_offset, position))
+            except OSError as exc:
+                raise self._fail(exc) from exc
+        if not self._epoch_entries or batch.epoch > self._epoch_entries[-1][0]:
+            self._epoch_entries.append((batch.epoch, batch.base_offset))
+            self._epoch_checkpoint_dirty = True
+
+    def _fsync(self, fd: int) -> None:
+        self._failpoints.hit("segment.before_fsync")
+        os.fsync(fd)
+        self._failpoints.hit("segment.after_fsync")
+
+    def _roll(self) -> None:
+        """Seal the active segment (durable, indexed) and start a new one at the end offset."""
+        old = self._segments[-1]
+        try:
+            self._fsync(old.fd)
+            old.durable_bytes = old.size_bytes
+            if self._epoch_checkpoint_dirty:
+                self._write_epoch_checkpoint()
+            self._create_segment(old.next_offset)
+            self._failpoints.hit("segment.after_roll")
+            self._write_sealed_index(old, old.next_offset)
+            fsync_directory(self._log_dir)
+        except OSError as exc:
+            raise self._fail(exc) from exc
+        self._directory_dirty = False
+        if old.index_fd >= 0:
+            os.close(old.index_fd)
+            old.index_fd = -1
+        # Everything below the old segment's end is now durable, truncations included.
+        self._flushed_offset = max(self._flushed_offset, old.next_offset)
+
+    def _write_sealed_index(self, segment: _Segment, next_offset: int) -> None:
+        data = _encode_index(segment.index_offsets, segment.index_positions, (next_offset, segment.size_bytes))
+        fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _rewrite_active_index(self, segment: _Segment) -> None:
+        """Rewrite the active segment's index from memory and keep it open for appending."""
+        if segment.index_fd >= 0:
+            os.close(segment.index_fd)
+        fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        segment.index_fd = fd
+        _write_all(fd, _encode_index(segment.index_offsets, segment.index_positions, None))
+
+    def _create_segment(self, base_offset: int) -> _Segment:
+        path = _segment_path(self._log_dir, base_offset)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        segment = _Segment(base_offset, path, fd, 0, base_offset)
+        self._segments.append(segment)
+        self._segment_bases.append(base_offset)
+        self._rewrite_active_index(segment)
+        self._directory_dirty = True
+        return segment
+
+    def _delete_segments(self, doomed: list[_Segment]) -> None:
+        for segment in doomed:
+            os.close(segment.fd)
+            if segment.index_fd >= 0:
+                os.close(segment.index_fd)
+            segment.fd = segment.index_fd = -1
+            segment.path.unlink(missing_ok=True)
+            segment.index_path.unlink(missing_ok=True)
+        if doomed:
+            self._directory_dirty = True
+
+    def _truncate_locked(self, offset: int) -> None:
+        slot = max(bisect.bisect_right(self._segment_bases, offset) - 1, 0)
+        self._delete_segments(self._segments[slot + 1 :])
+        del self._segments[slot + 1 :]
+        del self._segment_bases[slot + 1 :]
+        segment = self._segments[-1]
+        position, partial = self._locate_cut(segment, offset)
+        os.ftruncate(segment.fd, position)
+        segment.size_bytes = position
+        segment.next_offset = partial.base_offset if partial is not None else offset
+        segment.cut_index(segment.next_offset)
+        self._rewrite_active_index(segment)
+        self._epoch_entries = [(e, start) for e, start in self._epoch_entries if start < segment.next_offset]
+        if partial is not None:  # keep the records of a cut batch that lie below ``offset``
+            kept = Batch(partial.base_offset, partial.epoch, partial.timestamp_ms, partial.control,
+                         partial.records[: offset - partial.base_offset])
+            self._append_encoded(kept, encode_batch(kept))
+        self._fsync(segment.fd)
+        segment.durable_bytes = segment.size_bytes
+        self._write_epoch_checkpoint()
+        if self._directory_dirty:
+            fsync_directory(self._log_dir)
+            self._directory_dirty = False
+        # Everything below ``offset`` is durable now: sealed segments were synced when sealed.
+        self._flushed_offset = offset
+
+    def _locate_cut(self, segment: _Segment, offset: int) -> tuple[int, Batch | None]:
+        """Byte position where records >= ``offset`` begin, and the batch cut in two, if any."""
+        position = segment.position_for(offset)
+        while position < segment.size_bytes:
+            header = self._read_header(segment, position)
+            next_offset = header.base_offset + header.count
+            if next_offset > offset:
+                if header.base_offset >= offset:
+                    return position, None
+                batch, _ = self._read_batch(segment, position, header.total_bytes)
+                return position, batch
+            position += header.total_bytes
+        return position, None
+
+    def _read_header(self, segment: _Segment, position: int) -> BatchHeader:
+        data = _read_exact(segment.fd, HEADER_BYTES, position)
+        try:
+            return decode_header(data)
+        except CorruptBatchError as exc:
+            raise CorruptLogError(segment.path, position, exc.reason, self._offset_near(segment, position)) from exc
+
+    def _read_batch(self, segment: _Segment, position: int, total_bytes: int) -> tuple[Batch, int]:
+        data = _read_exact(segment.fd, total_bytes, position)
+        try:
+            batch, _end = decode_batch(data)
+        except CorruptBatchError as exc:
+            raise CorruptLogError(segment.path, position, exc.reason, self._offset_near(segment, position)) from exc
+        return batch, position + total_bytes
+
+    def _offset_near(self, segment: _Segment, position: int) -> int:
+        """The offset of the last indexed batch at or before ``position``: safe to truncate at."""
+        slot = bisect.bisect_right(segment.index_positions, position) - 1
+        return segment.index_offsets[slot] if slot >= 0 else segment.base_offset
+
+    def _read_segment(self, segment: _Segment, position: int, offset: int, max_bytes: int,
+                      total_bytes: int, result: list[Batch]) -> tuple[int, bool]:
+        """Append to ``result`` the batches of ``segment`` from ``position`` holding offsets >= ``offset``.
+
+        Returns the new byte total and whether ``max_bytes`` was reached.
+        """
+        while position < segment.size_bytes:
+            chunk_bytes = min(segment.size_bytes - position, READ_CHUNK_BYTES)
+            chunk = _read_exact(segment.fd, chunk_bytes, position)
+            at = 0
+            while at < len(chunk):
+                try:
+                    header = decode_header(chunk, at)
+                except TruncatedBatchError:
+                    break
+                except CorruptBatchError as exc:
+                    raise CorruptLogError(segment.path, position + at, exc.reason,
+                                          self._offset_near(segment, position + at)) from exc
+                if header.base_offset + header.count <= offset:
+                    at += header.total_bytes
+                    continue
+                if result and total_bytes + header.total_bytes > max_bytes:
+                    return total_bytes, True
+                if at + header.total_bytes > len(chunk):
+                    if at == 0:  # a batch larger than the chunk: read it whole
+                        batch, _ = self._read_batch(segment, position, header.total_bytes)
+                        result.append(batch)
+                        total_bytes += header.total_bytes
+                        at = header.total_bytes
+                    break
+                try:
+                    batch, _end = decode_batch(chunk, at)
+                except CorruptBatchError as exc:
+                    raise CorruptLogError(segment.path, position + at, exc.reason,
+                                          self._offset_near(segment, position + at)) from exc
+                result.append(batch)
+                total_bytes += header.total_bytes
+                at += header.total_bytes
+            position += at
+        return total_bytes, False
+
+    def _write_epoch_checkpoint(self) -> None:
+        write_file_atomically(self._log_dir / EPOCH_CHECKPOINT_NAME, encode_epoch_checkpoint(self._epoch_entries))
+        self._epoch_checkpoint_dirty = False
+
+    def _clamp_epoch_entries_to_start(self) -> None:
+        """Entries starting below the log start: keep the newest, moved up to the start."""
+        below = [entry for entry in self._epoch_entries if entry[1] < self._start_offset]
+        above = [entry for entry in self._epoch_entries if entry[1] >= self._start_offset]
+        if below and (not above or above[0][1] > self._start_offset):
+            above.insert(0, (below[-1][0], self._start_offset))
+        self._epoch_entries = above
+
+    def _close_files(self) -> None:
+        for segment in self._segments:
+            for fd in (segment.fd, segment.index_fd):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            segment.fd = segment.index_fd = -1
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self) -> None:
+        for entry in os.listdir(self._log_dir):
+            if entry.endswith(".tmp"):  # an atomic replace that never happened
+                (self._log_dir / entry).unlink()
+        checkpoint = read_log_start_checkpoint(self._log_dir)
+        bases = list_segment_bases(self._log_dir)
+        if checkpoint is not None:
+            self._start_offset, self._snapshot_id = checkpoint
+            below = [base for base in bases if base < self._start_offset]
+            for base in below:  # a delete_before or reset_to_snapshot interrupted by a crash
+                logger.info("deleting segment %s below the log start offset %d", base, self._start_offset)
+                _segment_path(self._log_dir, base).unlink()
+                _segment_path(self._log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+                self._directory_dirty = True
+            bases = bases[len(below):]
+            if bases and bases[0] != self._start_offset:
+                raise CorruptLogError(
+                    _segment_path(self._log_dir, bases[0]), 0,
+                    f"the log start offset is {self._start_offset} ({LOG_START_CHECKPOINT_NAME}) but the "
+                    f"first segment starts at offset {bases[0]}: segment files are missing", None)
+        elif bases:
+            self._start_offset = bases[0]
+        self._delete_orphan_indexes(set(bases))
+        for slot, base in enumerate(bases):
+            is_last = slot == len(bases) - 1
+            segment = self._open_segment(base, bases[slot + 1] if not is_last else None)
+            self._segments.append(segment)
+            self._segment_bases.append(base)
+        if not self._segments:
+            self._create_segment(self._start_offset)
+        self._recover_epoch_entries()
+        last = self._segments[-1]
+        self._rewrite_active_index(last)
+        os.fsync(last.fd)  # what recovery found becomes durable before anyone relies on it
+        last.durable_bytes = last.size_bytes
+        fsync_directory(self._log_dir)
+        self._directory_dirty = False
+        self._flushed_offset = self._end_offset()
+
+    def _delete_orphan_indexes(self, bases: set[int]) -> None:
+        for entry in os.listdir(self._log_dir):
+            match = _INDEX_NAME.match(entry)
+            if match and int(match.group(1)) not in bases:
+                (self._log_dir / entry).unlink()
+                self._directory_dirty = True
+
+    def _open_segment(self, base: int, next_base: int | None) -> _Segment:
+        path = _segment_path(self._log_dir, base)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        size_bytes = os.fstat(fd).st_size
+        segment = _Segment(base, path, fd, size_bytes, base, durable_bytes=size_bytes)
+        try:
+            if next_base is None:
+                self._recover_last_segment(segment)
+            else:
+                self._open_sealed_segment(segment, next_base)
+        except BaseException:
+            os.close(fd)
+            raise
+        return segment
+
+    def _open_sealed_segment(self, segment: _Segment, next_base: int) -> None:
+        """Trust a sealed segment through its index; rebuild the index if it is damaged."""
+        try:
+            entries = _decode_index(segment.index_path.read_bytes())
+        except FileNotFoundError:
+            entries = None
+        problem = self._sealed_index_problem(segment, next_base, entries)
+        if problem is None and entries is not None:
+            for offset, position in entries[:-1]:
+                segment.index_offsets.append(offset)
+                segment.index_positions.append(position)
+            segment.last_indexed_position = entries[-2][1]
+            segment.next_offset = next_base
+            return
+        logger.warning("rebuilding index %s from its segment: %s", segment.index_path, problem)
+        scan = _scan_segment(_read_exact(segment.fd, segment.size_bytes, 0), segment.base_offset,
+                             self._index_interval_bytes)
+        if scan.error_position is not None:
+            raise CorruptLogError(segment.path, scan.error_position, scan.error_reason + " (in a sealed segment)",
+                                  scan.next_offset)
+        if scan.next_offset != next_base:
+            raise CorruptLogError(segment.path, segment.size_bytes,
+                                  f"segment ends at offset {scan.next_offset} but the next segment starts "
+                                  f"at offset {next_base}", scan.next_offset)
+        self._adopt_scan(segment, scan)
+        self._write_sealed_index(segment, next_base)
+
+    def _sealed_index_problem(self, segment: _Segment, next_base: int,
+                              entries: list[tuple[int, int]] | None) -> str | None:
+        if entries is None:
+            return "missing, or its size is not a whole number of entries"
+        if len(entries) < 2:
+            return "fewer than two entries"
+        if entries[0] != (segment.base_offset, 0):
+            return f"first entry {entries[0]} is not ({segment.base_offset}, 0)"
+        if entries[-1] != (next_base, segment.size_bytes):
+            return f"last entry {entries[-1]} is not the end marker ({next_base}, {segment.size_bytes})"
+        for before, after in zip(entries, entries[1:], strict=False):
+            if after[0] <= before[0] or after[1] <= before[1]:
+                return f"entries {before} and {after} do not increase"
+        return None
+
+    def _recover_last_segment(self, segment: _Segment) -> None:
+        """Scan the last segment; cut a torn or corrupt tail, refuse corruption with data after it."""
+        buffer = _read_exact(segment.fd, segment.size_bytes, 0)
+        scan = _scan_segment(buffer, segment.base_offset, self._index_interval_bytes)
+        if scan.error_position is not None:
+            following = _find_good_batch_after(buffer, scan.error_position, scan.next_offset)
+            if following is not None:
+                raise CorruptLogError(
+                    segment.path, scan.error_position,
+                    f"{scan.error_reason}, yet a valid batch follows at byte {following}: "
+                    "this is not a torn tail", scan.next_offset)
+            dropped_bytes = segment.size_bytes - scan.valid_bytes
+            logger.warning("cutting torn or corrupt tail of %s at byte %d (%s): dropped %d bytes",
+                           segment.path, scan.valid_bytes, scan.error_reason, dropped_bytes)
+            os.ftruncate(segment.fd, scan.valid_bytes)
+            segment.size_bytes = scan.valid_bytes
+        self._adopt_scan(segment, scan)
+        self._last_segment_epochs = scan.epoch_starts
+
+    def _adopt_scan(self, segment: _Segment, scan: _ScanResult) -> None:
+        segment.index_offsets = scan.index_offsets
+        segment.index_positions = scan.index_positions
+        segment.last_indexed_position = scan.last_indexed_position
+        segment.next_offset = scan.next_offset
+
+    def _recover_epoch_entries(self) -> None:
+        """Epochs of sealed segments come from the checkpoint; the last segment's from its scan."""
+        path = self._log_dir / EPOCH_CHECKPOINT_NAME
+        last = self._segments[-1]
+        try:
+            entries: list[tuple[int, int]] | None = decode_epoch_checkpoint(path.read_bytes())
+        except FileNotFoundError:
+            entries = None
+            problem = "missing"
+        except ValueError as exc:
+            entries = None
+            problem = f"unreadable: {exc}"
+        if entries is None:
+            if len(self._segments) > 1:
+                logger.warning("%s is %s; rebuilding it from the sealed segments", path, problem)
+            entries = self._epochs_of_sealed_segments()
+        recovered = [entry for entry in entries if entry[1] < last.base_offset]
+        for epoch, start_offset in self._last_segment_epochs:
+            if not recovered or epoch > recovered[-1][0]:
+                recovered.append((epoch, start_offset))
+        self._epoch_entries = recovered
+        self._clamp_epoch_entries_to_start()
+        if self._epoch_entries != entries:
+            self._write_epoch_checkpoint()
+
+    def _epochs_of_sealed_segments(self) -> list[tuple[int, int]]:
+        entries: list[tuple[int, int]] = []
+        for segment in self._segments[:-1]:
+            scan = _scan_segment(_read_exact(segment.fd, segment.size_bytes, 0), segment.base_offset,
+                                 self._index_interval_bytes)
+            if scan.error_position is not None:
+                raise CorruptLogError(segment.path, scan.error_position, scan.error_reason, scan.next_offset)
+            for epoch, start_offset in scan.epoch_starts:
+                if not entries or epoch > entries[-1][0]:
+                    entries.append((epoch, start_offset))
+        return entries

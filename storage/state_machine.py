@@ -1,0 +1,731 @@
+"""The SQLite state machine: committed log batches in, rows readable at one version out.
+
+Why it looks like this (docs/state-machine.md has the full contract):
+
+- The log is the source of truth. SQLite runs in WAL mode with ``synchronous=NORMAL``; the
+  ``meta`` row holding ``applied_version`` is written in the same transaction as the changes
+  it covers, so after a crash the runtime re-applies from ``applied_version`` and gets the
+  same rows (apply skips whatever is already applied).
+- Version N is the state after the record at offset N-1: a record at offset o produces
+  version o+1, control batches only advance the version.
+- Compares are evaluated here, at apply time, from the rows alone, so every replica that
+  applies the same log reaches the same outcome.
+- Apply works a whole call at a time: it decodes every record, reads every key it may touch
+  in one query, evaluates the commands in Python against that overlay, then writes the final
+  rows, the history and the meta row with a handful of executemany statements. That keeps
+  per-record cost in Python, not in per-statement round trips.
+- Every thread gets its own SQLite connection (WAL lets readers run beside the one writer);
+  a read that needs more than one statement runs inside one read transaction, so it answers
+  at exactly one version.
+- Statements are built with SQLAlchemy Core; the few on the hot paths are compiled to SQL
+  once and run on the DBAPI cursor of the SQLAlchemy connection, which skips SQLAlchemy's
+  per-call parameter processing (see loadtest/bench_state_machine.py for the figures).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import urllib.parse
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import NullPool
+
+from raft.snapshots import CorruptSnapshotError
+from raft.types import Batch, SnapshotId, check
+from storage.commands import (
+    Command,
+    CommandDecodeError,
+    CompareKind,
+    OpKind,
+    decode_command,
+)
+from storage.snapshot_store import SnapshotStore, extract_database
+from storage.state_schema import (
+    HISTORY_OP_DELETE,
+    HISTORY_OP_PUT,
+    SCHEMA_VERSION,
+    NotAStateDatabaseError,
+    entries,
+    history,
+    meta,
+    metadata,
+    read_database_meta,
+)
+
+logger = logging.getLogger(__name__)
+
+# SQLite's default limit on host parameters is 32766; stay far below it per IN (...) query.
+KEY_LOOKUP_CHUNK_KEYS = 500
+SQLITE_CACHE_KIB = 32 * 1024
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+MAX_LIST_LIMIT = 10_000
+MAX_CHANGES_LIMIT = 100_000
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    key: str
+    value: bytes
+    content_type: str
+    mod_version: int
+    create_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: str  # "put" | "delete"
+    key: str
+    mod_version: int
+    value: bytes | None
+    content_type: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    kind: OpKind
+    key: str
+    created: bool
+    deleted: bool
+    entry: Entry | None  # GET: the entry read; PUT: the entry written; DELETE: None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    offset: int
+    version: int
+    succeeded: bool
+    ops: tuple[OpResult, ...]
+    failed_compares: tuple[tuple[str, int], ...]  # (key, its current mod_version; 0 = missing)
+    error: str | None = None  # the record did not decode and was applied as a no-op
+
+
+class VersionCompactedError(Exception):
+    """The requested version is below the retained history (HTTP 410)."""
+
+    def __init__(self, requested_version: int, oldest_version: int) -> None:
+        super().__init__(
+            f"version {requested_version} is compacted; the oldest available is {oldest_version}"
+        )
+        self.requested_version = requested_version
+        self.oldest_version = oldest_version
+
+
+class VersionNotAppliedError(ValueError):
+    """at_version is above this replica's applied version (wait with min_version first)."""
+
+    def __init__(self, requested_version: int, applied_version: int) -> None:
+        super().__init__(
+            f"version {requested_version} is not applied yet; this replica is at {applied_version}"
+        )
+        self.requested_version = requested_version
+        self.applied_version = applied_version
+
+
+class StateDatabaseError(Exception):
+    """state.db cannot be used (not a database, another schema): names the file. The log is
+    the source of truth, so the way out is to move the file away and replay the log (or load
+    a snapshot)."""
+
+
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The smallest string above every string starting with ``prefix`` (None: no bound).
+
+    SQLite compares TEXT by UTF-8 bytes, which orders like code points, so bumping the last
+    code point gives an index-friendly range ``prefix <= key < bound``.
+    """
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop())
+        if last == 0x10FFFF:
+            continue
+        bumped = 0xE000 if last + 1 == 0xD800 else last + 1
+        return "".join(chars) + chr(bumped)
+    return None
+
+
+def _key_range(column: sa.ColumnElement[Any], prefix: str, after: str | None) -> list[Any]:
+    conditions: list[Any] = []
+    if prefix:
+        conditions.append(column >= prefix)
+        upper = prefix_upper_bound(prefix)
+        if upper is not None:
+            conditions.append(column < upper)
+    if after is not None:
+        conditions.append(column > after)
+    return conditions
+
+
+def _compile(statement: sa.ClauseElement, dialect: sa.Dialect) -> str:
+    return str(statement.compile(dialect=dialect))
+
+
+class StateMachine:
+    """Applies committed batches to ``db_path`` and answers versioned reads from it."""
+
+    def __init__(self, db_path: str, *, history_retention_versions: int | None = None) -> None:
+        check(history_retention_versions is None or history_retention_versions >= 0,
+              "history_retention_versions must be >= 0")
+        self.db_path = os.path.abspath(db_path)
+        self.history_retention_versions = history_retention_versions
+        self._write_lock = threading.Lock()
+        self._connections_lock = threading.Lock()
+        self._connections: list[Connection] = []
+        self._local = threading.local()
+        self._closed = False
+        self._engine = self._create_engine(self.db_path)
+        try:
+            self._writer = self._open_connection()
+            self._create_schema()
+            row = self._writer.execute(sa.select(meta)).one()
+        except sa.exc.DBAPIError as exc:
+            self._dispose()
+            raise StateDatabaseError(f"{self.db_path}: cannot open the state database: {exc.orig}") from exc
+        if row.schema_version != SCHEMA_VERSION:
+            self._dispose()
+            raise StateDatabaseError(
+                f"{self.db_path}: schema version {row.schema_version}, this code reads {SCHEMA_VERSION}"
+            )
+        self._applied_version: int = row.applied_version
+        self._applied_epoch: int = row.applied_epoch
+        self._oldest_version: int = row.oldest_version
+        self._prepare_statements()
+
+    # ---- connections ---------------------------------------------------------------
+
+    @staticmethod
+    def _create_engine(db_path: str) -> Engine:
+        uri = f"file:{urllib.parse.quote(db_path)}?mode=rwc"
+
+        def connect() -> sqlite3.Connection:
+            # isolation_level=None: no implicit BEGIN; transactions are explicit statements.
+            return sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+
+        engine = sa.create_engine("sqlite://", creator=connect, poolclass=NullPool)
+
+        @sa.event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
+            cursor.execute("PRAGMA temp_store=MEMORY")
+            cursor.close()
+
+        return engine
+
+    def _open_connection(self) -> Connection:
+        connection = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        with self._connections_lock:
+            self._connections.append(connection)
+        return connection
+
+    def _reader(self) -> Connection:
+        """This thread's read connection (SQLite connections must not be shared by threads
+        running at once)."""
+        if self._closed:
+            raise RuntimeError("state machine is closed")
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._open_connection()
+            self._local.connection = connection
+            self._local.cursor = connection.connection.driver_connection.cursor()
+        return connection
+
+    def _reader_cursor(self) -> sqlite3.Cursor:
+        self._reader()
+        return self._local.cursor
+
+    @contextmanager
+    def _read_transaction(self) -> Iterator[Connection]:
+        """One read transaction: every statement inside sees the same committed version."""
+        connection = self._reader()
+        connection.exec_driver_sql("BEGIN")
+        try:
+            yield connection
+        finally:
+            connection.exec_driver_sql("COMMIT")
+
+    @contextmanager
+    def _write_transaction(self) -> Iterator[Connection]:
+        connection = self._writer
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield connection
+        except BaseException:
+            connection.exec_driver_sql("ROLLBACK")
+            raise
+        connection.exec_driver_sql("COMMIT")
+
+    def _create_schema(self) -> None:
+        with self._write_transaction() as connection:
+            metadata.create_all(connection)
+            if connection.execute(sa.select(meta.c.id)).first() is None:
+                connection.execute(meta.insert().values(
+                    id=1, schema_version=SCHEMA_VERSION, applied_version=0,
+                    applied_epoch=0, oldest_version=0))
+
+    def _prepare_statements(self) -> None:
+        dialect = self._engine.dialect
+        self._sql_point_read = _compile(
+            sa.select(meta.c.applied_version, entries.c.value, entries.c.content_type,
+                      entries.c.mod_version, entries.c.create_version)
+            .select_from(meta.outerjoin(entries, entries.c.key == sa.bindparam("key")))
+            .where(meta.c.id == sa.literal_column("1")),
+            dialect,
+        )
+        self._sql_upsert = _compile(
+            entries.insert().prefix_with("OR REPLACE").values(
+                key=sa.bindparam("key"), value=sa.bindparam("value"),
+                content_type=sa.bindparam("content_type"),
+                mod_version=sa.bindparam("mod_version"),
+                create_version=sa.bindparam("create_version")),
+            dialect,
+        )
+        self._sql_delete = _compile(entries.delete().where(entries.c.key == sa.bindparam("key")), dialect)
+        self._sql_history = _compile(
+            history.insert().values(
+                version=sa.bindparam("version"), seq=sa.bindparam("seq"), key=sa.bindparam("key"),
+                op=sa.bindparam("op"), value=sa.bindparam("value"),
+                content_type=sa.bindparam("content_type"),
+                create_version=sa.bindparam("create_version")),
+            dialect,
+        )
+        self._sql_meta = _compile(
+            meta.update().where(meta.c.id == sa.literal_column("1")).values(
+                applied_version=sa.bindparam("applied_version"),
+                applied_epoch=sa.bindparam("applied_epoch"),
+                oldest_version=sa.bindparam("oldest_version")),
+            dialect,
+        )
+        # The compiled statements use pysqlite's qmark style; check the order we bind in.
+        check([statement.count("?") for statement in (
+            self._sql_point_read, self._sql_upsert, self._sql_delete, self._sql_history,
+            self._sql_meta)] == [1, 5, 1, 7, 3], "unexpected compiled statement shape")
+
+    # ---- properties ----------------------------------------------------------------
+
+    @property
+    def applied_version(self) -> int:
+        return self._applied_version
+
+    @property
+    def applied_epoch(self) -> int:
+        return self._applied_epoch
+
+    @property
+    def oldest_version(self) -> int:
+        return self._oldest_version
+
+    # ---- apply ---------------------------------------------------------------------
+
+    def apply(self, batches: Sequence[Batch]) -> list[ApplyResult]:
+        """Apply committed batches in one transaction; return results of non-control records.
+
+        Records below ``applied_version`` are skipped, so replaying is a no-op; a gap (a batch
+        starting above ``applied_version``) raises before anything is written.
+        """
+        with self._write_lock:
+            if self._closed:
+                raise RuntimeError("state machine is closed")
+            plan, end_version, end_epoch = self._plan(batches)
+            if end_version == self._applied_version:
+                return []
+            commands = self._decode(plan)
+            keys = {key for _offset, command in commands if isinstance(command, Command)
+                    for key in _command_keys(command)}
+            writer_cursor = self._writer.connection.driver_connection.cursor()
+            try:
+                with self._write_transaction():
+                    current = self._load_entries(writer_cursor, keys)
+                    results, upserts, deletes, history_rows = _evaluate(commands, current)
+                    if deletes:
+                        writer_cursor.executemany(self._sql_delete, deletes)
+                    if upserts:
+                        writer_cursor.executemany(self._sql_upsert, upserts)
+                    if history_rows:
+                        writer_cursor.executemany(self._sql_history, history_rows)
+                    oldest = self._oldest_version
+                    horizon = self._retention_horizon(end_version)
+                    if horizon is not None:
+                        self._prune(self._writer, horizon)
+                        oldest = horizon
+                    writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest))
+            finally:
+                writer_cursor.close()
+            self._applied_version = end_version
+            self._applied_epoch = end_epoch
+            self._oldest_version = oldest
+            return results
+
+    def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
+        """Which batches (and from which record) to apply; checks contiguity first."""
+        expected = self._applied_version
+        epoch = self._applied_epoch
+        plan: list[tuple[Batch, int]] = []
+        for batch in batches:
+            if batch.next_offset <= expected:
+                continue
+            check(batch.base_offset <= expected,
+                  f"gap before batch at offset {batch.base_offset}: applied version is {expected}")
+            plan.append((batch, expected - batch.base_offset))
+            expected = batch.next_offset
+            epoch = batch.epoch
+        return plan, expected, epoch
+
+    @staticmethod
+    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, Command | str]]:
+        """(offset, command or decode error) for every non-control record to apply."""
+        commands: list[tuple[int, Command | str]] = []
+        for batch, first_index in plan:
+            if batch.control:
+                continue
+            for index in range(first_index, len(batch.records)):
+                offset = batch.base_offset + index
+                try:
+                    commands.append((offset, decode_command(batch.records[index])))
+                except CommandDecodeError as exc:
+                    logger.warning("record at offset %d does not decode (%s); applied as a no-op",
+                                   offset, exc)
+                    commands.append((offset, f"record does not decode: {exc}"))
+        return commands
+
+    def _load_entries(self, cursor: sqlite3.Cursor, keys: Iterable[str]) -> dict[str, Entry | None]:
+        found: dict[str, Entry | None] = dict.fromkeys(keys)
+        key_list = list(found)
+        for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
+            chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
+            sql = ("SELECT key, value, content_type, mod_version, create_version FROM entries "
+                   f"WHERE key IN ({','.join('?' * len(chunk))})")
+            for row in cursor.execute(sql, chunk):
+                found[row[0]] = Entry(row[0], row[1], row[2], row[3], row[4])
+        return found
+
+    def _retention_horizon(self, applied_version: int) -> int | None:
+        if self.history_retention_versions is None:
+            return None
+        horizon = applied_version - self.history_retention_versions
+        slack_versions = self.history_retention_versions // 4 + 1
+        if horizon - self._oldest_version < slack_versions:
+            return None
+        return horizon
+
+    # ---- history horizon -----------------------------------------------------------
+
+    def prune_history(self, below_version: int) -> None:
+        """Raise ``oldest_version`` to ``min(below_version, applied_version)`` and drop the
+        history no longer needed to answer at versions at or above it."""
+        with self._write_lock:
+            if self._closed:
+                raise RuntimeError("state machine is closed")
+            horizon = min(below_version, self._applied_version)
+            if horizon <= self._oldest_version:
+                return
+            with self._write_transaction() as connection:
+                self._prune(connection, horizon)
+                connection.execute(meta.update().where(meta.c.id == 1).values(oldest_version=horizon))
+            self._oldest_version = horizon
+
+    @staticmethod
+    def _prune(connection: Connection, horizon: int) -> None:
+        """Keep every change above ``horizon``, plus, for a key that changed above it, its
+        newest put at or below it (its state at the horizon). Order matters: superseded rows
+        go first, while the rows superseding them still exist."""
+        newer = history.alias("newer")
+        connection.execute(history.delete().where(
+            history.c.version <= horizon,
+            sa.exists().where(
+                newer.c.key == history.c.key, newer.c.version <= horizon,
+                sa.or_(newer.c.version > history.c.version,
+                       sa.and_(newer.c.version == history.c.version, newer.c.seq > history.c.seq)))))
+        connection.execute(history.delete().where(
+            history.c.version <= horizon,
+            sa.or_(history.c.op == HISTORY_OP_DELETE,
+                   ~sa.exists().where(newer.c.key == history.c.key, newer.c.version > horizon))))
+
+    # ---- reads ---------------------------------------------------------------------
+
+    def get(self, key: str, at_version: int | None = None) -> tuple[int, Entry | None]:
+        """(version answered at, the entry or None)."""
+        if at_version is None:
+            row = self._reader_cursor().execute(self._sql_point_read, (key,)).fetchone()
+            if row[1] is None:
+                return row[0], None
+            return row[0], Entry(key, row[1], row[2], row[3], row[4])
+        with self._read_transaction() as connection:
+            self._check_readable(connection, at_version)
+            return at_version, self._entry_at(connection, key, at_version)
+
+    def _check_readable(self, connection: Connection, version: int) -> int:
+        row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
+        if version < row.oldest_version:
+            raise VersionCompactedError(version, row.oldest_version)
+        if version > row.applied_version:
+            raise VersionNotAppliedError(version, row.applied_version)
+        return row.applied_version
+
+    @staticmethod
+    def _entry_at(connection: Connection, key: str, version: int) -> Entry | None:
+        row = connection.execute(
+            sa.select(history.c.op, history.c.value, history.c.content_type, history.c.version,
+                      history.c.create_version)
+            .where(history.c.key == key, history.c.version <= version)
+            .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1)
+        ).first()
+        if row is not None:
+            if row.op == HISTORY_OP_DELETE:
+                return None
+            return Entry(key, row.value, row.content_type, row.version, row.create_version)
+        current = connection.execute(sa.select(entries).where(entries.c.key == key)).first()
+        if current is None or current.mod_version > version:
+            return None
+        return Entry(*current)
+
+    def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
+             at_version: int | None = None) -> tuple[int, list[Entry], str | None]:
+        """(version, entries under ``prefix`` after ``after`` in key order, next key or None)."""
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise ValueError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
+        with self._read_transaction() as connection:
+            if at_version is None:
+                version = connection.execute(sa.select(meta.c.applied_version)).scalar_one()
+                query = (sa.select(entries).where(*_key_range(entries.c.key, prefix, after))
+                         .order_by(entries.c.key).limit(limit + 1))
+            else:
+                self._check_readable(connection, at_version)
+                version = at_version
+                query = _list_at_version_query(prefix, after, limit + 1, at_version)
+            rows = connection.execute(query).all()
+        found = [Entry(*row) for row in rows[:limit]]
+        next_key = found[-1].key if len(rows) > limit else None
+        return version, found, next_key
+
+    def changes(self, prefix: str, since: int, limit: int = 1000) -> tuple[int, list[Event]]:
+        """(version to watch from next, changes under ``prefix`` with mod_version > since)."""
+        if not 1 <= limit <= MAX_CHANGES_LIMIT:
+            raise ValueError(f"limit must be between 1 and {MAX_CHANGES_LIMIT}")
+        if since < 0:
+            raise ValueError("since must be >= 0")
+        columns = (history.c.version, history.c.seq, history.c.key, history.c.op,
+                   history.c.value, history.c.content_type)
+        in_range = _key_range(history.c.key, prefix, None)
+        with self._read_transaction() as connection:
+            row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
+            if since < row.oldest_version:
+                raise VersionCompactedError(since, row.oldest_version)
+            version = row.applied_version
+            rows = connection.execute(
+                sa.select(*columns).where(history.c.version > since, *in_range)
+                .order_by(history.c.version, history.c.seq).limit(limit + 1)
+            ).all()
+            if len(rows) > limit:
+                last = rows[limit - 1]
+                rows = rows[:limit]
+                rows.extend(connection.execute(
+                    sa.select(*columns).where(history.c.version == last.version,
+                                              history.c.seq > last.seq, *in_range)
+                    .order_by(history.c.seq)
+                ).all())
+                version = last.version
+        return version, [_event(row) for row in rows]
+
+    # ---- snapshots -----------------------------------------------------------------
+
+    def create_snapshot(self, snapshot_dir: str | SnapshotStore, epoch: int | None = None) -> SnapshotId:
+        """Copy the state at one applied version into ``snapshot_dir`` and publish it.
+
+        The copy (VACUUM INTO) runs on a read connection, so apply is not blocked; the id is
+        read from the copy itself, so it names exactly the version the copy holds. Pass the
+        runtime's ``SnapshotStore`` instead of a directory to use its retention setting.
+        """
+        store = snapshot_dir if isinstance(snapshot_dir, SnapshotStore) else SnapshotStore(snapshot_dir)
+        temp_path = store.new_temp_path()
+        try:
+            self._reader().exec_driver_sql("VACUUM INTO ?", (temp_path,))
+            copy_meta = read_database_meta(temp_path)
+            if copy_meta.applied_version == 0:
+                raise ValueError("nothing applied yet: no snapshot of version 0")
+            if epoch is not None and epoch != copy_meta.applied_epoch:
+                raise ValueError(
+                    f"snapshot at version {copy_meta.applied_version} has epoch "
+                    f"{copy_meta.applied_epoch}, not {epoch}")
+            snapshot_id = SnapshotId(copy_meta.applied_version, copy_meta.applied_epoch)
+            store.publish_database(temp_path, snapshot_id)
+            return snapshot_id
+        finally:
+            if os.path.exists(temp_path):
+                os.unlink(temp_path)
+
+    def load_snapshot(self, path: str) -> None:
+        """Replace every row and the meta row by the snapshot's, in one transaction."""
+        temp_path = f"{self.db_path}.snapshot-load.tmp"
+        extract_database(path, temp_path)
+        try:
+            try:
+                snapshot_meta = read_database_meta(temp_path)
+            except NotAStateDatabaseError as exc:
+                raise CorruptSnapshotError(f"{path}: {exc}") from exc
+            if snapshot_meta.schema_version != SCHEMA_VERSION:
+                raise CorruptSnapshotError(
+                    f"{path}: schema version {snapshot_meta.schema_version}, this code reads {SCHEMA_VERSION}")
+            with self._write_lock:
+                if self._closed:
+                    raise RuntimeError("state machine is closed")
+                self._replace_from(temp_path)
+                self._applied_version = snapshot_meta.applied_version
+                self._applied_epoch = snapshot_meta.applied_epoch
+                self._oldest_version = snapshot_meta.oldest_version
+        finally:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                if os.path.exists(temp_path + suffix):
+                    os.unlink(temp_path + suffix)
+
+    def _replace_from(self, database_path: str) -> None:
+        connection = self._writer
+        uri = f"file:{urllib.parse.quote(database_path)}?mode=ro&immutable=1"
+        connection.exec_driver_sql("ATTACH DATABASE ? AS snap", (uri,))
+        try:
+            snap = sa.MetaData(schema="snap")
+            with self._write_transaction():
+                for table in (entries, history, meta):
+                    source = table.to_metadata(snap)
+                    connection.execute(table.delete())
+                    connection.execute(table.insert().from_select(
+                        [column.name for column in table.columns], sa.select(source)))
+        finally:
+            connection.exec_driver_sql("DETACH DATABASE snap")
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._dispose()
+
+    def _dispose(self) -> None:
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.close()
+        self._engine.dispose()
+
+    def __enter__(self) -> StateMachine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _command_keys(command: Command) -> Iterator[str]:
+    for compare in command.compare:
+        yield compare.key
+    for op in command.success:
+        yield op.key
+    for op in command.failure:
+        yield op.key
+
+
+def _compare_holds(kind: CompareKind, target: int | bool | bytes, entry: Entry | None) -> bool:
+    if kind == CompareKind.MOD_VERSION:
+        return (0 if entry is None else entry.mod_version) == target
+    if kind == CompareKind.EXISTS:
+        return (entry is not None) == target
+    return entry is not None and entry.value == target
+
+
+HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
+
+
+def _evaluate(
+    commands: list[tuple[int, Command | str]], state: dict[str, Entry | None]
+) -> tuple[list[ApplyResult], list[tuple[Any, ...]], list[tuple[str]], list[HistoryRow]]:
+    """Run the commands against ``state`` (updated in place); pure and deterministic.
+
+    Returns the results, the final rows to upsert, the keys to delete, and history rows.
+    """
+    original = dict(state)
+    results: list[ApplyResult] = []
+    history_rows: list[HistoryRow] = []
+    for offset, command in commands:
+        version = offset + 1
+        seq = 0  # position of a change within its record: the same on every replica
+        if isinstance(command, str):
+            results.append(ApplyResult(offset, version, False, (), (), command))
+            continue
+        failed = tuple((c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
+                       for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
+        succeeded = not failed
+        op_results: list[OpResult] = []
+        for op in command.success if succeeded else command.failure:
+            previous = state[op.key]
+            if op.kind == OpKind.PUT:
+                create_version = version if previous is None else previous.create_version
+                entry = Entry(op.key, op.value, op.content_type, version, create_version)
+                state[op.key] = entry
+                history_rows.append((version, seq, op.key, HISTORY_OP_PUT, op.value,
+                                     op.content_type, create_version))
+                seq += 1
+                op_results.append(OpResult(op.kind, op.key, previous is None, False, entry))
+            elif op.kind == OpKind.DELETE:
+                if previous is not None:
+                    state[op.key] = None
+                    history_rows.append((version, seq, op.key, HISTORY_OP_DELETE,
+                                         None, None, previous.create_version))
+                    seq += 1
+                op_results.append(OpResult(op.kind, op.key, False, previous is not None, None))
+            else:
+                op_results.append(OpResult(op.kind, op.key, False, False, previous))
+        results.append(ApplyResult(offset, version, succeeded, tuple(op_results), failed))
+    upserts: list[tuple[Any, ...]] = []
+    deletes: list[tuple[str]] = []
+    for key, entry in state.items():
+        if entry is None:
+            if original[key] is not None:
+                deletes.append((key,))
+        elif entry is not original[key]:
+            upserts.append((key, entry.value, entry.content_type, entry.mod_version, entry.create_version))
+    return results, upserts, deletes, history_rows
+
+
+def _event(row: Any) -> Event:
+    if row.op == HISTORY_OP_PUT:
+        return Event("put", row.key, row.version, row.value, row.content_type)
+    return Event("delete", row.key, row.version, None, None)
+
+
+def _list_at_version_query(prefix: str, after: str | None, limit: int, version: int) -> sa.Select[Any]:
+    """Entries as of ``version``: a key's newest history row at or below it when it has one,
+    else its current row when that is no newer than ``version``."""
+    newer = history.alias("newer")
+    any_history = history.alias("any_history")
+    from_history = sa.select(
+        history.c.key, history.c.value, history.c.content_type,
+        history.c.version.label("mod_version"), history.c.create_version,
+    ).where(
+        *_key_range(history.c.key, prefix, after),
+        history.c.version <= version,
+        history.c.op == HISTORY_OP_PUT,
+        ~sa.exists().where(
+            newer.c.key == history.c.key, newer.c.version <= version,
+            sa.or_(newer.c.version > history.c.version,
+                   sa.and_(newer.c.version == history.c.version, newer.c.seq > history.c.seq))),
+    )
+    from_entries = sa.select(
+        entries.c.key, entries.c.value, entries.c.content_type, entries.c.mod_version,
+        entries.c.create_version,
+    ).where(
+        *_key_range(entries.c.key, prefix, after),
+        entries.c.mod_version <= version,
+        ~sa.exists().where(any_history.c.key == entries.c.key, any_history.c.version <= version),
+    )
+    union = sa.union_all(from_history, from_entries).subquery()
+    return sa.select(union).order_by(union.c.key).limit(limit)
