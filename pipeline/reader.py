@@ -40,6 +40,7 @@ from pipeline.decode import (
 )
 from pipeline.errors import PipelineInputError
 from pipeline.fs import Entry, HadoopFS, qualify
+from storage import state_schema
 
 DATA_DIR_MARKERS = ("log", "snapshots", "state.db", "quorum-state")
 STATE_DB = "state.db"
@@ -155,9 +156,26 @@ def read_entries(spark: SparkSession, nodes: list[NodeDir], skip_corrupt: bool =
     return spark.createDataFrame(files.mapPartitions(decode_files), ENTRY_SCHEMA)
 
 
+def _check_schema(connection: sqlite3.Connection) -> tuple[int, int]:
+    """(applied_version, applied_epoch), after checking this is a state database we understand."""
+    meta = state_schema.meta
+    row = connection.execute(
+        f"SELECT {meta.c.schema_version.name}, {meta.c.applied_version.name}, {meta.c.applied_epoch.name} "
+        f"FROM {meta.name} WHERE {meta.c.id.name} = 1").fetchone()
+    if row is None:
+        return 0, 0
+    if row[0] != state_schema.SCHEMA_VERSION:
+        raise PipelineInputError(f"unknown state schema version {row[0]} (this pipeline reads "
+                                 f"{state_schema.SCHEMA_VERSION})")
+    return int(row[1]), int(row[2])
+
+
 def _snapshot_rows(connection: sqlite3.Connection) -> list[tuple[Any, ...]]:
-    return connection.execute(
-        "SELECT key, value, content_type, mod_version, create_version FROM entries ORDER BY key").fetchall()
+    _check_schema(connection)
+    table = state_schema.entries
+    columns = ", ".join(table.c[name].name for name in ("key", "value", "content_type", "mod_version",
+                                                        "create_version"))
+    return connection.execute(f"SELECT {columns} FROM {table.name} ORDER BY {table.c.key.name}").fetchall()
 
 
 def read_snapshots(spark: SparkSession, chosen: list[tuple[NodeDir, Entry]]) -> DataFrame:
@@ -184,8 +202,7 @@ def read_snapshots(spark: SparkSession, chosen: list[tuple[NodeDir, Entry]]) -> 
 
 
 def _meta(connection: sqlite3.Connection) -> tuple[int, int]:
-    row = connection.execute("SELECT applied_version, applied_epoch FROM meta WHERE id = 1").fetchone()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    return _check_schema(connection)
 
 
 def read_applied_versions(spark: SparkSession, nodes: list[NodeDir]) -> dict[str, int]:
