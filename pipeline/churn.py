@@ -169,7 +169,7 @@ def run_churn(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, outpu
     else:
         version = committed_versions(spark, [node]).get(node.node, (log.last_offset or -1) + 1)
     plan = plan_replay(spark, node, version, log.first_offset, log.last_offset)
-    writes = effective_writes(spark, ops_for_plan(entries, plan), plan.base)
+    writes = effective_writes(spark, ops_for_plan(entries, plan), plan.base, plan.base_snapshot_end)
     classified = classify(plan.base, writes, plan.base_snapshot_end, args.prefix_depth, args.window_ms).cache()
     table = churn_table(classified)
     table.orderBy("prefix", "window_start_ms").write.parquet(output.path("churn.parquet"))

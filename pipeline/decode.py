@@ -54,6 +54,7 @@ ENTRY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("record_digest", "string"),
     ("txn", "boolean"),
     ("compares", "binary"),
+    ("compare_keys", "array<string>"),
     ("op_index", "int"),
     ("branch", "string"),
     ("operation", "string"),
@@ -83,7 +84,7 @@ def _record_rows(node: str, segment: str, position: int, batch_bytes: int, offse
             raise PipelineInputError(
                 f"{node}/log/{segment}: control record at offset {offset} (batch at byte {position}) "
                 f"cannot be decoded: {exc}") from exc
-        return [(*head, False, None, 0, None, "control", None, None, None, control_type, None)]
+        return [(*head, False, None, None, 0, None, "control", None, None, None, control_type, None)]
     try:
         command = decode_command(record)
     except CommandDecodeError as exc:
@@ -91,16 +92,17 @@ def _record_rows(node: str, segment: str, position: int, batch_bytes: int, offse
             f"{node}/log/{segment}: record at offset {offset} (batch at byte {position}): {exc}") from exc
     compares = (msgpack.packb([[c.key, int(c.kind), c.target] for c in command.compare], use_bin_type=True)
                 if command.compare else None)
+    compare_keys = sorted({c.key for c in command.compare}) if command.compare else None
     txn = bool(command.compare) or len(command.success) != 1 or bool(command.failure)
     rows: list[EntryRow] = []
     for branch, ops in (("success", command.success), ("failure", command.failure)):
         for op in ops:
             value = op.value if op.kind == OpKind.PUT else None
             content_type = op.content_type if op.kind == OpKind.PUT else None
-            rows.append((*head, txn, compares, len(rows), branch, OPERATION_NAMES[op.kind], op.key, value,
+            rows.append((*head, txn, compares, compare_keys, len(rows), branch, OPERATION_NAMES[op.kind], op.key, value,
                          content_type, None, None))
     if not rows:
-        rows.append((*head, txn, compares, 0, None, "none", None, None, None, None, None))
+        rows.append((*head, txn, compares, compare_keys, 0, None, "none", None, None, None, None, None))
     return rows
 
 
@@ -146,7 +148,7 @@ def decode_segment(node: str, segment: str, data: bytes, skip_corrupt: bool) -> 
                     f"(rerun with --skip-corrupt to skip it)") from exc
             next_position = _resync(data, position + 1, expected_offset)
             yield (node, segment, position, next_position - position, None, None, None, None, None, None,
-                   None, None, None, None, "skipped", None, None, None, None, exc.reason)
+                   None, None, None, None, None, "skipped", None, None, None, None, exc.reason)
             position = next_position
             continue
         batch_bytes = end - position

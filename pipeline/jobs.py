@@ -92,9 +92,10 @@ def run_materialize(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS,
     log = stats[node.node]
     plan = plan_replay(spark, node, version, log.first_offset, log.last_offset)
     ops = ops_for_plan(entries, plan)
-    live = live_entries(plan.base, effective_writes(spark, ops, plan.base), plan.base_snapshot_end)
-    live.orderBy("key").write.parquet(output.path("entries.parquet"))
-    count = spark.read.parquet(output.path("entries.parquet")).count()
+    live = live_entries(plan.base, effective_writes(spark, ops, plan.base, plan.base_snapshot_end), plan.base_snapshot_end)
+    live = live.persist(StorageLevel.MEMORY_AND_DISK)
+    count = live.count()
+    live.sortWithinPartitions("key").write.parquet(output.path("entries.parquet"))
     summary = {"job": "materialize", "node": node.node, "version": version, "live_entries": count,
                "base_snapshot_end_offset": plan.base_snapshot_end,
                "log_records": log.records, "skipped_regions": log.skipped_regions,
@@ -123,9 +124,9 @@ def run_audit(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, outpu
         if not known:
             raise PipelineInputError("no node has a state.db or snapshot telling the committed version; pass --version N")
         committed = max(known.values())  # committed anywhere means committed for all
-    divergences = find_divergences(entries, committed)
-    divergences.orderBy("offset", "node").write.parquet(output.path("divergences.parquet"))
-    found = spark.read.parquet(output.path("divergences.parquet")).orderBy("offset", "node").collect()
+    divergences = find_divergences(entries, committed).persist(StorageLevel.MEMORY_AND_DISK)
+    divergences.sortWithinPartitions("offset", "node").write.parquet(output.path("divergences.parquet"))
+    found = sorted(divergences.collect(), key=lambda r: (r.offset, r.node))
     node_rows = [{"node": n, "first_offset": s.first_offset, "last_offset": s.last_offset, "records": s.records,
                   "skipped_regions": s.skipped_regions} for n, s in sorted(stats.items())]
     summary: dict[str, object] = {"job": "audit", "committed_version": committed, "nodes": node_rows,

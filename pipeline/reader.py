@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     BooleanType,
     DataType,
@@ -47,7 +48,7 @@ STATE_DB = "state.db"
 
 _TYPES: dict[str, DataType] = {
     "string": StringType(), "long": LongType(), "int": IntegerType(),
-    "boolean": BooleanType(), "binary": BinaryType(),
+    "boolean": BooleanType(), "binary": BinaryType(), "array<string>": ArrayType(StringType()),
 }
 ENTRY_SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, kind in ENTRY_COLUMNS])
 SNAPSHOT_SCHEMA = StructType([

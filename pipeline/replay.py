@@ -53,23 +53,26 @@ def _compare_holds(kind: int, target: object, present: tuple[bytes, int] | None)
     return present is not None and present[0] == target
 
 
-def resolve_conditions(spark: SparkSession, ops: DataFrame, base: DataFrame) -> DataFrame:
-    """(offset, succeeded) for every conditional record in ``ops``."""
-    conditional = ops.filter(F.col("compares").isNotNull()).select("offset", "compares").dropDuplicates(["offset"])
-    compares_by_offset = {row.offset: msgpack.unpackb(row.compares, raw=False) for row in conditional.collect()}
+def resolve_conditions(spark: SparkSession, ops: DataFrame, base: DataFrame, base_snapshot_end: int) -> DataFrame:
+    """(offset, succeeded) for every conditional record in ``ops``, from one collect: the
+    conditional records and every write to a compared key."""
+    compared = ops.select(F.explode("compare_keys").alias("key")).distinct()
+    relevant = ops.filter(F.col("compares").isNotNull()).unionByName(
+        ops.join(F.broadcast(compared), "key", "left_semi").filter(F.col("operation").isin(*WRITE_OPERATIONS)))
+    rows = relevant.select("offset", "op_index", "compares", "branch", "operation", "key", "value").collect()
+    compares_by_offset = {r.offset: msgpack.unpackb(r.compares, raw=False) for r in rows if r.compares is not None}
     if not compares_by_offset:
         return spark.createDataFrame([], OUTCOME_SCHEMA)
     compared_keys = sorted({compare[0] for compares in compares_by_offset.values() for compare in compares})
-    state: dict[str, tuple[bytes, int]] = {
-        row.key: (row.value, row.mod_version)
-        for row in base.filter(F.col("key").isin(compared_keys)).select("key", "value", "mod_version").collect()
-    }
-    writes = (ops.filter(F.col("key").isin(compared_keys) & F.col("operation").isin(*WRITE_OPERATIONS))
-              .select("offset", "op_index", "branch", "operation", "key", "value")
-              .orderBy("offset", "op_index"))
-    writes_by_offset: dict[int, list[tuple[str, str, str, bytes | None]]] = defaultdict(list)
-    for row in writes.collect():  # only the compared keys' writes
-        writes_by_offset[row.offset].append((row.branch, row.operation, row.key, row.value))
+    state: dict[str, tuple[bytes, int]] = {}
+    if base_snapshot_end:
+        state = {row.key: (row.value, row.mod_version)
+                 for row in base.filter(F.col("key").isin(compared_keys)).select("key", "value", "mod_version").collect()}
+    keys = set(compared_keys)
+    writes_by_offset: dict[int, dict[int, tuple[str, str, str, bytes | None]]] = defaultdict(dict)
+    for r in rows:
+        if r.key in keys and r.operation in WRITE_OPERATIONS:
+            writes_by_offset[r.offset][r.op_index] = (r.branch, r.operation, r.key, r.value)
     outcomes: list[tuple[int, bool]] = []
     for offset in sorted(set(compares_by_offset) | set(writes_by_offset)):
         branch = "success"
@@ -78,7 +81,9 @@ def resolve_conditions(spark: SparkSession, ops: DataFrame, base: DataFrame) -> 
                             for key, kind, target in compares_by_offset[offset])
             outcomes.append((offset, succeeded))
             branch = "success" if succeeded else "failure"
-        for op_branch, operation, key, value in writes_by_offset.get(offset, ()):
+        writes = writes_by_offset.get(offset, {})
+        for op_index in sorted(writes):
+            op_branch, operation, key, value = writes[op_index]
             if op_branch != branch:
                 continue
             if operation == "put":
@@ -88,9 +93,9 @@ def resolve_conditions(spark: SparkSession, ops: DataFrame, base: DataFrame) -> 
     return spark.createDataFrame(outcomes, OUTCOME_SCHEMA)
 
 
-def effective_writes(spark: SparkSession, ops: DataFrame, base: DataFrame) -> DataFrame:
+def effective_writes(spark: SparkSession, ops: DataFrame, base: DataFrame, base_snapshot_end: int) -> DataFrame:
     """The puts and deletes that actually ran (the taken branch of every record)."""
-    outcomes = resolve_conditions(spark, ops, base)
+    outcomes = resolve_conditions(spark, ops, base, base_snapshot_end)
     taken = F.when(F.col("succeeded").isNull() | F.col("succeeded"), F.lit("success")).otherwise(F.lit("failure"))
     return (ops.filter(F.col("operation").isin(*WRITE_OPERATIONS))
             .join(F.broadcast(outcomes), "offset", "left")
