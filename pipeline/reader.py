@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
     ArrayType,
@@ -33,9 +34,9 @@ from pyspark.sql.types import (
 from pipeline.decode import (
     ENTRY_COLUMNS,
     SNAPSHOT_NAME,
-    EntryRow,
     decode_segment,
     query_sqlite_bytes,
+    rows_to_arrow,
     segment_base_offset,
     snapshot_database_bytes,
 )
@@ -147,14 +148,18 @@ def read_entries(spark: SparkSession, nodes: list[NodeDir], skip_corrupt: bool =
     if not owners:
         return spark.createDataFrame([], ENTRY_SCHEMA)
     uris = sorted(e.uri for n in nodes for e in n.segments)
-    files = spark.sparkContext.binaryFiles(",".join(uris), minPartitions=len(uris))
+    files = spark.read.format("binaryFile").load(uris).select("path", "content")
 
-    def decode_files(pairs: Iterator[tuple[str, bytes]]) -> Iterator[EntryRow]:
-        for path, data in pairs:
-            node = _lookup(owners, path)
-            yield from decode_segment(node, path.rsplit("/", 1)[1], data, skip_corrupt)
+    def decode_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            paths = batch.column(0).to_pylist()
+            contents = batch.column(1)
+            for index, path in enumerate(paths):
+                node = _lookup(owners, path)
+                data = contents[index].as_py()
+                yield from rows_to_arrow(decode_segment(node, path.rsplit("/", 1)[1], data, skip_corrupt))
 
-    return spark.createDataFrame(files.mapPartitions(decode_files), ENTRY_SCHEMA)
+    return files.mapInArrow(decode_files, ENTRY_SCHEMA)
 
 
 def _check_schema(connection: sqlite3.Connection) -> tuple[int, int]:
