@@ -39,6 +39,14 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
+.PHONY: test-storage-crash bench-storage
+test-storage-crash: $(STAMP)
+	METAKV_CRASH_ITERATIONS=2000 $(PY) -m pytest -q --timeout=7200 tests/storage/test_crash.py
+
+bench-storage: $(STAMP)
+	$(PY) -m loadtest.bench_storage
+
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)
 

@@ -6,6 +6,8 @@ crash: everything appended but not flushed is lost.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,9 +108,8 @@ class MemoryLog:
     def read(self, offset: int, max_bytes: int) -> list[Batch]:
         result: list[Batch] = []
         size = 0
-        for batch in self._batches:
-            if batch.next_offset <= offset:
-                continue
+        first = bisect.bisect_right(self._batches, offset, key=_next_offset)
+        for batch in itertools.islice(self._batches, first, None):
             size += batch.size_bytes()
             if result and size > max_bytes:
                 break
@@ -152,6 +153,10 @@ class MemoryLog:
         log._durable_batches = list(self._durable_batches)
         log._flushed_offset = log.end_offset()
         return log
+
+
+def _next_offset(batch: Batch) -> int:
+    return batch.base_offset + len(batch.records)
 
 
 def _cut(batches: list[Batch], offset: int) -> list[Batch]:

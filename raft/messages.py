@@ -315,7 +315,7 @@ def decode_message(data: bytes) -> Message:
     decoders = _FIELD_DECODERS[cls]
     if len(value) - 1 != len(decoders):
         raise MessageDecodeError(f"{cls.__name__}: expected {len(decoders)} fields")
-    kwargs = {name: decode(item, f"{cls.__name__}.{name}") for (name, decode), item in zip(decoders, value[1:])}
+    kwargs = {name: decode(item, f"{cls.__name__}.{name}") for (name, decode), item in zip(decoders, value[1:], strict=True)}
     return cls(**kwargs)
 
 

@@ -6,6 +6,11 @@ apply time, deterministically, so every replica reaches the same outcome. Encodi
 
     [COMMAND_VERSION, [[key, compare_kind, target], ...], [op, ...], [op, ...]]
     op = [op_kind, key, value (bytes), content_type (str)]
+    op = [op_kind, key, value, content_type, create_version]   (cleaned PUT, see below)
+
+The cleaner (storage/cleaner.py) rewrites a key's newest record into an unconditional PUT
+that carries the key's ``create_version``, so that a replica replaying the cleaned log
+reaches exactly the rows of a replica that applied the original records.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Op:
     key: str
     value: bytes = b""
     content_type: str = DEFAULT_CONTENT_TYPE
+    create_version: int = 0  # set only by the cleaner: the key's create_version to restore
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +79,18 @@ def encode_command(command: Command) -> bytes:
         [
             COMMAND_VERSION,
             [[c.key, int(c.kind), c.target] for c in command.compare],
-            [[int(o.kind), o.key, o.value, o.content_type] for o in command.success],
-            [[int(o.kind), o.key, o.value, o.content_type] for o in command.failure],
+            [_encode_op(o) for o in command.success],
+            [_encode_op(o) for o in command.failure],
         ],
         use_bin_type=True,
     )
+
+
+def _encode_op(op: Op) -> list[object]:
+    encoded: list[object] = [int(op.kind), op.key, op.value, op.content_type]
+    if op.create_version:
+        encoded.append(op.create_version)
+    return encoded
 
 
 _TARGET_TYPES = {CompareKind.MOD_VERSION: int, CompareKind.EXISTS: bool, CompareKind.VALUE: bytes}
@@ -96,14 +109,19 @@ def _decode_compare(item: object) -> Compare:
 
 
 def _decode_op(item: object) -> Op:
-    if (type(item) is not list or len(item) != 4 or type(item[1]) is not str
+    if (type(item) is not list or len(item) not in (4, 5) or type(item[1]) is not str
             or type(item[2]) is not bytes or type(item[3]) is not str):
         raise CommandDecodeError("malformed op")
+    create_version = item[4] if len(item) == 5 else 0
+    if type(create_version) is not int or create_version < 0:
+        raise CommandDecodeError("malformed op create_version")
     try:
         kind = OpKind(item[0])
     except ValueError as exc:
         raise CommandDecodeError(f"unknown op kind {item[0]!r}") from exc
-    return Op(kind, item[1], item[2], item[3])
+    if create_version and kind != OpKind.PUT:
+        raise CommandDecodeError("create_version on an op that is not a put")
+    return Op(kind, item[1], item[2], item[3], create_version)
 
 
 def decode_command(record: bytes) -> Command:

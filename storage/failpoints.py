@@ -15,7 +15,8 @@ Each entry is ``name=action[@n]``. Actions:
 ``@n`` fires on the n-th time the point is reached and on every time after it (default 1).
 Points used by the segment log: ``segment.before_write``, ``segment.after_write``,
 ``segment.before_fsync``, ``segment.after_fsync``, ``segment.after_roll`` (the new segment
-exists, the sealed segment's index is not written yet); by the quorum-state file:
+exists, the sealed segment's index is not written yet), ``segment.before_swap_marker``,
+``segment.before_swap``, ``segment.after_swap`` (replace_prefix); by the quorum-state file:
 ``quorum_state.before_rename``, ``quorum_state.after_rename``.
 
 Unarmed points cost one dict lookup; production code never sets the variable.

@@ -7,7 +7,8 @@ Layout of ``log_dir`` (normally ``<data-dir>/log``)::
                                  entries; a sealed segment's index ends with the entry
                                  (next segment's base offset, segment size)
     leader-epoch-checkpoint      epoch -> start offset (text, replaced atomically)
-    log-start-checkpoint         log start offset and latest snapshot id (JSON, replaced atomically)
+    log-start-checkpoint         log start offset, latest snapshot id, cleaned end (JSON, atomic)
+    cleaner-swap, *.log.cleaned  only while replace_prefix installs a compacted prefix
 
 Durability rules (why the code is ordered the way it is):
 
@@ -17,18 +18,20 @@ Durability rules (why the code is ordered the way it is):
   end offset and a truncation generation under the lock, fsyncs a dup of the file descriptor
   outside it, and raises ``flushed_offset`` only if no truncation happened meanwhile.
 - Rolling to a new segment first fsyncs the old one and writes the epoch checkpoint, so every
-  sealed segment is durable and complete: recovery then only has to scan the last segment.
+  sealed segment is durable and complete: only the last segment can have a torn tail.
 - ``truncate_to`` is durable when it returns (the cut file is fsynced, deleted files are
-  removed from the directory durably): a truncated record must never come back after a crash.
+  removed from the directory durably, newest first): a truncated record must never come
+  back after a crash, and a crash halfway leaves a shorter log, never a gap.
 - Any failed write or fsync (ENOSPC, EIO) puts the log in a failed state: appends, truncations
   and flushes raise ``LogWriteError`` until the log is reopened (after an fsync failure the page
   cache can no longer be trusted); reads keep working on what was written before.
 
-Recovery on open (see docs/storage.md): sealed segments are trusted through their index
-(rebuilt by scanning the segment if missing or damaged); the last segment is scanned batch by
-batch and a torn or corrupt tail is cut at the last good batch, with a warning naming the bytes
-dropped. A bad batch followed by a good one, or a bad sealed segment, is not a tail: it raises
-``CorruptLogError`` naming the file and byte position and the repair command.
+Recovery on open (see docs/storage.md): sealed segments are CRC-checked batch by batch (or,
+with ``verify_sealed_segments=False``, trusted through their index, rebuilt by a scan when
+damaged); the last segment is scanned and a torn or corrupt tail is cut at the last good
+batch, with a warning naming the bytes dropped. A bad batch followed by a good one, or a bad
+sealed segment, is not a tail: it raises ``CorruptLogError`` naming the file, the byte
+position and the repair command.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import struct
 import sys
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,11 +71,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 DEFAULT_INDEX_INTERVAL_BYTES = 4096
 READ_CHUNK_BYTES = 256 * 1024  # bound on one pread while reading batches
+SCAN_CHUNK_BYTES = 8 * 1024 * 1024  # bound on the buffer recovery scans a segment through
+CLEANED_WRITE_BUFFER_BYTES = 1024 * 1024  # bound on bytes replace_prefix buffers before a write
 ITERATE_CHUNK_BYTES = 1024 * 1024  # bound on the bytes one iter_batches step holds
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 EPOCH_CHECKPOINT_NAME = "leader-epoch-checkpoint"
 LOG_START_CHECKPOINT_NAME = "log-start-checkpoint"
+SWAP_MARKER_NAME = "cleaner-swap"  # present while replace_prefix swaps segment files
+CLEANED_SUFFIX = ".cleaned"
 EPOCH_CHECKPOINT_HEADER = "metakv-leader-epoch-checkpoint 1"
 INDEX_ENTRY = struct.Struct(">QQ")
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
@@ -154,6 +161,9 @@ class _ScanResult:
     epoch_starts: list[tuple[int, int]]  # (epoch, first offset) at every epoch change
     error_position: int | None = None
     error_reason: str = ""
+    # Every batch's (base offset, byte position), kept only to check an existing index against.
+    batch_offsets: array | None = None
+    batch_positions: array | None = None
 
 
 def _check_batch(buffer: bytes | memoryview, position: int) -> tuple[BatchHeader, int]:
@@ -168,36 +178,87 @@ def _check_batch(buffer: bytes | memoryview, position: int) -> tuple[BatchHeader
     return header, end
 
 
-def _scan_segment(buffer: bytes, base_offset: int, index_interval_bytes: int) -> _ScanResult:
-    """Walk every batch of a segment, checking CRCs and offset continuity; stop at the first bad one."""
+def _accept_batch(result: _ScanResult, header: BatchHeader, position: int, end: int,
+                  index_interval_bytes: int, cleaned_end: int) -> bool:
+    """Check one CRC-valid batch against the ones before it and record it; False if it does not fit.
+
+    Offsets continue from the previous batch, except below ``cleaned_end``, where they may
+    jump (the cleaner drops records but never moves one); epochs never decrease.
+    """
+    gap_allowed = result.next_offset < header.base_offset < cleaned_end
+    if header.base_offset != result.next_offset and not gap_allowed:
+        result.error_position = position
+        result.error_reason = f"batch has base offset {header.base_offset}, expected {result.next_offset}"
+        return False
+    if result.epoch_starts and header.epoch < result.epoch_starts[-1][0]:
+        result.error_position = position
+        result.error_reason = f"batch epoch {header.epoch} is below the previous batch's {result.epoch_starts[-1][0]}"
+        return False
+    if result.last_indexed_position < 0 or position - result.last_indexed_position >= index_interval_bytes:
+        result.index_offsets.append(header.base_offset)
+        result.index_positions.append(position)
+        result.last_indexed_position = position
+    if result.batch_positions is not None and result.batch_offsets is not None:
+        result.batch_offsets.append(header.base_offset)
+        result.batch_positions.append(position)
+    if not result.epoch_starts or header.epoch != result.epoch_starts[-1][0]:
+        result.epoch_starts.append((header.epoch, header.base_offset))
+    result.next_offset = header.base_offset + header.count
+    result.valid_bytes = end
+    return True
+
+
+def _scan_file(fd: int, size_bytes: int, base_offset: int, index_interval_bytes: int,
+               cleaned_end: int = 0, keep_batch_positions: bool = False) -> _ScanResult:
+    """Walk every batch of a segment file, checking headers, CRCs and offsets; stop at the first bad one.
+
+    Reads through one reused buffer of at most SCAN_CHUNK_BYTES (a batch larger than that is
+    read on its own), so recovery reads the log once without holding a segment in memory.
+    """
     result = _ScanResult(0, base_offset, array("Q"), array("Q"), -1, [])
-    position = 0
-    last_epoch = -1
-    while position < len(buffer):
-        try:
-            header, end = _check_batch(buffer, position)
-        except CorruptBatchError as exc:
-            result.error_position, result.error_reason = position, exc.reason
-            return result
-        if header.base_offset != result.next_offset:
-            result.error_position = position
-            result.error_reason = f"batch has base offset {header.base_offset}, expected {result.next_offset}"
-            return result
-        if header.epoch < last_epoch:
-            result.error_position = position
-            result.error_reason = f"batch epoch {header.epoch} is below the previous batch's {last_epoch}"
-            return result
-        if result.last_indexed_position < 0 or position - result.last_indexed_position >= index_interval_bytes:
-            result.index_offsets.append(header.base_offset)
-            result.index_positions.append(position)
-            result.last_indexed_position = position
-        if header.epoch != last_epoch:
-            result.epoch_starts.append((header.epoch, header.base_offset))
-            last_epoch = header.epoch
-        result.next_offset = header.base_offset + header.count
-        position = end
-        result.valid_bytes = end
+    if keep_batch_positions:
+        result.batch_offsets, result.batch_positions = array("Q"), array("Q")
+    buffer = memoryview(bytearray(min(SCAN_CHUNK_BYTES, size_bytes)))
+    chunk_position = 0
+    while chunk_position < size_bytes:
+        chunk = buffer[: min(len(buffer), size_bytes - chunk_position)]
+        if os.preadv(fd, [chunk], chunk_position) != len(chunk):
+            raise OSError(f"short read of {len(chunk)} bytes at byte {chunk_position}")
+        at_file_end = chunk_position + len(chunk) == size_bytes
+        at = 0
+        while at < len(chunk):
+            try:
+                header, end = _check_batch(chunk, at)
+            except TruncatedBatchError as exc:
+                if at_file_end:
+                    result.error_position, result.error_reason = chunk_position + at, exc.reason
+                    return result
+                if at > 0:
+                    break  # the batch continues past this chunk: read on from its start
+                header, end = _check_large_batch(fd, size_bytes, chunk_position, result)
+                if header is None:
+                    return result
+            except CorruptBatchError as exc:
+                result.error_position, result.error_reason = chunk_position + at, exc.reason
+                return result
+            if not _accept_batch(result, header, chunk_position + at, chunk_position + end,
+                                 index_interval_bytes, cleaned_end):
+                return result
+            at = end
+        chunk_position += at
     return result
+
+
+def _check_large_batch(fd: int, size_bytes: int, position: int,
+                       result: _ScanResult) -> tuple[BatchHeader | None, int]:
+    """Check a batch larger than the scan buffer by reading it whole; (None, 0) records an error."""
+    try:
+        header = decode_header(_read_exact(fd, HEADER_BYTES, position))
+        data = _read_exact(fd, min(header.total_bytes, size_bytes - position), position)
+        return _check_batch(data, 0)
+    except CorruptBatchError as exc:
+        result.error_position, result.error_reason = position, exc.reason
+        return None, 0
 
 
 def _find_good_batch_after(buffer: bytes, position: int, min_base_offset: int) -> int | None:
@@ -217,6 +278,20 @@ def _find_good_batch_after(buffer: bytes, position: int, min_base_offset: int) -
         if header is not None and header.base_offset >= min_base_offset:
             return start
         candidate = buffer.find(magic, candidate + 1)
+    return None
+
+
+def _index_entries_not_batch_starts(entries: list[tuple[int, int]], scan: _ScanResult) -> str | None:
+    """Why an index does not fit its segment (an entry that is not a batch start), or None.
+
+    Any subset of batch starts is a valid index, whatever interval it was written with.
+    """
+    offsets, positions = scan.batch_offsets, scan.batch_positions
+    check(offsets is not None and positions is not None, "scan kept no batch positions")
+    for offset, position in entries:
+        slot = bisect.bisect_left(positions, position)
+        if slot == len(positions) or positions[slot] != position or offsets[slot] != offset:
+            return f"entry ({offset}, {position}) is not the start of a batch"
     return None
 
 
@@ -283,8 +358,18 @@ def decode_epoch_checkpoint(data: bytes) -> list[tuple[int, int]]:
     return entries
 
 
-def read_log_start_checkpoint(log_dir: Path) -> tuple[int, SnapshotId | None] | None:
-    """(log start offset, latest snapshot id) from the checkpoint, None when there is none."""
+@dataclass(frozen=True, slots=True)
+class LogStartCheckpoint:
+    """What cannot be derived from the segments: where the log starts, the newest snapshot,
+    and how far the prefix was compacted (offsets may jump below ``cleaned_end``)."""
+
+    start_offset: int
+    snapshot_id: SnapshotId | None
+    cleaned_end: int = 0
+
+
+def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
+    """The log start checkpoint, or None when there is none (a log never cut or cleaned)."""
     path = log_dir / LOG_START_CHECKPOINT_NAME
     try:
         data = path.read_bytes()
@@ -294,7 +379,9 @@ def read_log_start_checkpoint(log_dir: Path) -> tuple[int, SnapshotId | None] | 
         value = json.loads(data)
         start_offset = value["start_offset"]
         snapshot = value["snapshot"]
+        cleaned_end = value.get("cleaned_end", 0)
         check(type(start_offset) is int and start_offset >= 0, "start_offset")
+        check(type(cleaned_end) is int and cleaned_end >= 0, "cleaned_end")
         snapshot_id = None
         if snapshot is not None:
             snapshot_id = SnapshotId(snapshot["end_offset"], snapshot["epoch"])
@@ -304,12 +391,14 @@ def read_log_start_checkpoint(log_dir: Path) -> tuple[int, SnapshotId | None] | 
     except Exception as exc:
         raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the "
                               "log start offset and snapshot id and cannot be rebuilt", None) from exc
-    return start_offset, snapshot_id
+    return LogStartCheckpoint(start_offset, snapshot_id, cleaned_end)
 
 
-def write_log_start_checkpoint(log_dir: Path, start_offset: int, snapshot_id: SnapshotId | None) -> None:
+def write_log_start_checkpoint(log_dir: Path, checkpoint: LogStartCheckpoint) -> None:
+    snapshot_id = checkpoint.snapshot_id
     snapshot = None if snapshot_id is None else {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}
-    data = json.dumps({"start_offset": start_offset, "snapshot": snapshot}).encode()
+    data = json.dumps({"start_offset": checkpoint.start_offset, "snapshot": snapshot,
+                       "cleaned_end": checkpoint.cleaned_end}).encode()
     write_file_atomically(log_dir / LOG_START_CHECKPOINT_NAME, data)
 
 
@@ -322,6 +411,45 @@ def list_segment_bases(log_dir: Path) -> list[int]:
     return sorted(bases)
 
 
+def _cleaned_path(log_dir: Path, base_offset: int) -> Path:
+    path = _segment_path(log_dir, base_offset)
+    return path.with_name(path.name + CLEANED_SUFFIX)
+
+
+def _swap_files(log_dir: Path, old_bases: list[int], new_bases: list[int]) -> None:
+    """Rename cleaned segment files into place and delete the old ones; repeatable after a crash."""
+    for base in new_bases:
+        cleaned = _cleaned_path(log_dir, base)
+        if cleaned.exists():
+            os.replace(cleaned, _segment_path(log_dir, base))
+        _segment_path(log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+    for base in old_bases:
+        if base not in new_bases:
+            _segment_path(log_dir, base).unlink(missing_ok=True)
+            _segment_path(log_dir, base).with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+    fsync_directory(log_dir)
+
+
+def finish_or_drop_swap(log_dir: Path) -> None:
+    """Finish a replace_prefix whose swap marker was written; drop cleaned files of one that was not."""
+    marker = log_dir / SWAP_MARKER_NAME
+    if marker.exists():
+        try:
+            value = json.loads(marker.read_bytes())
+            old_bases, new_bases = value["old"], value["new"]
+            check(all(type(base) is int for base in old_bases + new_bases), "bases")
+        except Exception as exc:
+            raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None) from exc
+        logger.warning("finishing a segment swap interrupted by a crash: %s replace %s", new_bases, old_bases)
+        _swap_files(log_dir, old_bases, new_bases)
+        marker.unlink()
+    for entry in os.listdir(log_dir):
+        if entry.endswith(CLEANED_SUFFIX):
+            logger.info("deleting %s of a segment swap that never started", entry)
+            (log_dir / entry).unlink()
+    fsync_directory(log_dir)
+
+
 class SegmentLog:
     """``raft.log.RaftLog`` on disk. Thread-safe: one lock guards every method."""
 
@@ -331,12 +459,21 @@ class SegmentLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
         failpoints: Failpoints | None = None,
+        verify_sealed_segments: bool = True,
     ) -> None:
+        """Open (recovering) or create the log in ``log_dir``.
+
+        ``verify_sealed_segments`` (default) CRC-checks every sealed segment on open, so that a
+        flipped bit anywhere stops startup instead of surfacing when the record is next read;
+        opening then reads the whole log once. Without it, sealed segments are trusted through
+        their index (rebuilt by a scan when damaged) and only the last segment is scanned.
+        """
         check(segment_bytes >= 1024, f"segment_bytes {segment_bytes} below 1024")
         check(index_interval_bytes > 0, "index_interval_bytes must be positive")
         self._log_dir = Path(log_dir)
         self._segment_bytes = segment_bytes
         self._index_interval_bytes = index_interval_bytes
+        self._verify_sealed_segments = verify_sealed_segments
         self._failpoints = failpoints if failpoints is not None else Failpoints.from_env()
         self._lock = threading.Lock()
         self._segments: list[_Segment] = []
@@ -345,12 +482,14 @@ class SegmentLog:
         self._epoch_checkpoint_dirty = False
         self._start_offset = 0
         self._snapshot_id: SnapshotId | None = None
+        self._cleaned_end = 0  # offsets below this were compacted by replace_prefix: gaps allowed
         self._flushed_offset = 0
         self._truncation_generation = 0
         self._directory_dirty = False
         self._failure: LogWriteError | None = None
         self._closed = False
         self._last_segment_epochs: list[tuple[int, int]] = []  # epoch changes found by recovery's scan
+        self._sealed_segment_epochs: list[tuple[int, int]] = []  # the same for verified sealed segments
         self._log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._recover()
@@ -424,11 +563,11 @@ class SegmentLog:
             best = (0, 0)
             if self._snapshot_id is not None and self._snapshot_id.epoch <= epoch:
                 best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)
-            for slot, (entry_epoch, _start) in enumerate(self._epoch_entries):
+            entries = self._epoch_entries
+            for slot, (entry_epoch, _start) in enumerate(entries):
                 if entry_epoch > epoch:
                     break
-                following = self._epoch_entries[slot + 1 :]
-                best = (entry_epoch, following[0][1] if following else self._end_offset())
+                best = (entry_epoch, entries[slot + 1][1] if slot + 1 < len(entries) else self._end_offset())
             return best
 
     def flush(self) -> int:
@@ -476,11 +615,11 @@ class SegmentLog:
             self._truncation_generation += 1
             new_start = snapshot_id.end_offset
             try:
-                above = [s for s in self._segments if s.base_offset >= new_start]
-                self._delete_segments(above)
+                above = [s for s in reversed(self._segments) if s.base_offset >= new_start]
+                self._delete_segments(above)  # newest first: a crash leaves no gap
                 if above:
                     fsync_directory(self._log_dir)
-                write_log_start_checkpoint(self._log_dir, new_start, snapshot_id)
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, snapshot_id, self._cleaned_end))
                 self._delete_segments([s for s in self._segments if s.base_offset < new_start])
                 self._segments, self._segment_bases = [], []
                 self._create_segment(new_start)
@@ -505,7 +644,7 @@ class SegmentLog:
             if self._snapshot_id is not None and snapshot_id.end_offset <= self._snapshot_id.end_offset:
                 return
             try:
-                write_log_start_checkpoint(self._log_dir, self._start_offset, snapshot_id)
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(self._start_offset, snapshot_id, self._cleaned_end))
             except OSError as exc:
                 raise self._fail(exc) from exc
             self._snapshot_id = snapshot_id
@@ -526,7 +665,7 @@ class SegmentLog:
                 return self._start_offset
             new_start = self._segments[len(doomed)].base_offset
             try:
-                write_log_start_checkpoint(self._log_dir, new_start, self._snapshot_id)
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, self._snapshot_id, self._cleaned_end))
                 self._delete_segments(doomed)
                 self._segments = self._segments[len(doomed):]
                 self._segment_bases = self._segment_bases[len(doomed):]
@@ -537,6 +676,37 @@ class SegmentLog:
             except OSError as exc:
                 raise self._fail(exc) from exc
             return new_start
+
+    def replace_prefix(self, batches: Sequence[Batch], clean_end: int) -> None:
+        """Replace every batch below ``clean_end`` by ``batches``, a compacted copy of that prefix.
+
+        ``batches`` keep their offsets (records may be missing, never moved), lie in
+        [start_offset, clean_end), increase, and the last one ends exactly at ``clean_end``,
+        a batch boundary of this log. Offsets below ``clean_end`` may jump from then on.
+        Epoch boundaries are kept as they are (the cleaner keeps every control record).
+
+        Crash safety: the new segments are written as ``*.log.cleaned`` and fsynced, a
+        ``cleaner-swap`` marker naming old and new files is written atomically, then the new
+        files are renamed over the old ones and the old ones deleted, and the marker removed.
+        Recovery finishes a swap whose marker exists and deletes ``*.cleaned`` files without
+        one, so a crash leaves either the old prefix or the new one, never a mix.
+        """
+        with self._lock:
+            self._check_writable()
+            check(self._start_offset < clean_end <= self._end_offset(),
+                  f"clean_end {clean_end} outside ({self._start_offset}, {self._end_offset()}]")
+            check(bool(batches) and batches[-1].next_offset == clean_end,
+                  f"the cleaned batches must end at clean_end {clean_end}")
+            previous_end = self._start_offset
+            for batch in batches:
+                check(batch.base_offset >= previous_end and len(batch.records) > 0,
+                      f"cleaned batch at {batch.base_offset} overlaps the one before or is empty")
+                previous_end = batch.next_offset
+            self._truncation_generation += 1
+            try:
+                self._replace_prefix_locked(batches, clean_end)
+            except OSError as exc:
+                raise self._fail(exc) from exc
 
     def iter_batches(self, from_offset: int | None = None,
                      chunk_bytes: int = ITERATE_CHUNK_BYTES) -> Iterator[Batch]:
@@ -704,7 +874,7 @@ class SegmentLog:
 
     def _truncate_locked(self, offset: int) -> None:
         slot = max(bisect.bisect_right(self._segment_bases, offset) - 1, 0)
-        self._delete_segments(self._segments[slot + 1 :])
+        self._delete_segments(self._segments[:slot:-1])  # newest first: a crash leaves no gap
         del self._segments[slot + 1 :]
         del self._segment_bases[slot + 1 :]
         segment = self._segments[-1]
@@ -825,16 +995,124 @@ class SegmentLog:
                         pass
             segment.fd = segment.index_fd = -1
 
+    def _replace_prefix_locked(self, batches: Sequence[Batch], clean_end: int) -> None:
+        slot = bisect.bisect_right(self._segment_bases, clean_end - 1) - 1
+        holder = self._segments[slot]
+        cut_position, partial = self._locate_cut(holder, clean_end)
+        check(partial is None, f"clean_end {clean_end} is not a batch boundary")
+        holder_is_active = slot == len(self._segments) - 1
+        pending = self._write_cleaned_segments(batches, holder, cut_position)
+        new_bases = [segment.base_offset for segment in pending]
+        old_bases = self._segment_bases[: slot + 1]
+        self._cleaned_end = max(self._cleaned_end, clean_end)
+        write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
+            self._start_offset, self._snapshot_id, self._cleaned_end))
+        self._failpoints.hit("segment.before_swap_marker")
+        write_file_atomically(self._log_dir / SWAP_MARKER_NAME,
+                              json.dumps({"old": old_bases, "new": new_bases}).encode())
+        self._failpoints.hit("segment.before_swap")
+        for segment in self._segments[: slot + 1]:
+            for fd in (segment.fd, segment.index_fd):
+                if fd >= 0:
+                    os.close(fd)
+            segment.fd = segment.index_fd = -1
+        _swap_files(self._log_dir, old_bases, new_bases)
+        self._failpoints.hit("segment.after_swap")
+        (self._log_dir / SWAP_MARKER_NAME).unlink()
+        fsync_directory(self._log_dir)
+        for segment in pending:
+            segment.fd = os.open(segment.path, os.O_RDWR | os.O_APPEND)
+            segment.durable_bytes = segment.size_bytes
+        following = self._segments[slot + 1 :]
+        self._segments = pending + following
+        self._segment_bases = new_bases + self._segment_bases[slot + 1 :]
+        for index, segment in enumerate(self._segments[: len(pending)]):
+            if index < len(self._segments) - 1:
+                self._write_sealed_index(segment, self._segments[index + 1].base_offset)
+        if holder_is_active:  # the active segment was rewritten and fsynced whole
+            self._rewrite_active_index(self._segments[-1])
+            self._flushed_offset = self._end_offset()
+
+    def _write_cleaned_segments(self, batches: Sequence[Batch], holder: _Segment,
+                                cut_position: int) -> list[_Segment]:
+        """Write the cleaned batches, then the holder's untouched tail, as fsynced ``*.cleaned``
+        files rolled at segment_bytes; return the new segments (indexed, files not yet open).
+
+        The first new segment is named by the log start offset even if its first record was
+        cleaned away, so the log keeps starting where the checkpoint says. Bytes go out
+        through a buffer of at most CLEANED_WRITE_BUFFER_BYTES.
+        """
+        pending: list[_Segment] = []
+        buffer = bytearray()
+        fd = -1
+        try:
+            for batch in batches:
+                data = encode_batch(batch)
+                if not pending or (pending[-1].size_bytes > 0 and
+                                   pending[-1].size_bytes + len(data) > self._segment_bytes):
+                    if fd >= 0:
+                        finished, fd = fd, -1
+                        self._finish_cleaned_file(finished, buffer)
+                    base = self._start_offset if not pending else batch.base_offset
+                    pending.append(_Segment(base, _segment_path(self._log_dir, base), -1, 0, base))
+                    fd = os.open(_cleaned_path(self._log_dir, base), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                segment = pending[-1]
+                segment.add_index_entry(batch.base_offset, segment.size_bytes, self._index_interval_bytes)
+                segment.size_bytes += len(data)
+                segment.next_offset = batch.next_offset
+                buffer += data
+                if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
+                    _write_all(fd, buffer)
+                    buffer.clear()
+            self._copy_tail(holder, cut_position, pending[-1], fd, buffer)
+            finished, fd = fd, -1
+            self._finish_cleaned_file(finished, buffer)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        pending[-1].next_offset = holder.next_offset
+        return pending
+
+    def _copy_tail(self, holder: _Segment, cut_position: int, segment: _Segment, fd: int,
+                   buffer: bytearray) -> None:
+        """Append the holder's batches from ``cut_position`` on, indexing them, in bounded chunks."""
+        position = cut_position
+        while position < holder.size_bytes:
+            header = self._read_header(holder, position)
+            segment.add_index_entry(header.base_offset, segment.size_bytes + position - cut_position,
+                                    self._index_interval_bytes)
+            position += header.total_bytes
+        position = cut_position
+        while position < holder.size_bytes:
+            chunk = _read_exact(holder.fd, min(READ_CHUNK_BYTES, holder.size_bytes - position), position)
+            buffer += chunk
+            position += len(chunk)
+            if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
+                _write_all(fd, buffer)
+                buffer.clear()
+        segment.size_bytes += holder.size_bytes - cut_position
+
+    @staticmethod
+    def _finish_cleaned_file(fd: int, buffer: bytearray) -> None:
+        try:
+            _write_all(fd, buffer)
+            buffer.clear()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     # ------------------------------------------------------------------ recovery
 
     def _recover(self) -> None:
         for entry in os.listdir(self._log_dir):
             if entry.endswith(".tmp"):  # an atomic replace that never happened
                 (self._log_dir / entry).unlink()
+        finish_or_drop_swap(self._log_dir)
         checkpoint = read_log_start_checkpoint(self._log_dir)
         bases = list_segment_bases(self._log_dir)
         if checkpoint is not None:
-            self._start_offset, self._snapshot_id = checkpoint
+            self._start_offset, self._snapshot_id = checkpoint.start_offset, checkpoint.snapshot_id
+            self._cleaned_end = checkpoint.cleaned_end
             below = [base for base in bases if base < self._start_offset]
             for base in below:  # a delete_before or reset_to_snapshot interrupted by a crash
                 logger.info("deleting segment %s below the log start offset %d", base, self._start_offset)
@@ -889,12 +1167,24 @@ class SegmentLog:
         return segment
 
     def _open_sealed_segment(self, segment: _Segment, next_base: int) -> None:
-        """Trust a sealed segment through its index; rebuild the index if it is damaged."""
+        """Verify a sealed segment (or trust it through its index); rebuild a damaged index."""
         try:
             entries = _decode_index(segment.index_path.read_bytes())
         except FileNotFoundError:
             entries = None
         problem = self._sealed_index_problem(segment, next_base, entries)
+        if self._verify_sealed_segments:
+            scan = self._scan_sealed_segment(segment, next_base, keep_batch_positions=problem is None)
+            for epoch, start_offset in scan.epoch_starts:
+                if not self._sealed_segment_epochs or epoch > self._sealed_segment_epochs[-1][0]:
+                    self._sealed_segment_epochs.append((epoch, start_offset))
+            if problem is None and entries is not None:
+                problem = _index_entries_not_batch_starts(entries[:-1], scan)
+            self._adopt_scan(segment, scan)  # reads use the scan's index, right by construction
+            if problem is not None:
+                logger.warning("rebuilding index %s from its segment: %s", segment.index_path, problem)
+                self._write_sealed_index(segment, next_base)
+            return
         if problem is None and entries is not None:
             for offset, position in entries[:-1]:
                 segment.index_offsets.append(offset)
@@ -903,17 +1193,24 @@ class SegmentLog:
             segment.next_offset = next_base
             return
         logger.warning("rebuilding index %s from its segment: %s", segment.index_path, problem)
-        scan = _scan_segment(_read_exact(segment.fd, segment.size_bytes, 0), segment.base_offset,
-                             self._index_interval_bytes)
+        self._adopt_scan(segment, self._scan_sealed_segment(segment, next_base))
+        self._write_sealed_index(segment, next_base)
+
+    def _scan_sealed_segment(self, segment: _Segment, next_base: int,
+                             keep_batch_positions: bool = False) -> _ScanResult:
+        """Scan a whole sealed segment; any bad batch is corruption, never a tail to cut."""
+        scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
+                          self._cleaned_end, keep_batch_positions)
         if scan.error_position is not None:
-            raise CorruptLogError(segment.path, scan.error_position, scan.error_reason + " (in a sealed segment)",
+            raise CorruptLogError(segment.path, scan.error_position,
+                                  f"{scan.error_reason} (in a sealed segment, not the log's tail)",
                                   scan.next_offset)
-        if scan.next_offset != next_base:
+        gap_allowed = scan.next_offset < next_base < self._cleaned_end
+        if scan.next_offset != next_base and not gap_allowed:
             raise CorruptLogError(segment.path, segment.size_bytes,
                                   f"segment ends at offset {scan.next_offset} but the next segment starts "
                                   f"at offset {next_base}", scan.next_offset)
-        self._adopt_scan(segment, scan)
-        self._write_sealed_index(segment, next_base)
+        return scan
 
     def _sealed_index_problem(self, segment: _Segment, next_base: int,
                               entries: list[tuple[int, int]] | None) -> str | None:
@@ -932,10 +1229,12 @@ class SegmentLog:
 
     def _recover_last_segment(self, segment: _Segment) -> None:
         """Scan the last segment; cut a torn or corrupt tail, refuse corruption with data after it."""
-        buffer = _read_exact(segment.fd, segment.size_bytes, 0)
-        scan = _scan_segment(buffer, segment.base_offset, self._index_interval_bytes)
+        scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
+                          self._cleaned_end)
         if scan.error_position is not None:
-            following = _find_good_batch_after(buffer, scan.error_position, scan.next_offset)
+            rest = _read_exact(segment.fd, segment.size_bytes - scan.error_position, scan.error_position)
+            found = _find_good_batch_after(rest, 0, scan.next_offset)
+            following = None if found is None else scan.error_position + found
             if following is not None:
                 raise CorruptLogError(
                     segment.path, scan.error_position,
@@ -967,11 +1266,24 @@ class SegmentLog:
         except ValueError as exc:
             entries = None
             problem = f"unreadable: {exc}"
-        if entries is None:
-            if len(self._segments) > 1:
-                logger.warning("%s is %s; rebuilding it from the sealed segments", path, problem)
-            entries = self._epochs_of_sealed_segments()
-        recovered = [entry for entry in entries if entry[1] < last.base_offset]
+        if self._verify_sealed_segments:
+            # The scans saw the first held batch of each epoch. The checkpoint may name an
+            # earlier start for an epoch (its first records were cleaned away): keep it then.
+            sealed = self._sealed_segment_epochs
+            held = [entry for entry in entries or [] if entry[1] < last.base_offset]
+            consistent = [epoch for epoch, _ in held] == [epoch for epoch, _ in sealed] and all(
+                checkpointed[1] <= scanned[1] for checkpointed, scanned in zip(held, sealed, strict=True))
+            if entries is not None and not consistent:
+                problem = "out of step with the segments"
+            if (entries is None or not consistent) and len(self._segments) > 1:
+                logger.warning("%s is %s; rebuilt it from the segments", path, problem)
+            recovered = held if entries is not None and consistent else list(sealed)
+        else:
+            if entries is None:
+                if len(self._segments) > 1:
+                    logger.warning("%s is %s; rebuilding it from the sealed segments", path, problem)
+                entries = self._epochs_of_sealed_segments()
+            recovered = [entry for entry in entries if entry[1] < last.base_offset]
         for epoch, start_offset in self._last_segment_epochs:
             if not recovered or epoch > recovered[-1][0]:
                 recovered.append((epoch, start_offset))
@@ -983,8 +1295,8 @@ class SegmentLog:
     def _epochs_of_sealed_segments(self) -> list[tuple[int, int]]:
         entries: list[tuple[int, int]] = []
         for segment in self._segments[:-1]:
-            scan = _scan_segment(_read_exact(segment.fd, segment.size_bytes, 0), segment.base_offset,
-                                 self._index_interval_bytes)
+            scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
+                              self._cleaned_end)
             if scan.error_position is not None:
                 raise CorruptLogError(segment.path, scan.error_position, scan.error_reason, scan.next_offset)
             for epoch, start_offset in scan.epoch_starts:

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
@@ -41,6 +42,7 @@ from sqlalchemy.pool import NullPool
 from raft.snapshots import CorruptSnapshotError
 from raft.types import Batch, SnapshotId, check
 from storage.commands import (
+    COMMAND_VERSION,
     Command,
     CommandDecodeError,
     CompareKind,
@@ -66,7 +68,13 @@ logger = logging.getLogger(__name__)
 KEY_LOOKUP_CHUNK_KEYS = 500
 SQLITE_CACHE_KIB = 32 * 1024
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
+# thread so that apply never waits for them; the thread is woken after this many records.
+CHECKPOINT_EVERY_RECORDS = 2_000
+# If the background thread falls behind, the writer checkpoints itself past this WAL size.
+WAL_BACKSTOP_PAGES = 16_384
 MAX_LIST_LIMIT = 10_000
+_KEYS_PLACEHOLDER = "__[POSTCOMPILE_keys]"
 MAX_CHANGES_LIMIT = 100_000
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +177,8 @@ def _compile(statement: sa.ClauseElement, dialect: sa.Dialect) -> str:
 class StateMachine:
     """Applies committed batches to ``db_path`` and answers versioned reads from it."""
 
-    def __init__(self, db_path: str, *, history_retention_versions: int | None = None) -> None:
+    def __init__(self, db_path: str, *, history_retention_versions: int | None = None,
+                 background_checkpoint: bool = True) -> None:
         check(history_retention_versions is None or history_retention_versions >= 0,
               "history_retention_versions must be >= 0")
         self.db_path = os.path.abspath(db_path)
@@ -196,6 +205,13 @@ class StateMachine:
         self._applied_epoch: int = row.applied_epoch
         self._oldest_version: int = row.oldest_version
         self._prepare_statements()
+        self._writer.exec_driver_sql(
+            f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
+        self._records_since_checkpoint = 0
+        self._checkpointer: _Checkpointer | None = None
+        if background_checkpoint:
+            self._checkpointer = _Checkpointer(self._open_connection(), self.db_path)
+            self._checkpointer.start()
 
     # ---- connections ---------------------------------------------------------------
 
@@ -281,8 +297,15 @@ class StateMachine:
             .where(meta.c.id == sa.literal_column("1")),
             dialect,
         )
-        self._sql_upsert = _compile(
-            entries.insert().prefix_with("OR REPLACE").values(
+        self._sql_update = _compile(
+            entries.update().where(entries.c.key == sa.bindparam("row_key")).values(
+                value=sa.bindparam("value"), content_type=sa.bindparam("content_type"),
+                mod_version=sa.bindparam("mod_version"),
+                create_version=sa.bindparam("create_version")),
+            dialect,
+        )
+        self._sql_insert = _compile(
+            entries.insert().values(
                 key=sa.bindparam("key"), value=sa.bindparam("value"),
                 content_type=sa.bindparam("content_type"),
                 mod_version=sa.bindparam("mod_version"),
@@ -305,10 +328,36 @@ class StateMachine:
                 oldest_version=sa.bindparam("oldest_version")),
             dialect,
         )
+        self._sql_meta_versions = _compile(
+            sa.select(meta.c.applied_version, meta.c.oldest_version)
+            .where(meta.c.id == sa.literal_column("1")), dialect)
+        self._sql_history_at = _compile(
+            sa.select(history.c.op, history.c.value, history.c.content_type, history.c.version,
+                      history.c.create_version)
+            .where(history.c.key == sa.bindparam("key"), history.c.version <= sa.bindparam("version"))
+            .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1),
+            dialect,
+        )
+        # "key IN (...)": compiled once with a placeholder for as many "?" as a chunk needs.
+        self._sql_lookup_keys = _compile(
+            sa.select(entries.c.key, entries.c.value, entries.c.content_type, entries.c.mod_version,
+                      entries.c.create_version)
+            .where(entries.c.key.in_(sa.bindparam("keys", expanding=True))),
+            dialect,
+        )
+        check(_KEYS_PLACEHOLDER in self._sql_lookup_keys, "unexpected compiled IN clause")
+        self._sql_entry = _compile(
+            sa.select(entries.c.value, entries.c.content_type, entries.c.mod_version,
+                      entries.c.create_version).where(entries.c.key == sa.bindparam("key")),
+            dialect,
+        )
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
-            self._sql_point_read, self._sql_upsert, self._sql_delete, self._sql_history,
-            self._sql_meta)] == [1, 5, 1, 7, 3], "unexpected compiled statement shape")
+            self._sql_point_read, self._sql_insert, self._sql_update, self._sql_delete,
+            self._sql_history, self._sql_meta, self._sql_meta_versions, self._sql_history_at,
+            self._sql_entry)] == [1, 5, 5, 1, 7, 3, 0, 4, 1], "unexpected compiled statement shape")
+        check(self._sql_update.rstrip().endswith("?") and "WHERE" in self._sql_update,
+              "the update statement must bind the key last")
 
     # ---- properties ----------------------------------------------------------------
 
@@ -339,17 +388,19 @@ class StateMachine:
             if end_version == self._applied_version:
                 return []
             commands = self._decode(plan)
-            keys = {key for _offset, command in commands if isinstance(command, Command)
+            keys = {key for _offset, command in commands if not isinstance(command, str)
                     for key in _command_keys(command)}
             writer_cursor = self._writer.connection.driver_connection.cursor()
             try:
                 with self._write_transaction():
                     current = self._load_entries(writer_cursor, keys)
-                    results, upserts, deletes, history_rows = _evaluate(commands, current)
-                    if deletes:
-                        writer_cursor.executemany(self._sql_delete, deletes)
-                    if upserts:
-                        writer_cursor.executemany(self._sql_upsert, upserts)
+                    results, changes, history_rows = _evaluate_compact(commands, current)
+                    if changes.deletes:
+                        writer_cursor.executemany(self._sql_delete, changes.deletes)
+                    if changes.updates:
+                        writer_cursor.executemany(self._sql_update, changes.updates)
+                    if changes.inserts:
+                        writer_cursor.executemany(self._sql_insert, changes.inserts)
                     if history_rows:
                         writer_cursor.executemany(self._sql_history, history_rows)
                     oldest = self._oldest_version
@@ -360,37 +411,43 @@ class StateMachine:
                     writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest))
             finally:
                 writer_cursor.close()
+            self._records_since_checkpoint += end_version - self._applied_version
             self._applied_version = end_version
+            if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
+                self._records_since_checkpoint = 0
+                self._checkpointer.wake()
             self._applied_epoch = end_epoch
             self._oldest_version = oldest
             return results
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
-        """Which batches (and from which record) to apply; checks contiguity first."""
+        """Which batches (and from which record) to apply.
+
+        Batches may leave gaps: a cleaned log keeps only each key's newest record, so the
+        offsets of removed records are simply absent (they changed nothing that survives).
+        """
         expected = self._applied_version
         epoch = self._applied_epoch
         plan: list[tuple[Batch, int]] = []
         for batch in batches:
             if batch.next_offset <= expected:
                 continue
-            check(batch.base_offset <= expected,
-                  f"gap before batch at offset {batch.base_offset}: applied version is {expected}")
-            plan.append((batch, expected - batch.base_offset))
+            plan.append((batch, max(0, expected - batch.base_offset)))
             expected = batch.next_offset
             epoch = batch.epoch
         return plan, expected, epoch
 
     @staticmethod
-    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, Command | str]]:
+    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, CompactCommand | str]]:
         """(offset, command or decode error) for every non-control record to apply."""
-        commands: list[tuple[int, Command | str]] = []
+        commands: list[tuple[int, CompactCommand | str]] = []
         for batch, first_index in plan:
             if batch.control:
                 continue
             for index in range(first_index, len(batch.records)):
                 offset = batch.base_offset + index
                 try:
-                    commands.append((offset, decode_command(batch.records[index])))
+                    commands.append((offset, decode_compact(batch.records[index])))
                 except CommandDecodeError as exc:
                     logger.warning("record at offset %d does not decode (%s); applied as a no-op",
                                    offset, exc)
@@ -402,8 +459,7 @@ class StateMachine:
         key_list = list(found)
         for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
             chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
-            sql = ("SELECT key, value, content_type, mod_version, create_version FROM entries "
-                   f"WHERE key IN ({','.join('?' * len(chunk))})")
+            sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * len(chunk)))
             for row in cursor.execute(sql, chunk):
                 found[row[0]] = Entry(row[0], row[1], row[2], row[3], row[4])
         return found
@@ -454,39 +510,41 @@ class StateMachine:
 
     def get(self, key: str, at_version: int | None = None) -> tuple[int, Entry | None]:
         """(version answered at, the entry or None)."""
+        cursor = self._reader_cursor()
         if at_version is None:
-            row = self._reader_cursor().execute(self._sql_point_read, (key,)).fetchone()
+            row = cursor.execute(self._sql_point_read, (key,)).fetchone()
             if row[1] is None:
                 return row[0], None
             return row[0], Entry(key, row[1], row[2], row[3], row[4])
-        with self._read_transaction() as connection:
-            self._check_readable(connection, at_version)
-            return at_version, self._entry_at(connection, key, at_version)
+        cursor.execute("BEGIN")
+        try:
+            applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
+            _check_version(at_version, applied_version, oldest_version)
+            return at_version, self._entry_at(cursor, key, at_version)
+        finally:
+            cursor.execute("COMMIT")
 
-    def _check_readable(self, connection: Connection, version: int) -> int:
+    def _check_readable(self, connection: Connection, version: int | None) -> int:
+        """The applied version of this read transaction, after checking ``version`` (if
+        given) is readable in it."""
         row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
-        if version < row.oldest_version:
-            raise VersionCompactedError(version, row.oldest_version)
-        if version > row.applied_version:
-            raise VersionNotAppliedError(version, row.applied_version)
+        if version is not None:
+            _check_version(version, row.applied_version, row.oldest_version)
         return row.applied_version
 
-    @staticmethod
-    def _entry_at(connection: Connection, key: str, version: int) -> Entry | None:
-        row = connection.execute(
-            sa.select(history.c.op, history.c.value, history.c.content_type, history.c.version,
-                      history.c.create_version)
-            .where(history.c.key == key, history.c.version <= version)
-            .order_by(history.c.version.desc(), history.c.seq.desc()).limit(1)
-        ).first()
+    def _entry_at(self, cursor: sqlite3.Cursor, key: str, version: int) -> Entry | None:
+        """The key as of ``version``: its newest history row at or below it, else its current
+        row when that is no newer (see docs/state-machine.md, Schema)."""
+        row = cursor.execute(self._sql_history_at, (key, version, 1, 0)).fetchone()
         if row is not None:
-            if row.op == HISTORY_OP_DELETE:
+            op, value, content_type, mod_version, create_version = row
+            if op == HISTORY_OP_DELETE:
                 return None
-            return Entry(key, row.value, row.content_type, row.version, row.create_version)
-        current = connection.execute(sa.select(entries).where(entries.c.key == key)).first()
-        if current is None or current.mod_version > version:
+            return Entry(key, value, content_type, mod_version, create_version)
+        row = cursor.execute(self._sql_entry, (key,)).fetchone()
+        if row is None or row[2] > version:
             return None
-        return Entry(*current)
+        return Entry(key, row[0], row[1], row[2], row[3])
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> tuple[int, list[Entry], str | None]:
@@ -494,12 +552,13 @@ class StateMachine:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise ValueError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
         with self._read_transaction() as connection:
-            if at_version is None:
-                version = connection.execute(sa.select(meta.c.applied_version)).scalar_one()
+            applied_version = self._check_readable(connection, at_version)
+            if at_version is None or at_version == applied_version:
+                # The current rows are the state at the applied version.
+                version = applied_version
                 query = (sa.select(entries).where(*_key_range(entries.c.key, prefix, after))
                          .order_by(entries.c.key).limit(limit + 1))
             else:
-                self._check_readable(connection, at_version)
                 version = at_version
                 query = _list_at_version_query(prefix, after, limit + 1, at_version)
             rows = connection.execute(query).all()
@@ -609,7 +668,13 @@ class StateMachine:
             if self._closed:
                 return
             self._closed = True
-            self._dispose()
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+            try:
+                # Leave a self-contained database file behind (empty WAL).
+                self._writer.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._dispose()
 
     def _dispose(self) -> None:
         with self._connections_lock:
@@ -625,16 +690,88 @@ class StateMachine:
         self.close()
 
 
-def _command_keys(command: Command) -> Iterator[str]:
-    for compare in command.compare:
-        yield compare.key
-    for op in command.success:
-        yield op.key
-    for op in command.failure:
-        yield op.key
+class _Checkpointer(threading.Thread):
+    """Runs PASSIVE WAL checkpoints on its own connection when woken (see
+    CHECKPOINT_EVERY_RECORDS); sqlite3 releases the GIL while it works."""
+
+    def __init__(self, connection: Connection, db_path: str) -> None:
+        super().__init__(name=f"checkpoint:{os.path.basename(db_path)}", daemon=True)
+        self._connection = connection
+        self._wake = threading.Event()
+        self._stopping = False
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self.join()
+
+    def run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                self._connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except sa.exc.DBAPIError:
+                logger.exception("background WAL checkpoint failed; the writer's backstop applies")
 
 
-def _compare_holds(kind: CompareKind, target: int | bool | bytes, entry: Entry | None) -> bool:
+# The state machine's working form of a command: plain tuples, cheaper to build and read
+# than the Command dataclasses, with the same content:
+#   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type, create_version), ...) x 2)
+# (create_version is 0 except in a PUT the cleaner rewrote, see storage/commands.py)
+CompactOp = tuple[int, str, bytes, str, int]
+CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
+_OP_KINDS = {int(kind): kind for kind in OpKind}
+_PUT, _DELETE = int(OpKind.PUT), int(OpKind.DELETE)
+_SIMPLE_OP_KINDS = frozenset(_OP_KINDS)
+
+
+def decode_compact(record: bytes) -> CompactCommand:
+    """Decode a record as ``storage.commands.decode_command`` does, into the compact form.
+
+    The common record, one op and no compares, is recognised directly; any other shape goes
+    through ``decode_command``, which accepts a superset of what the shortcut accepts and
+    gives the same content for it, so both paths agree on every record.
+    """
+    try:
+        value = msgpack.unpackb(record, raw=False)
+    except Exception:  # decode_command below reports it the same way every time
+        value = None
+    if (type(value) is list and len(value) == 4 and type(value[0]) is int
+            and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
+            and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
+            and not value[3]):
+        op = value[2][0]
+        if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] in _SIMPLE_OP_KINDS
+                and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
+            return (), ((op[0], op[1], op[2], op[3], 0),), ()
+    return compact_command(decode_command(record))
+
+
+def compact_command(command: Command) -> CompactCommand:
+    return (
+        tuple((c.key, int(c.kind), c.target) for c in command.compare),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.success),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.failure),
+    )
+
+
+def _command_keys(command: CompactCommand) -> Iterator[str]:
+    compares, success, failure = command
+    for compare in compares:
+        yield compare[0]
+    for op in success:
+        yield op[1]
+    for op in failure:
+        yield op[1]
+
+
+def _compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) -> bool:
     if kind == CompareKind.MOD_VERSION:
         return (0 if entry is None else entry.mod_version) == target
     if kind == CompareKind.EXISTS:
@@ -645,55 +782,106 @@ def _compare_holds(kind: CompareKind, target: int | bool | bytes, entry: Entry |
 HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
 
 
+@dataclass(slots=True)
+class RowChanges:
+    """What one apply call does to the entries table, as executemany parameter rows."""
+
+    inserts: list[tuple[Any, ...]]  # keys that did not exist before the call
+    updates: list[tuple[Any, ...]]  # keys that existed and still do (value, ..., key)
+    deletes: list[tuple[str]]  # keys that existed and no longer do
+
+
+def evaluate_commands(
+    commands: Sequence[tuple[int, Command | str]], state: dict[str, Entry | None]
+) -> list[ApplyResult]:
+    """The apply evaluator on its own: run ``(offset, command or decode error)`` pairs against
+    ``state`` (key -> Entry or None, holding every key the commands name; updated in place)
+    exactly as apply does, without touching a database. Used by the cleaner."""
+    return _evaluate_compact(
+        [(offset, command if isinstance(command, str) else compact_command(command))
+         for offset, command in commands], state)[0]
+
+
 def _evaluate(
-    commands: list[tuple[int, Command | str]], state: dict[str, Entry | None]
+    commands: Sequence[tuple[int, Command | str]], state: dict[str, Entry | None]
 ) -> tuple[list[ApplyResult], list[tuple[Any, ...]], list[tuple[str]], list[HistoryRow]]:
+    """Earlier form of ``evaluate_commands`` (storage/cleaner.py imports it): returns the
+    results, the rows to write ``(key, value, content_type, mod_version, create_version)``,
+    the keys to delete, and the history rows."""
+    results, changes, history_rows = _evaluate_compact(
+        [(offset, command if isinstance(command, str) else compact_command(command))
+         for offset, command in commands], state)
+    written = changes.inserts + [(row[4], *row[:4]) for row in changes.updates]
+    return results, sorted(written), changes.deletes, history_rows
+
+
+def _evaluate_compact(
+    commands: list[tuple[int, CompactCommand | str]], state: dict[str, Entry | None]
+) -> tuple[list[ApplyResult], RowChanges, list[HistoryRow]]:
     """Run the commands against ``state`` (updated in place); pure and deterministic.
 
-    Returns the results, the final rows to upsert, the keys to delete, and history rows.
+    Returns the results, the row changes for the entries table, and history rows.
     """
     original = dict(state)
     results: list[ApplyResult] = []
     history_rows: list[HistoryRow] = []
+    append_result = results.append
+    append_history = history_rows.append
     for offset, command in commands:
         version = offset + 1
         seq = 0  # position of a change within its record: the same on every replica
         if isinstance(command, str):
-            results.append(ApplyResult(offset, version, False, (), (), command))
+            append_result(ApplyResult(offset, version, False, (), (), command))
             continue
-        failed = tuple((c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
-                       for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
-        succeeded = not failed
+        compares, success, failure = command
+        failed: tuple[tuple[str, int], ...] = ()
+        if compares:
+            failed = tuple(
+                (key, 0 if state[key] is None else state[key].mod_version)  # type: ignore[union-attr]
+                for key, kind, target in compares if not _compare_holds(kind, target, state[key]))
         op_results: list[OpResult] = []
-        for op in command.success if succeeded else command.failure:
-            previous = state[op.key]
-            if op.kind == OpKind.PUT:
-                create_version = version if previous is None else previous.create_version
-                entry = Entry(op.key, op.value, op.content_type, version, create_version)
-                state[op.key] = entry
-                history_rows.append((version, seq, op.key, HISTORY_OP_PUT, op.value,
-                                     op.content_type, create_version))
+        for kind, key, value, content_type, op_create_version in failure if failed else success:
+            previous = state[key]
+            if kind == _PUT:
+                # A cleaned record restores the create_version of the records it replaced.
+                create_version = op_create_version or (
+                    version if previous is None else previous.create_version)
+                entry = Entry(key, value, content_type, version, create_version)
+                state[key] = entry
+                append_history((version, seq, key, HISTORY_OP_PUT, value, content_type, create_version))
                 seq += 1
-                op_results.append(OpResult(op.kind, op.key, previous is None, False, entry))
-            elif op.kind == OpKind.DELETE:
+                op_results.append(OpResult(_OP_KINDS[kind], key, previous is None, False, entry))
+            elif kind == _DELETE:
                 if previous is not None:
-                    state[op.key] = None
-                    history_rows.append((version, seq, op.key, HISTORY_OP_DELETE,
-                                         None, None, previous.create_version))
+                    state[key] = None
+                    append_history((version, seq, key, HISTORY_OP_DELETE, None, None,
+                                    previous.create_version))
                     seq += 1
-                op_results.append(OpResult(op.kind, op.key, False, previous is not None, None))
+                op_results.append(OpResult(_OP_KINDS[kind], key, False, previous is not None, None))
             else:
-                op_results.append(OpResult(op.kind, op.key, False, False, previous))
-        results.append(ApplyResult(offset, version, succeeded, tuple(op_results), failed))
-    upserts: list[tuple[Any, ...]] = []
-    deletes: list[tuple[str]] = []
-    for key, entry in state.items():
+                op_results.append(OpResult(_OP_KINDS[kind], key, False, False, previous))
+        append_result(ApplyResult(offset, version, not failed, tuple(op_results), failed))
+    changes = RowChanges([], [], [])
+    for key in sorted(state):  # key order: neighbouring rows share B-tree pages
+        entry = state[key]
+        before = original[key]
         if entry is None:
-            if original[key] is not None:
-                deletes.append((key,))
-        elif entry is not original[key]:
-            upserts.append((key, entry.value, entry.content_type, entry.mod_version, entry.create_version))
-    return results, upserts, deletes, history_rows
+            if before is not None:
+                changes.deletes.append((key,))
+        elif before is None:
+            changes.inserts.append((key, entry.value, entry.content_type, entry.mod_version,
+                                    entry.create_version))
+        elif entry is not before:
+            changes.updates.append((entry.value, entry.content_type, entry.mod_version,
+                                    entry.create_version, key))
+    return results, changes, history_rows
+
+
+def _check_version(version: int, applied_version: int, oldest_version: int) -> None:
+    if version < oldest_version:
+        raise VersionCompactedError(version, oldest_version)
+    if version > applied_version:
+        raise VersionNotAppliedError(version, applied_version)
 
 
 def _event(row: Any) -> Event:

@@ -28,8 +28,9 @@ EVERYTHING = 1 << 40
 
 
 class SegmentLogMatchesMemoryLog(RuleBasedStateMachine):
-    @initialize()
-    def open_logs(self) -> None:
+    @initialize(verify_sealed_segments=st.booleans())
+    def open_logs(self, verify_sealed_segments: bool) -> None:
+        self.verify_sealed_segments = verify_sealed_segments
         self.directory = Path(tempfile.mkdtemp(prefix="segment-log-model-"))
         self.log_dir = self.directory / "log"
         self.real = self._open()
@@ -37,7 +38,8 @@ class SegmentLogMatchesMemoryLog(RuleBasedStateMachine):
         self.fill = 0
 
     def _open(self) -> SegmentLog:
-        return SegmentLog(self.log_dir, segment_bytes=SEGMENT_BYTES, index_interval_bytes=INDEX_INTERVAL_BYTES)
+        return SegmentLog(self.log_dir, segment_bytes=SEGMENT_BYTES, index_interval_bytes=INDEX_INTERVAL_BYTES,
+                          verify_sealed_segments=self.verify_sealed_segments)
 
     def teardown(self) -> None:
         if hasattr(self, "real"):

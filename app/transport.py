@@ -1,0 +1,467 @@
+"""The raft transport: one TCP listener per node, length-prefixed msgpack frames.
+
+Wire format. Every frame is ``u32 length`` (big-endian) followed by ``length`` bytes of
+msgpack. A connection opens with a mutual handshake proving both ends know the cluster
+secret, without sending it:
+
+    client -> server  ["hello", PROTOCOL_VERSION, cluster_id, client_node_id, client_nonce]
+    server -> client  ["challenge", cluster_id, server_node_id, server_nonce, server_mac]
+    client -> server  ["proof", client_mac]
+
+    server_mac = HMAC-SHA256(secret, b"S" | cluster_id | client_nonce | server_nonce | server_node_id)
+    client_mac = HMAC-SHA256(secret, b"C" | cluster_id | server_nonce | client_nonce | client_node_id)
+
+A peer with another cluster id, a wrong MAC, an oversized or malformed frame is logged and
+its connection closed; nothing else is affected. After the handshake every frame is
+``[kind, correlation_id, message_bytes]`` with kind 0 = request, 1 = response and
+``message_bytes`` encoded by ``raft.messages.encode_message``.
+
+Routing. The core's messages are one-way; the transport pairs them like Kafka does:
+a request travels on this node's outbound connection to its destination, and many may be
+in flight at once (pipelined, each with its own correlation id). A response travels back
+on the connection its request arrived on, echoing the request's correlation id; when that
+connection is gone it falls back to the outbound connection. Frames of either kind are
+accepted on any authenticated connection: the core validates every message itself.
+
+Nothing here blocks the caller: ``send`` queues into a bounded per-peer queue and drops
+(counting the drop) when the queue is full or the peer is unreachable; raft retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgpack
+
+from raft.messages import (
+    BeginQuorumEpochRequest,
+    BeginQuorumEpochResponse,
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
+    EndQuorumEpochRequest,
+    EndQuorumEpochResponse,
+    Envelope,
+    FetchRequest,
+    FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+    Message,
+    MessageDecodeError,
+    VoteRequest,
+    VoteResponse,
+    decode_message,
+    encode_message,
+)
+
+log = logging.getLogger("metakv.transport")
+
+PROTOCOL_VERSION = 1
+FRAME_LENGTH = struct.Struct(">I")
+NONCE_BYTES = 16
+KIND_REQUEST = 0
+KIND_RESPONSE = 1
+
+# The request type each response answers, for routing a response back to its request.
+REQUEST_OF_RESPONSE: dict[type, type] = {
+    VoteResponse: VoteRequest,
+    BeginQuorumEpochResponse: BeginQuorumEpochRequest,
+    EndQuorumEpochResponse: EndQuorumEpochRequest,
+    FetchResponse: FetchRequest,
+    FetchSnapshotResponse: FetchSnapshotRequest,
+    DescribeQuorumResponse: DescribeQuorumRequest,
+}
+REQUEST_TYPES = frozenset(REQUEST_OF_RESPONSE.values())
+
+
+class HandshakeError(Exception):
+    """The peer failed the handshake (other cluster, wrong secret, malformed hello)."""
+
+
+class FrameError(Exception):
+    """A frame that is oversized or not of the expected shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    max_frame_bytes: int = 16 * 1024 * 1024  # above max_batch_bytes plus message overhead
+    max_queue_frames: int = 1024  # per outbound peer; beyond it new frames are dropped
+    max_pending_responses: int = 64  # remembered (connection, correlation id) per peer and request type
+    handshake_timeout_ms: int = 2000
+    connect_timeout_ms: int = 2000
+    reconnect_backoff_min_ms: int = 50
+    reconnect_backoff_max_ms: int = 1000
+
+
+@dataclass
+class TransportStats:
+    frames_sent: int = 0
+    frames_received: int = 0
+    frames_dropped: int = 0
+    connections_refused: int = 0
+    connections_closed_bad_frame: int = 0
+    handshakes_completed: int = 0
+
+
+def _mac(secret: bytes, role: bytes, cluster_id: str, first_nonce: bytes, second_nonce: bytes, node_id: int) -> bytes:
+    material = b"|".join([role, cluster_id.encode(), first_nonce, second_nonce, str(node_id).encode()])
+    return hmac.new(secret, material, hashlib.sha256).digest()
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> bytes:
+    header = await reader.readexactly(FRAME_LENGTH.size)
+    (length,) = FRAME_LENGTH.unpack(header)
+    if length > max_frame_bytes:
+        raise FrameError(f"frame of {length} bytes exceeds max_frame_bytes={max_frame_bytes}")
+    return await reader.readexactly(length)
+
+
+def _frame(payload: bytes) -> bytes:
+    return FRAME_LENGTH.pack(len(payload)) + payload
+
+
+def _unpack_list(data: bytes, what: str) -> list[object]:
+    try:
+        value = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise FrameError(f"{what}: not msgpack") from exc
+    if type(value) is not list:
+        raise FrameError(f"{what}: expected a list")
+    return value
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One authenticated connection, inbound or outbound."""
+
+    peer_id: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    queue: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue())
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)  # set on enqueue and on close
+    closed: bool = False
+
+    def enqueue(self, frame: bytes, bound: int) -> bool:
+        if self.closed or self.queue.qsize() >= bound:
+            return False
+        self.queue.put_nowait(frame)
+        self.wakeup.set()
+        return True
+
+    def mark_closed(self) -> None:
+        self.closed = True
+        self.wakeup.set()
+
+
+class RaftTransport:
+    """Carries ``Envelope``s between nodes. ``on_message`` is called on the event loop for
+    every message received from an authenticated peer."""
+
+    def __init__(
+        self,
+        node_id: int,
+        cluster_id: str,
+        secret: bytes,
+        listen_host: str,
+        listen_port: int,
+        peers: dict[int, tuple[str, int]],
+        on_message: Callable[[Envelope], None],
+        config: TransportConfig | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.cluster_id = cluster_id
+        self._secret = secret
+        self._listen = (listen_host, listen_port)
+        self._peers = dict(peers)
+        self._on_message = on_message
+        self.config = config or TransportConfig()
+        self.stats = TransportStats()
+        self._server: asyncio.AbstractServer | None = None
+        self._outbound: dict[int, _Connection] = {}
+        self._outbound_tasks: dict[int, asyncio.Task[None]] = {}
+        self._outbound_queues: dict[int, collections.deque[bytes]] = {}
+        self._outbound_wakeups: dict[int, asyncio.Event] = {}
+        self._pending_responses: dict[tuple[int, type], collections.deque[tuple[_Connection, int]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next_correlation_id = 1
+        self._random = random.Random(os.urandom(8))
+        self._stopping = False
+
+    @property
+    def port(self) -> int:
+        """The bound listening port (useful when listen_port was 0)."""
+        if self._server is None or not self._server.sockets:
+            return self._listen[1]
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self._listen[0], self._listen[1])
+        for peer_id in self._peers:
+            if peer_id != self.node_id:
+                self._start_outbound(peer_id)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        tasks = list(self._tasks) + list(self._outbound_tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    def set_peer_address(self, peer_id: int, host: str, port: int) -> None:
+        """Add or move a peer (e.g. a voter learned later); reconnects on the next send."""
+        self._peers[peer_id] = (host, port)
+        if peer_id != self.node_id and peer_id not in self._outbound_tasks and not self._stopping:
+            self._start_outbound(peer_id)
+
+    # -- sending ------------------------------------------------------------
+
+    def send(self, envelope: Envelope) -> None:
+        """Queue ``envelope`` for its destination; never blocks, drops when it cannot send."""
+        message = envelope.message
+        if type(message) in REQUEST_TYPES:
+            self._send_request(envelope.dst, message)
+        else:
+            self._send_response(envelope.dst, message)
+
+    def _send_request(self, dst: int, message: Message) -> None:
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id += 1
+        frame = _frame(msgpack.packb([KIND_REQUEST, correlation_id, encode_message(message)], use_bin_type=True))
+        self._enqueue_outbound(dst, frame)
+
+    def _send_response(self, dst: int, message: Message) -> None:
+        pending = self._pending_responses.get((dst, REQUEST_OF_RESPONSE[type(message)]))
+        while pending:
+            connection, correlation_id = pending.popleft()
+            if connection.closed:
+                continue
+            frame = _frame(msgpack.packb([KIND_RESPONSE, correlation_id, encode_message(message)], use_bin_type=True))
+            if connection.enqueue(frame, self.config.max_queue_frames):
+                self.stats.frames_sent += 1
+            else:
+                self.stats.frames_dropped += 1
+            return
+        # The request's connection is gone: fall back to our own connection to the peer.
+        frame = _frame(msgpack.packb([KIND_RESPONSE, 0, encode_message(message)], use_bin_type=True))
+        self._enqueue_outbound(dst, frame)
+
+    def _enqueue_outbound(self, dst: int, frame: bytes) -> None:
+        if dst not in self._peers or dst == self.node_id:
+            self.stats.frames_dropped += 1
+            return
+        queue = self._outbound_queues.setdefault(dst, collections.deque())
+        if len(queue) >= self.config.max_queue_frames:
+            self.stats.frames_dropped += 1
+            return
+        queue.append(frame)
+        self._outbound_wakeups.setdefault(dst, asyncio.Event()).set()
+        if dst not in self._outbound_tasks and not self._stopping:
+            self._start_outbound(dst)
+
+    # -- outbound connections ---------------------------------------------
+
+    def _start_outbound(self, peer_id: int) -> None:
+        self._outbound_queues.setdefault(peer_id, collections.deque())
+        self._outbound_wakeups.setdefault(peer_id, asyncio.Event())
+        self._outbound_tasks[peer_id] = asyncio.get_running_loop().create_task(self._run_outbound(peer_id))
+
+    async def _run_outbound(self, peer_id: int) -> None:
+        backoff_ms = self.config.reconnect_backoff_min_ms
+        while not self._stopping:
+            host, port = self._peers[peer_id]
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), self.config.connect_timeout_ms / 1000
+                )
+            except (TimeoutError, OSError):
+                await self._sleep_backoff(peer_id, backoff_ms)
+                backoff_ms = min(backoff_ms * 2, self.config.reconnect_backoff_max_ms)
+                continue
+            connection = _Connection(peer_id, reader, writer)
+            try:
+                await asyncio.wait_for(self._client_handshake(connection), self.config.handshake_timeout_ms / 1000)
+            except (TimeoutError, HandshakeError, FrameError, OSError, asyncio.IncompleteReadError) as exc:
+                self.stats.connections_refused += 1
+                log.warning("node %d: handshake with peer %d at %s:%d failed: %s", self.node_id, peer_id, host, port, exc)
+                await self._close(connection)
+                await self._sleep_backoff(peer_id, backoff_ms)
+                backoff_ms = min(backoff_ms * 2, self.config.reconnect_backoff_max_ms)
+                continue
+            backoff_ms = self.config.reconnect_backoff_min_ms
+            self._outbound[peer_id] = connection
+            reader_task = asyncio.get_running_loop().create_task(self._read_loop(connection))
+            try:
+                await self._drain_outbound(peer_id, connection)
+            except (OSError, ConnectionError):
+                pass
+            finally:
+                reader_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader_task
+                self._outbound.pop(peer_id, None)
+                await self._close(connection)
+
+    async def _sleep_backoff(self, peer_id: int, backoff_ms: int) -> None:
+        jittered_ms = backoff_ms * (0.5 + self._random.random() / 2)
+        await asyncio.sleep(jittered_ms / 1000)
+        # Frames queued while the peer was unreachable are stale for raft; keep only a few.
+        queue = self._outbound_queues[peer_id]
+        while len(queue) > self.config.max_queue_frames // 4:
+            queue.popleft()
+            self.stats.frames_dropped += 1
+
+    async def _drain_outbound(self, peer_id: int, connection: _Connection) -> None:
+        queue = self._outbound_queues[peer_id]
+        wakeup = self._outbound_wakeups[peer_id]
+        while not connection.closed:
+            # Responses routed onto this connection and our own requests share the socket.
+            while not connection.queue.empty():
+                connection.writer.write(connection.queue.get_nowait())
+            while queue:
+                connection.writer.write(queue.popleft())
+                self.stats.frames_sent += 1
+            await connection.writer.drain()
+            wakeup.clear()
+            connection.wakeup.clear()
+            if queue or not connection.queue.empty() or connection.closed:
+                continue
+            waiters = {asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(connection.wakeup.wait())}
+            _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+
+    async def _client_handshake(self, connection: _Connection) -> None:
+        client_nonce = os.urandom(NONCE_BYTES)
+        hello = ["hello", PROTOCOL_VERSION, self.cluster_id, self.node_id, client_nonce]
+        connection.writer.write(_frame(msgpack.packb(hello, use_bin_type=True)))
+        await connection.writer.drain()
+        challenge = _unpack_list(await _read_frame(connection.reader, 4096), "challenge")
+        if len(challenge) != 5 or challenge[0] != "challenge":
+            raise HandshakeError("malformed challenge")
+        _, cluster_id, server_id, server_nonce, server_mac = challenge
+        if cluster_id != self.cluster_id:
+            raise HandshakeError(f"peer belongs to cluster {cluster_id!r}, not {self.cluster_id!r}")
+        if server_id != connection.peer_id or type(server_nonce) is not bytes or type(server_mac) is not bytes:
+            raise HandshakeError(f"peer answered as node {server_id!r}, expected {connection.peer_id}")
+        expected = _mac(self._secret, b"S", self.cluster_id, client_nonce, server_nonce, server_id)
+        if not hmac.compare_digest(expected, server_mac):
+            raise HandshakeError("peer does not know the cluster secret")
+        proof = _mac(self._secret, b"C", self.cluster_id, server_nonce, client_nonce, self.node_id)
+        connection.writer.write(_frame(msgpack.packb(["proof", proof], use_bin_type=True)))
+        await connection.writer.drain()
+        self.stats.handshakes_completed += 1
+
+    # -- inbound connections ------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        peer = writer.get_extra_info("peername")
+        connection = _Connection(-1, reader, writer)
+        try:
+            try:
+                await asyncio.wait_for(self._server_handshake(connection), self.config.handshake_timeout_ms / 1000)
+            except (TimeoutError, HandshakeError, FrameError, asyncio.IncompleteReadError, OSError) as exc:
+                self.stats.connections_refused += 1
+                log.warning("node %d: refused raft connection from %s: %s", self.node_id, peer, exc)
+                return
+            writer_task = asyncio.get_running_loop().create_task(self._write_loop(connection))
+            try:
+                await self._read_loop(connection)
+            finally:
+                writer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writer_task
+        finally:
+            await self._close(connection)
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _server_handshake(self, connection: _Connection) -> None:
+        hello = _unpack_list(await _read_frame(connection.reader, 4096), "hello")
+        if len(hello) != 5 or hello[0] != "hello" or hello[1] != PROTOCOL_VERSION:
+            raise HandshakeError("malformed hello")
+        _, _, cluster_id, client_id, client_nonce = hello
+        if cluster_id != self.cluster_id:
+            raise HandshakeError(f"peer belongs to cluster {cluster_id!r}, not {self.cluster_id!r}")
+        if type(client_id) is not int or type(client_nonce) is not bytes or len(client_nonce) != NONCE_BYTES:
+            raise HandshakeError("malformed hello")
+        server_nonce = os.urandom(NONCE_BYTES)
+        server_mac = _mac(self._secret, b"S", self.cluster_id, client_nonce, server_nonce, self.node_id)
+        challenge = ["challenge", self.cluster_id, self.node_id, server_nonce, server_mac]
+        connection.writer.write(_frame(msgpack.packb(challenge, use_bin_type=True)))
+        await connection.writer.drain()
+        proof = _unpack_list(await _read_frame(connection.reader, 4096), "proof")
+        if len(proof) != 2 or proof[0] != "proof" or type(proof[1]) is not bytes:
+            raise HandshakeError("malformed proof")
+        expected = _mac(self._secret, b"C", self.cluster_id, server_nonce, client_nonce, client_id)
+        if not hmac.compare_digest(expected, proof[1]):
+            raise HandshakeError(f"node {client_id} does not know the cluster secret")
+        connection.peer_id = client_id
+        self.stats.handshakes_completed += 1
+
+    async def _write_loop(self, connection: _Connection) -> None:
+        while not connection.closed:
+            frame = await connection.queue.get()
+            connection.writer.write(frame)
+            while not connection.queue.empty():
+                connection.writer.write(connection.queue.get_nowait())
+            await connection.writer.drain()
+
+    async def _read_loop(self, connection: _Connection) -> None:
+        """Read frames until the peer closes or misbehaves; a bad frame closes this connection only."""
+        try:
+            while True:
+                payload = await _read_frame(connection.reader, self.config.max_frame_bytes)
+                self._deliver(connection, payload)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except (FrameError, MessageDecodeError) as exc:
+            self.stats.connections_closed_bad_frame += 1
+            log.warning("node %d: closing raft connection from node %d: %s", self.node_id, connection.peer_id, exc)
+        finally:
+            connection.mark_closed()
+
+    def _deliver(self, connection: _Connection, payload: bytes) -> None:
+        frame = _unpack_list(payload, "frame")
+        if len(frame) != 3 or frame[0] not in (KIND_REQUEST, KIND_RESPONSE) or type(frame[1]) is not int:
+            raise FrameError("malformed frame")
+        if type(frame[2]) is not bytes:
+            raise FrameError("malformed frame body")
+        message = decode_message(frame[2])
+        kind_matches = (type(message) in REQUEST_TYPES) == (frame[0] == KIND_REQUEST)
+        if not kind_matches:
+            raise FrameError(f"{type(message).__name__} sent with the wrong frame kind")
+        if frame[0] == KIND_REQUEST:
+            pending = self._pending_responses.setdefault(
+                (connection.peer_id, type(message)), collections.deque(maxlen=self.config.max_pending_responses)
+            )
+            pending.append((connection, frame[1]))
+        self.stats.frames_received += 1
+        try:
+            self._on_message(Envelope(connection.peer_id, self.node_id, message))
+        except Exception:  # a bug in the consumer must not take the connection down silently
+            log.exception("node %d: handling %s from node %d failed", self.node_id, type(message).__name__, connection.peer_id)
+
+    async def _close(self, connection: _Connection) -> None:
+        connection.mark_closed()
+        with contextlib.suppress(Exception):
+            connection.writer.close()
+            await asyncio.wait_for(connection.writer.wait_closed(), 1.0)

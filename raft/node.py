@@ -1,0 +1,1143 @@
+"""RaftNode: metakv's consensus core as a pure state machine (see docs/raft-core-api.md).
+
+The rules and the transition table are at the top of raft/roles.py; every transition is a
+``_become_*`` method in the "Transitions" section below. Inputs are messages, ticks,
+proposals, read requests and flush completions, each with the current time in integer
+milliseconds; the output of every input is collected into one ``Ready``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from raft.log import QuorumStateRecord, RaftLog
+from raft.messages import (
+    ANONYMOUS_REPLICA,
+    NO_EPOCH,
+    NO_LEADER,
+    BeginQuorumEpochRequest,
+    BeginQuorumEpochResponse,
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
+    EndQuorumEpochRequest,
+    EndQuorumEpochResponse,
+    Envelope,
+    FetchRequest,
+    FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+    Message,
+    ReplicaState,
+    VoteRequest,
+    VoteResponse,
+)
+from raft.roles import (
+    CandidateState,
+    FetchPhase,
+    FollowerState,
+    LeaderState,
+    ParkedFetch,
+    PendingBatch,
+    PendingRead,
+    ProspectiveState,
+    ReplicaProgress,
+    ResignedState,
+    Role,
+    RoleState,
+    UnattachedState,
+)
+from raft.snapshots import CorruptSnapshotError, SnapshotNotFoundError, SnapshotStore
+from raft.types import (
+    CONTROL_LEADER_CHANGE,
+    Batch,
+    ErrorCode,
+    SnapshotId,
+    check,
+    encode_control_record,
+)
+
+__all__ = [
+    "NotLeaderError",
+    "Proposal",
+    "ProposalRejectedError",
+    "RaftConfig",
+    "RaftNode",
+    "Ready",
+    "Role",
+]
+
+BATCH_OVERHEAD_BYTES = 34  # Batch.size_bytes() of an empty batch
+RECORD_OVERHEAD_BYTES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    node_id: int
+    voters: frozenset[int]
+    endpoint: str = ""
+    election_timeout_ms: int = 1000
+    fetch_timeout_ms: int = 2000
+    election_backoff_max_ms: int = 1000
+    fetch_max_wait_ms: int = 500
+    request_timeout_ms: int = 2000
+    append_linger_ms: int = 0
+    max_batch_bytes: int = 8 * 1024 * 1024
+    max_pending_records: int = 10_000
+    # Additions (backward compatible, all defaulted):
+    retry_backoff_ms: int = 100  # wait after an error answer before fetching again
+    max_pending_reads: int = 10_000  # read_index calls waiting for confirmation
+    max_observers: int = 256  # observers the leader tracks for describe_quorum
+    snapshot_chunk_bytes: int = 1024 * 1024  # per FetchSnapshot response
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """Where a proposal's records went: offsets base_offset..last_offset of ``epoch``.
+
+    Record at offset o produces metadata version o + 1 once committed.
+    """
+
+    epoch: int
+    base_offset: int
+    last_offset: int
+
+
+class NotLeaderError(Exception):
+    """Raised by propose/read_index on a node that is not the leader."""
+
+    def __init__(self, leader_id: int, leader_endpoint: str) -> None:
+        super().__init__(f"not the leader; leader is {leader_id} at {leader_endpoint or 'unknown'}")
+        self.leader_id = leader_id
+        self.leader_endpoint = leader_endpoint
+
+
+class ProposalRejectedError(Exception):
+    """The proposal cannot be accepted now (accumulator full, or too large)."""
+
+
+@dataclass(slots=True)
+class Ready:
+    """Everything the caller must do after one input, in this order (see the API doc)."""
+
+    quorum_state: QuorumStateRecord | None = None
+    messages: list[Envelope] = field(default_factory=list)
+    flush: bool = False
+    high_watermark: int = 0
+    reads_done: list[tuple[int, int]] = field(default_factory=list)
+    reads_failed: list[int] = field(default_factory=list)
+    role_changed: bool = False
+    snapshot_to_install: SnapshotId | None = None
+
+
+class RaftNode:
+    """One metakv replica's consensus state; see the module docstring and raft/roles.py."""
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        log: RaftLog,
+        persisted: QuorumStateRecord | None,
+        rng: random.Random,
+        snapshots: SnapshotStore,
+        now_ms: int,
+    ) -> None:
+        check(config.election_timeout_ms > 0 and config.fetch_timeout_ms > 0, "timeouts must be positive")
+        check(config.max_pending_records > 0 and config.max_batch_bytes > 0, "bounds must be positive")
+        self.config = config
+        self._id = config.node_id
+        self._voters = config.voters
+        self._majority = len(config.voters) // 2 + 1
+        self._log = log
+        self._rng = rng
+        self._snapshots = snapshots
+        self._ready = Ready()
+        self._flush_requested = False
+        self._read_token = 0
+        self._last_fetched_ms = now_ms  # last successful Fetch answer (start time before any)
+        self.high_watermark = log.start_offset()
+        self.dirty_offset = 0
+        self.tombstone_horizon = 0
+        self.peer_endpoints: dict[int, str] = {}
+        self._persisted = persisted or QuorumStateRecord(0, -1, -1)
+        self._state: RoleState
+        self._restart(now_ms)
+        self._ready.high_watermark = self.high_watermark
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def node_id(self) -> int:
+        return self._id
+
+    @property
+    def is_voter(self) -> bool:
+        return self._id in self._voters
+
+    @property
+    def role(self) -> Role:
+        return self._state.role
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def leader_id(self) -> int:
+        state = self._state
+        if isinstance(state, LeaderState):
+            return self._id
+        if isinstance(state, FollowerState):
+            return state.leader_id
+        return NO_LEADER
+
+    @property
+    def leader_endpoint(self) -> str:
+        state = self._state
+        if isinstance(state, LeaderState):
+            return self.config.endpoint
+        if isinstance(state, FollowerState):
+            return state.leader_endpoint
+        return ""
+
+    @property
+    def quorum_state(self) -> QuorumStateRecord:
+        """The quorum state as last handed out for persisting."""
+        return self._persisted
+
+    def last_contact_ms(self, now_ms: int) -> int:
+        """Milliseconds since the leader last answered a Fetch (0 on the leader)."""
+        state = self._state
+        if isinstance(state, LeaderState):
+            return 0
+        if isinstance(state, FollowerState) and state.fetched_ms >= 0:
+            return max(0, now_ms - state.fetched_ms)
+        return max(0, now_ms - self._last_fetched_ms)
+
+    def describe_quorum(self, now_ms: int) -> DescribeQuorumResponse:
+        state = self._state
+        if not isinstance(state, LeaderState):
+            return DescribeQuorumResponse(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER, self.epoch, self.leader_id, self.high_watermark, (), ()
+            )
+        me = ReplicaState(self._id, self.config.endpoint, self._log.end_offset(), now_ms, now_ms)
+        voters = [me] + [_replica_state(p) for p in sorted(state.voters.values(), key=lambda p: p.replica_id)]
+        observers = [_replica_state(p) for p in sorted(state.observers.values(), key=lambda p: p.replica_id)]
+        return DescribeQuorumResponse(
+            ErrorCode.NONE, state.epoch, self._id, self.high_watermark, tuple(voters), tuple(observers)
+        )
+
+    def next_deadline_ms(self) -> int:
+        """The latest time by which ``tick`` must be called."""
+        state = self._state
+        if isinstance(state, UnattachedState):
+            if self.is_voter:
+                return state.election_deadline_ms
+            return state.probe_deadline_ms
+        if isinstance(state, (ProspectiveState, CandidateState)):
+            return state.election_deadline_ms
+        if isinstance(state, ResignedState):
+            if state.end_quorum_pending:
+                return min(state.election_deadline_ms, state.end_quorum_next_ms)
+            return state.election_deadline_ms
+        if isinstance(state, FollowerState):
+            deadline = state.last_contact_ms + self.config.fetch_timeout_ms
+            if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
+                deadline = min(deadline, state.fetch_sent_ms + self._fetch_request_timeout_ms())
+            elif state.phase == FetchPhase.BACKOFF:
+                deadline = min(deadline, state.next_fetch_ms)
+            return deadline
+        deadline = state.elected_ms + self._check_quorum_ms()
+        if self._last_quorum_fetch_ms(state) >= 0:
+            deadline = max(deadline, self._last_quorum_fetch_ms(state) + self._check_quorum_ms())
+        if state.begin_quorum_pending:
+            deadline = min(deadline, state.begin_quorum_next_ms)
+        for parked in state.parked.values():
+            deadline = min(deadline, parked.deadline_ms)
+        if state.pending_batches and state.linger_deadline_ms >= 0 and not self._flush_requested:
+            deadline = min(deadline, state.linger_deadline_ms)
+        return deadline
+
+    # ------------------------------------------------------------------ inputs
+
+    def take_ready(self) -> Ready:
+        ready = self._ready
+        ready.high_watermark = self.high_watermark
+        self._ready = Ready(high_watermark=self.high_watermark)
+        return ready
+
+    def tick(self, now_ms: int) -> None:
+        state = self._state
+        if isinstance(state, UnattachedState):
+            if self.is_voter and now_ms >= state.election_deadline_ms:
+                self._become_prospective(now_ms)
+            elif not self.is_voter and now_ms >= state.probe_deadline_ms:
+                self._observer_probe(now_ms, state)
+        elif isinstance(state, ProspectiveState):
+            if now_ms >= state.election_deadline_ms:
+                if state.leader_id != NO_LEADER:  # lost the pre-vote: try the old leader again
+                    self._become_follower(now_ms, state.epoch, state.leader_id, "")
+                else:
+                    self._become_prospective(now_ms)
+        elif isinstance(state, CandidateState):
+            if now_ms >= state.election_deadline_ms:
+                self._become_prospective(now_ms)
+        elif isinstance(state, ResignedState):
+            if now_ms >= state.election_deadline_ms:
+                self._become_prospective(now_ms)
+            elif state.end_quorum_pending and now_ms >= state.end_quorum_next_ms:
+                self._send_end_quorum(now_ms, state)
+        elif isinstance(state, FollowerState):
+            self._follower_tick(now_ms, state)
+        else:
+            self._leader_tick(now_ms, state)
+
+    def handle(self, now_ms: int, envelope: Envelope) -> None:
+        """A message arrived. Malformed or out-of-range input is answered or dropped."""
+        if envelope.dst != self._id or envelope.src == self._id:
+            return
+        message = envelope.message
+        handler = _HANDLERS.get(type(message))
+        if handler is None:
+            return
+        handler(self, now_ms, envelope.src, message)
+
+    def propose(self, now_ms: int, records: list[bytes] | tuple[bytes, ...]) -> Proposal:
+        state = self._state
+        if not isinstance(state, LeaderState):
+            raise NotLeaderError(self.leader_id, self.leader_endpoint)
+        if not records:
+            raise ProposalRejectedError("a proposal needs at least one record")
+        for record in records:
+            if type(record) is not bytes:
+                raise ProposalRejectedError("records must be bytes")
+        size_bytes = sum(len(r) + RECORD_OVERHEAD_BYTES for r in records)
+        if size_bytes + BATCH_OVERHEAD_BYTES > self.config.max_batch_bytes:
+            raise ProposalRejectedError(
+                f"proposal of {size_bytes} bytes exceeds max_batch_bytes={self.config.max_batch_bytes}"
+            )
+        if state.pending_records + len(records) > self.config.max_pending_records:
+            raise ProposalRejectedError(
+                f"accumulator full: {state.pending_records} records pending "
+                f"(max_pending_records={self.config.max_pending_records})"
+            )
+        base_offset = self._log.end_offset() + state.pending_records
+        if not state.pending_batches or state.pending_batches[-1].size_bytes + size_bytes > self.config.max_batch_bytes:
+            state.pending_batches.append(PendingBatch())
+        pending = state.pending_batches[-1]
+        pending.records.extend(records)
+        pending.size_bytes += size_bytes
+        if state.pending_records == 0:
+            state.linger_deadline_ms = now_ms + self.config.append_linger_ms
+        state.pending_records += len(records)
+        self._leader_drain(now_ms, state)
+        return Proposal(state.epoch, base_offset, base_offset + len(records) - 1)
+
+    def on_flushed(self, now_ms: int) -> None:
+        self._flush_requested = False
+        log = self._log
+        state = self._state
+        if isinstance(state, LeaderState):
+            self._leader_drain(now_ms, state)
+            self._leader_update_high_watermark(now_ms, state)
+        elif isinstance(state, FollowerState) and state.phase == FetchPhase.WAIT_FLUSH:
+            state.phase = FetchPhase.IDLE
+            self._follower_fetch_if_ready(now_ms, state)
+        if log.flushed_offset() < log.end_offset():
+            self._request_flush()
+
+    def read_index(self, now_ms: int) -> int:
+        state = self._state
+        if not isinstance(state, LeaderState):
+            raise NotLeaderError(self.leader_id, self.leader_endpoint)
+        if len(state.reads) >= self.config.max_pending_reads:
+            raise ProposalRejectedError(
+                f"too many pending reads (max_pending_reads={self.config.max_pending_reads})"
+            )
+        self._read_token += 1
+        token = self._read_token
+        state.reads[token] = PendingRead(token)
+        # Answer parked fetches now, so followers fetch again (and confirm) quickly.
+        self._leader_wake_parked(now_ms, state)
+        self._leader_complete_reads(state)
+        return token
+
+    def resign(self, now_ms: int) -> None:
+        """Graceful shutdown of a leader: hand over with EndQuorumEpoch."""
+        state = self._state
+        if isinstance(state, LeaderState):
+            self._become_resigned(now_ms, state)
+
+    def on_snapshot_installed(self, now_ms: int, snapshot_id: SnapshotId) -> None:
+        """The runtime loaded ``snapshot_id``; nothing in the core waits on it."""
+        self.high_watermark = max(self.high_watermark, min(snapshot_id.end_offset, self._log.end_offset()))
+
+    # ------------------------------------------------------------------ outputs
+
+    def _send(self, dst: int, message: Message) -> None:
+        self._ready.messages.append(Envelope(self._id, dst, message))
+
+    def _request_flush(self) -> None:
+        if not self._flush_requested:
+            self._flush_requested = True
+            self._ready.flush = True
+
+    def _persist(self, epoch: int, voted_id: int, leader_id: int) -> None:
+        record = QuorumStateRecord(epoch, voted_id, leader_id)
+        check(epoch >= self._persisted.epoch, f"persisted epoch would go back {self._persisted.epoch} -> {epoch}")
+        if record != self._persisted:
+            self._persisted = record
+            self._ready.quorum_state = record
+
+    def _random_election_timeout_ms(self) -> int:
+        timeout_ms = self.config.election_timeout_ms
+        return timeout_ms + self._rng.randrange(timeout_ms)
+
+    def _fetch_request_timeout_ms(self) -> int:
+        """When to give up on an unanswered Fetch and send it again: well inside the fetch
+        timeout, so one lost message does not start an election."""
+        config = self.config
+        return min(config.request_timeout_ms, config.fetch_max_wait_ms + config.fetch_timeout_ms // 4)
+
+    def _check_quorum_ms(self) -> int:
+        return self.config.fetch_timeout_ms * 3 // 2
+
+    # ------------------------------------------------------------------ transitions
+    # The only places that assign self._state. Each says which rule of roles.py it follows.
+
+    def _restart(self, now_ms: int) -> None:
+        """Rule 10: choose the starting role from the persisted state and the log."""
+        persisted = self._persisted
+        log_epoch = self._log.last_epoch()
+        if persisted.epoch < log_epoch:
+            self._state = UnattachedState(log_epoch, -1, now_ms + self._random_election_timeout_ms(), now_ms)
+            self._persist(log_epoch, -1, -1)
+        elif persisted.leader_id == self._id and self.is_voter:
+            self._state = ResignedState(
+                persisted.epoch, now_ms + self._random_election_timeout_ms(), (), set(), now_ms
+            )
+        elif persisted.leader_id != NO_LEADER and persisted.leader_id != self._id:
+            self._state = FollowerState(
+                persisted.epoch, persisted.leader_id, self.peer_endpoints.get(persisted.leader_id, ""),
+                persisted.voted_id, now_ms,
+            )
+            self._follower_fetch_if_ready(now_ms, self._state)
+        else:
+            self._state = UnattachedState(
+                persisted.epoch, persisted.voted_id, now_ms + self._random_election_timeout_ms(), now_ms
+            )
+
+    def _leave_role(self) -> None:
+        """Drop what only the old role held; tell the runtime the role changed."""
+        state = self._state
+        if isinstance(state, LeaderState):
+            self._ready.reads_failed.extend(state.reads)
+            state.reads.clear()
+            for parked in state.parked.values():  # tell waiting fetchers at once
+                self._send(parked.src, self._error_fetch_response(
+                    parked.request, ErrorCode.NOT_LEADER_OR_FOLLOWER, leader_id=NO_LEADER))
+            state.parked.clear()
+        self._ready.role_changed = True
+
+    def _become_unattached(self, now_ms: int, epoch: int, voted_id: int = -1, delay_ms: int | None = None) -> None:
+        """Rules 1, 2, 8: no leader known in ``epoch``."""
+        self._leave_role()
+        if epoch > self._persisted.epoch:
+            self._persist(epoch, voted_id, NO_LEADER)
+        wait_ms = self._random_election_timeout_ms() if delay_ms is None else delay_ms
+        self._state = UnattachedState(epoch, voted_id, now_ms + wait_ms, now_ms)
+
+    def _become_follower(self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str) -> None:
+        """Rules 1, 3, 4, 7: a leader of ``epoch`` is known."""
+        check(leader_id != self._id, "cannot follow itself")
+        voted_id = self._persisted.voted_id if epoch == self._persisted.epoch else -1
+        self._leave_role()
+        self._persist(epoch, voted_id, leader_id)
+        if leader_endpoint:
+            self.peer_endpoints[leader_id] = leader_endpoint
+        endpoint = leader_endpoint or self.peer_endpoints.get(leader_id, "")
+        state = FollowerState(epoch, leader_id, endpoint, voted_id, now_ms)
+        self._state = state
+        self._follower_fetch_if_ready(now_ms, state)
+
+    def _become_prospective(self, now_ms: int) -> None:
+        """Rule 3: pre-vote for epoch + 1; persists nothing."""
+        check(self.is_voter, "observers never campaign")
+        old = self._state
+        leader_id = old.leader_id if isinstance(old, FollowerState) else NO_LEADER
+        if not isinstance(old, ProspectiveState):
+            self._leave_role()
+        state = ProspectiveState(
+            old.epoch, self._persisted.voted_id, leader_id, now_ms + self._random_election_timeout_ms()
+        )
+        state.granted.add(self._id)
+        self._state = state
+        request = VoteRequest(state.epoch + 1, self._id, self._log.last_epoch(), self._log.end_offset(), True)
+        for voter in sorted(self._voters):
+            if voter != self._id:
+                self._send(voter, request)
+        self._prospective_maybe_done(now_ms, state)
+
+    def _become_candidate(self, now_ms: int) -> None:
+        """Rule 4: persist epoch + 1 and a vote for itself, ask for votes."""
+        epoch = self._state.epoch + 1
+        self._leave_role()
+        self._persist(epoch, self._id, NO_LEADER)
+        state = CandidateState(epoch, now_ms + self._random_election_timeout_ms())
+        state.granted.add(self._id)
+        self._state = state
+        request = VoteRequest(epoch, self._id, self._log.last_epoch(), self._log.end_offset(), False)
+        for voter in sorted(self._voters):
+            if voter != self._id:
+                self._send(voter, request)
+        if len(state.granted) >= self._majority:
+            self._become_leader(now_ms)
+
+    def _become_leader(self, now_ms: int) -> None:
+        """Rule 6: append LeaderChange, announce with BeginQuorumEpoch."""
+        epoch = self._state.epoch
+        self._leave_role()
+        self._persist(epoch, self._id, self._id)
+        log = self._log
+        start = log.end_offset()
+        others = {v: ReplicaProgress(v, self.peer_endpoints.get(v, "")) for v in self._voters if v != self._id}
+        state = LeaderState(epoch, start, now_ms, others)
+        state.begin_quorum_pending = set(others)
+        self._state = state
+        record = encode_control_record(CONTROL_LEADER_CHANGE, leader_id=self._id, epoch=epoch, voters=sorted(self._voters))
+        log.append(Batch(start, epoch, now_ms, True, (record,)))
+        self._request_flush()
+        self._send_begin_quorum(now_ms, state)
+        self._leader_update_high_watermark(now_ms, state)
+
+    def _become_resigned(self, now_ms: int, leader: LeaderState) -> None:
+        """Rule 8: stop serving; EndQuorumEpoch with successors ordered by replicated offset."""
+        successors = tuple(
+            p.replica_id for p in sorted(leader.voters.values(), key=lambda p: (-p.end_offset, p.replica_id))
+        )
+        self._leave_role()
+        state = ResignedState(
+            leader.epoch, now_ms + self._random_election_timeout_ms(), successors, set(successors), now_ms
+        )
+        self._state = state
+        self._send_end_quorum(now_ms, state)
+
+    # ------------------------------------------------------------------ epochs
+
+    def _observe_epoch(
+        self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str = "", src: int = NO_LEADER
+    ) -> bool:
+        """Rule 1 for any message: move to a higher epoch, or learn this epoch's leader.
+
+        Returns False when the message is from an older epoch (the caller answers FENCED).
+        """
+        state = self._state
+        if leader_id != NO_LEADER and (leader_id not in self._voters or leader_id == self._id):
+            leader_id = NO_LEADER  # only voters lead; never "learn" that we lead
+        if epoch < state.epoch:
+            return False
+        if epoch > state.epoch:
+            if leader_id != NO_LEADER:
+                self._become_follower(now_ms, epoch, leader_id, leader_endpoint)
+            else:
+                self._become_unattached(now_ms, epoch)
+            return True
+        if isinstance(state, ProspectiveState) and leader_id == state.leader_id and src != leader_id:
+            return True  # hearsay about the leader we timed out on: only it can bring us back
+        if leader_id != NO_LEADER and isinstance(state, (UnattachedState, ProspectiveState, CandidateState)):
+            self._become_follower(now_ms, epoch, leader_id, leader_endpoint)
+        return True
+
+    # ------------------------------------------------------------------ votes
+
+    def _on_vote_request(self, now_ms: int, src: int, request: VoteRequest) -> None:
+        if (request.candidate_id != src or request.epoch < 0 or request.last_offset < 0
+                or request.last_offset_epoch < 0 or request.last_offset_epoch > request.epoch
+                or (request.pre_vote and request.last_offset_epoch >= request.epoch)):
+            self._send(src, VoteResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id, False, request.pre_vote))
+            return
+        if request.candidate_id not in self._voters or not self.is_voter:
+            self._send(src, VoteResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id, False, request.pre_vote))
+            return
+        if request.pre_vote:
+            self._on_pre_vote(now_ms, src, request)
+            return
+        if request.epoch < self.epoch:
+            self._send(src, VoteResponse(ErrorCode.FENCED_LEADER_EPOCH, self.epoch, self.leader_id, False, False))
+            return
+        if request.epoch > self.epoch:
+            self._become_unattached(now_ms, request.epoch)
+        state = self._state
+        persisted = self._persisted
+        granted = (
+            isinstance(state, (UnattachedState, ProspectiveState))
+            and persisted.epoch == state.epoch
+            and persisted.voted_id in (-1, request.candidate_id)
+            and persisted.leader_id == NO_LEADER
+            and self._log_ok(request)
+        )
+        if granted:
+            self._persist(state.epoch, request.candidate_id, NO_LEADER)
+            # A vote resets the election timer (and ends a pre-vote round of our own).
+            self._become_unattached(now_ms, state.epoch, request.candidate_id)
+        self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, False))
+
+    def _on_pre_vote(self, now_ms: int, src: int, request: VoteRequest) -> None:
+        """Rule 3: a pre-vote for epoch e never moves this node to e.
+
+        It does say the sender already is in epoch e - 1 (persisted, so sanctioned by an
+        earlier pre-vote majority); rule 1 applies to that epoch like to any other, or a
+        node whose vote requests were lost could never rejoin a leader of a lower epoch.
+        """
+        if request.epoch - 1 > self.epoch:
+            self._observe_epoch(now_ms, request.epoch - 1, NO_LEADER)
+        state = self._state
+        recent_leader = isinstance(state, LeaderState) or (
+            isinstance(state, FollowerState) and state.fetched_ms >= 0
+            and now_ms - state.fetched_ms < self.config.fetch_timeout_ms
+        )
+        granted = request.epoch > self.epoch and not recent_leader and self._log_ok(request)
+        self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, True))
+
+    def _log_ok(self, request: VoteRequest) -> bool:
+        log = self._log
+        return (request.last_offset_epoch, request.last_offset) >= (log.last_epoch(), log.end_offset())
+
+    def _on_vote_response(self, now_ms: int, src: int, response: VoteResponse) -> None:
+        if src not in self._voters or response.epoch < 0:
+            return
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
+            return
+        state = self._state
+        if response.error != ErrorCode.NONE:
+            return
+        if isinstance(state, ProspectiveState) and response.pre_vote and response.epoch <= state.epoch:
+            (state.granted if response.vote_granted else state.rejected).add(src)
+            self._prospective_maybe_done(now_ms, state)
+        elif isinstance(state, CandidateState) and not response.pre_vote and response.epoch == state.epoch:
+            (state.granted if response.vote_granted else state.rejected).add(src)
+            if len(state.granted) >= self._majority:
+                self._become_leader(now_ms)
+
+    def _prospective_maybe_done(self, now_ms: int, state: ProspectiveState) -> None:
+        if len(state.granted) >= self._majority:
+            self._become_candidate(now_ms)
+
+    # ------------------------------------------------------------------ quorum epoch
+
+    def _on_begin_quorum(self, now_ms: int, src: int, request: BeginQuorumEpochRequest) -> None:
+        if request.leader_id != src or request.epoch < 0:
+            self._send(src, BeginQuorumEpochResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id))
+            return
+        if src not in self._voters:
+            self._send(src, BeginQuorumEpochResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id))
+            return
+        if not self._observe_epoch(now_ms, request.epoch, request.leader_id, request.leader_endpoint, src):
+            self._send(src, BeginQuorumEpochResponse(ErrorCode.FENCED_LEADER_EPOCH, self.epoch, self.leader_id))
+            return
+        state = self._state
+        if isinstance(state, FollowerState) and state.leader_id == src and request.leader_endpoint:
+            state.leader_endpoint = request.leader_endpoint
+            self.peer_endpoints[src] = request.leader_endpoint
+        self._send(src, BeginQuorumEpochResponse(ErrorCode.NONE, self.epoch, self.leader_id))
+
+    def _on_begin_quorum_response(self, now_ms: int, src: int, response: BeginQuorumEpochResponse) -> None:
+        if src in self._voters and response.epoch >= 0:
+            self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
+
+    def _send_begin_quorum(self, now_ms: int, state: LeaderState) -> None:
+        request = BeginQuorumEpochRequest(state.epoch, self._id, self.config.endpoint)
+        for voter in sorted(state.begin_quorum_pending):
+            self._send(voter, request)
+        state.begin_quorum_next_ms = now_ms + self.config.request_timeout_ms
+
+    def _on_end_quorum(self, now_ms: int, src: int, request: EndQuorumEpochRequest) -> None:
+        if request.leader_id != src or request.epoch < 0:
+            self._send(src, EndQuorumEpochResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id))
+            return
+        if src not in self._voters:
+            self._send(src, EndQuorumEpochResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id))
+            return
+        if request.epoch < self.epoch:
+            self._send(src, EndQuorumEpochResponse(ErrorCode.FENCED_LEADER_EPOCH, self.epoch, self.leader_id))
+            return
+        if request.epoch > self.epoch:
+            self._become_unattached(now_ms, request.epoch)
+        state = self._state
+        if isinstance(state, FollowerState) and state.leader_id == src:
+            if self.is_voter:
+                self._become_unattached(now_ms, state.epoch, state.voted_id, self._successor_delay_ms(request))
+            else:
+                self._become_unattached(now_ms, state.epoch, state.voted_id, self.config.retry_backoff_ms)
+        self._send(src, EndQuorumEpochResponse(ErrorCode.NONE, self.epoch, self.leader_id))
+
+    def _successor_delay_ms(self, request: EndQuorumEpochRequest) -> int:
+        """Rule 8: the best successor campaigns at once, the others back off in order."""
+        successors = request.preferred_successors
+        if self._id not in successors:
+            return self._random_election_timeout_ms()
+        position = successors.index(self._id)
+        if position == 0:
+            return 0
+        step_ms = self.config.election_backoff_max_ms // max(1, len(successors))
+        return min(self.config.election_backoff_max_ms, position * step_ms + self._rng.randrange(step_ms + 1))
+
+    def _on_end_quorum_response(self, now_ms: int, src: int, response: EndQuorumEpochResponse) -> None:
+        if src not in self._voters or response.epoch < 0:
+            return
+        state = self._state
+        if isinstance(state, ResignedState) and response.epoch == state.epoch:
+            state.end_quorum_pending.discard(src)
+            return
+        self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
+
+    def _send_end_quorum(self, now_ms: int, state: ResignedState) -> None:
+        request = EndQuorumEpochRequest(state.epoch, self._id, state.preferred_successors)
+        for voter in sorted(state.end_quorum_pending):
+            self._send(voter, request)
+        state.end_quorum_next_ms = now_ms + self.config.request_timeout_ms
+
+    # ------------------------------------------------------------------ fetch: leader side
+
+    def _on_fetch(self, now_ms: int, src: int, request: FetchRequest) -> None:
+        if (request.fetch_offset < 0 or request.epoch < 0 or request.last_fetched_epoch < 0
+                or request.last_fetched_epoch > request.epoch or request.max_wait_ms < 0
+                or request.high_watermark < 0
+                or (request.replica_id != ANONYMOUS_REPLICA and request.replica_id != src)):
+            self._send(src, self._error_fetch_response(request, ErrorCode.INVALID_REQUEST))
+            return
+        state = self._state
+        if request.epoch < state.epoch:
+            self._send(src, self._error_fetch_response(request, ErrorCode.FENCED_LEADER_EPOCH))
+            return
+        if request.epoch > state.epoch:
+            self._send(src, self._error_fetch_response(request, ErrorCode.UNKNOWN_LEADER_EPOCH))
+            return
+        if not isinstance(state, LeaderState):
+            self._send(src, self._error_fetch_response(request, ErrorCode.NOT_LEADER_OR_FOLLOWER))
+            return
+        self._leader_on_fetch(now_ms, src, request, state)
+
+    def _leader_on_fetch(self, now_ms: int, src: int, request: FetchRequest, state: LeaderState) -> None:
+        log = self._log
+        if request.replica_endpoint and request.replica_id != ANONYMOUS_REPLICA:
+            if request.replica_id in self._voters or len(self.peer_endpoints) < len(self._voters) + self.config.max_observers:
+                self.peer_endpoints[request.replica_id] = request.replica_endpoint
+        state.parked.pop(src, None)
+        if request.fetch_offset < log.start_offset():
+            self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
+            return
+        if request.fetch_offset > 0 or request.last_fetched_epoch > 0:
+            epoch, end_offset = log.end_offset_for_epoch(request.last_fetched_epoch)
+            if epoch != request.last_fetched_epoch or end_offset < request.fetch_offset:
+                if end_offset < log.start_offset() and log.latest_snapshot_id() is not None:
+                    # The divergence lies in the prefix we replaced by a snapshot.
+                    self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
+                else:
+                    self._send(src, self._fetch_response(request, state, diverging=(epoch, end_offset)))
+                return
+        # The fetch position is consistent with our log: the fetcher holds (durably) every
+        # offset below fetch_offset.
+        progress = self._leader_progress(state, request)
+        if progress is not None:
+            progress.end_offset = request.fetch_offset
+            progress.last_fetch_ms = now_ms
+            if request.fetch_offset >= log.end_offset():
+                progress.last_caught_up_ms = now_ms
+            if request.replica_endpoint:
+                progress.endpoint = request.replica_endpoint
+        is_voter = request.replica_id in state.voters and request.replica_id == src
+        if is_voter:
+            state.begin_quorum_pending.discard(src)
+            for read in state.reads.values():
+                if src in read.answered:
+                    read.confirmed.add(src)
+            self._leader_update_high_watermark(now_ms, state)
+            self._leader_complete_reads(state)
+        if self._leader_should_park(request, state, src if is_voter else None):
+            wait_ms = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
+            state.parked[src] = ParkedFetch(src, request, now_ms + wait_ms)
+            return
+        self._leader_answer_fetch(src, request, state)
+
+    def _leader_progress(self, state: LeaderState, request: FetchRequest) -> ReplicaProgress | None:
+        replica_id = request.replica_id
+        if replica_id in state.voters:
+            return state.voters[replica_id]
+        if replica_id == ANONYMOUS_REPLICA or replica_id == self._id or replica_id in self._voters:
+            return None
+        progress = state.observers.get(replica_id)
+        if progress is None and len(state.observers) < self.config.max_observers:
+            progress = ReplicaProgress(replica_id)
+            state.observers[replica_id] = progress
+        return progress
+
+    def _leader_should_park(self, request: FetchRequest, state: LeaderState, voter: int | None) -> bool:
+        if request.max_wait_ms <= 0 or request.fetch_offset < self._log.end_offset():
+            return False
+        if request.high_watermark < self.high_watermark:
+            return False
+        if voter is not None:
+            for read in state.reads.values():
+                if voter not in read.confirmed:
+                    return False
+        return True
+
+    def _leader_answer_fetch(self, src: int, request: FetchRequest, state: LeaderState) -> None:
+        records = tuple(self._log.read(request.fetch_offset, self.config.max_batch_bytes))
+        if request.replica_id in state.voters and request.replica_id == src:
+            for read in state.reads.values():
+                read.answered.add(src)
+        self._send(src, self._fetch_response(request, state, records=records))
+
+    def _fetch_response(
+        self,
+        request: FetchRequest,
+        state: LeaderState,
+        records: tuple[Batch, ...] = (),
+        diverging: tuple[int, int] | None = None,
+        snapshot_id: SnapshotId | None = None,
+    ) -> FetchResponse:
+        self._leader_update_compaction_offsets(state)
+        diverging_epoch, diverging_end = diverging if diverging is not None else (NO_EPOCH, -1)
+        return FetchResponse(
+            ErrorCode.NONE, state.epoch, self._id, self.config.endpoint, request.fetch_offset,
+            self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
+            records, diverging_epoch, diverging_end, snapshot_id,
+        )
+
+    def _error_fetch_response(
+        self, request: FetchRequest, error: ErrorCode, leader_id: int | None = None
+    ) -> FetchResponse:
+        if leader_id is None:
+            leader_id = self.leader_id
+        endpoint = self.peer_endpoints.get(leader_id, "") if leader_id != self._id else self.config.endpoint
+        return FetchResponse(
+            error, self.epoch, leader_id, endpoint, request.fetch_offset,
+            self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
+            (), NO_EPOCH, -1, None,
+        )
+
+    def _leader_wake_parked(self, now_ms: int, state: LeaderState) -> None:
+        if not state.parked:
+            return
+        parked = list(state.parked.values())
+        state.parked.clear()
+        for fetch in parked:
+            self._leader_answer_fetch(fetch.src, fetch.request, state)
+
+    def _leader_tick(self, now_ms: int, state: LeaderState) -> None:
+        if state.pending_batches:
+            self._leader_drain(now_ms, state)
+        expired = [p for p in state.parked.values() if p.deadline_ms <= now_ms]
+        for parked in expired:
+            del state.parked[parked.src]
+            self._leader_answer_fetch(parked.src, parked.request, state)
+        if state.begin_quorum_pending and now_ms >= state.begin_quorum_next_ms:
+            self._send_begin_quorum(now_ms, state)
+        if len(self._voters) > 1 and now_ms >= state.elected_ms + self._check_quorum_ms():
+            if now_ms - self._last_quorum_fetch_ms(state) >= self._check_quorum_ms():
+                self._become_resigned(now_ms, state)
+
+    def _last_quorum_fetch_ms(self, state: LeaderState) -> int:
+        """The latest time by which a majority of voters (the leader counts) had fetched."""
+        if len(self._voters) == 1:
+            return 1 << 62
+        times = sorted((p.last_fetch_ms for p in state.voters.values()), reverse=True)
+        return times[self._majority - 2]
+
+    def _leader_drain(self, now_ms: int, state: LeaderState) -> None:
+        """Group commit: turn accumulated proposals into log batches.
+
+        Full batches go to the log at once; the last, partial one waits while a flush is
+        in flight (it will join the next flush) or while the linger time runs.
+        """
+        if not state.pending_batches:
+            return
+        log = self._log
+        appended = False
+        while state.pending_batches:
+            pending = state.pending_batches[0]
+            is_last = len(state.pending_batches) == 1
+            if is_last and (self._flush_requested or now_ms < state.linger_deadline_ms):
+                break
+            state.pending_batches.pop(0)
+            log.append(Batch(log.end_offset(), state.epoch, now_ms, False, tuple(pending.records)))
+            state.pending_records -= len(pending.records)
+            appended = True
+        if appended:
+            self._request_flush()
+            self._leader_wake_parked(now_ms, state)
+        if not state.pending_batches:
+            state.linger_deadline_ms = -1
+
+    def _leader_update_high_watermark(self, now_ms: int, state: LeaderState) -> None:
+        """Rule 6: majority of durable offsets, only past the epoch start, never back."""
+        offsets = [self._log.flushed_offset()]
+        offsets.extend(max(p.end_offset, 0) for p in state.voters.values())
+        offsets.sort(reverse=True)
+        candidate = offsets[self._majority - 1]
+        if candidate > state.epoch_start_offset and candidate > self.high_watermark:
+            self.high_watermark = candidate
+            self._leader_wake_parked(now_ms, state)
+            self._leader_complete_reads(state)
+
+    def _leader_update_compaction_offsets(self, state: LeaderState) -> None:
+        """Dirty offset: min(HW, every voter's offset); tombstone horizon: min of voters'."""
+        lowest = self._log.flushed_offset()
+        for progress in state.voters.values():
+            if progress.end_offset < 0:
+                return  # a voter not heard from yet in this epoch: keep the old values
+            lowest = min(lowest, progress.end_offset)
+        self.tombstone_horizon = max(self.tombstone_horizon, lowest)
+        self.dirty_offset = max(self.dirty_offset, min(self.high_watermark, lowest))
+
+    def _leader_complete_reads(self, state: LeaderState) -> None:
+        if not state.reads or self.high_watermark <= state.epoch_start_offset:
+            return
+        done = [t for t, r in state.reads.items() if len(r.confirmed) + 1 >= self._majority]
+        for token in done:
+            del state.reads[token]
+            self._ready.reads_done.append((token, self.high_watermark))
+
+    # ------------------------------------------------------------------ fetch: follower side
+
+    def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
+        if now_ms - state.last_contact_ms >= self.config.fetch_timeout_ms:
+            if self.is_voter:
+                self._become_prospective(now_ms)
+            else:
+                self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
+            return
+        if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
+            if now_ms - state.fetch_sent_ms >= self._fetch_request_timeout_ms():
+                if state.phase == FetchPhase.SNAPSHOT:
+                    self._follower_send_snapshot_fetch(now_ms, state)
+                else:
+                    state.phase = FetchPhase.IDLE
+                    self._follower_fetch_if_ready(now_ms, state)
+        elif state.phase == FetchPhase.BACKOFF and now_ms >= state.next_fetch_ms:
+            state.phase = FetchPhase.IDLE
+            self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_fetch_if_ready(self, now_ms: int, state: FollowerState) -> None:
+        """Send the next Fetch, but only for flushed data: the fetch offset is the ack."""
+        if state.phase != FetchPhase.IDLE:
+            return
+        log = self._log
+        if log.flushed_offset() < log.end_offset():
+            state.phase = FetchPhase.WAIT_FLUSH
+            self._request_flush()
+            return
+        self._send_fetch(now_ms, state.leader_id, state.epoch)
+        state.phase = FetchPhase.IN_FLIGHT
+        state.fetch_offset_in_flight = log.end_offset()
+        state.fetch_sent_ms = now_ms
+
+    def _send_fetch(self, now_ms: int, dst: int, epoch: int) -> None:
+        log = self._log
+        self._send(dst, FetchRequest(
+            epoch, self._id, log.end_offset(), log.last_epoch(), self.high_watermark,
+            self.config.fetch_max_wait_ms, self.config.endpoint,
+        ))
+
+    def _observer_probe(self, now_ms: int, state: UnattachedState) -> None:
+        """Rule 2: an observer asks a random voter who leads."""
+        voters = sorted(self._voters)
+        self._send_fetch(now_ms, voters[self._rng.randrange(len(voters))], state.epoch)
+        state.probe_deadline_ms = now_ms + self.config.retry_backoff_ms + self._rng.randrange(
+            self.config.retry_backoff_ms + 1)
+
+    def _on_fetch_response(self, now_ms: int, src: int, response: FetchResponse) -> None:
+        if (src not in self._voters or response.epoch < 0 or response.high_watermark < 0
+                or response.log_start_offset < 0 or response.fetch_offset < 0):
+            return
+        if response.error != ErrorCode.NONE:
+            self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src)
+            state = self._state
+            if (isinstance(state, FollowerState) and state.leader_id == src and state.phase == FetchPhase.IN_FLIGHT
+                    and state.fetch_offset_in_flight == response.fetch_offset):
+                state.phase = FetchPhase.BACKOFF
+                state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+            return
+        if response.leader_id != src:
+            return
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src):
+            return
+        state = self._state
+        if not isinstance(state, FollowerState) or state.leader_id != src or state.epoch != response.epoch:
+            return
+        if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
+            return  # stale or duplicated answer
+        state.last_contact_ms = now_ms
+        state.fetched_ms = now_ms
+        self._last_fetched_ms = now_ms
+        state.phase = FetchPhase.IDLE
+        if response.leader_endpoint:
+            state.leader_endpoint = response.leader_endpoint
+            self.peer_endpoints[src] = response.leader_endpoint
+        self.dirty_offset = max(self.dirty_offset, response.dirty_offset)
+        self.tombstone_horizon = max(self.tombstone_horizon, response.tombstone_horizon)
+        if response.snapshot_id is not None:
+            self._follower_start_snapshot(now_ms, state, response.snapshot_id)
+            return
+        if response.diverging_epoch != NO_EPOCH:
+            self._follower_truncate(response)
+        else:
+            self._follower_append(response)
+        self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_truncate(self, response: FetchResponse) -> None:
+        """Rule 7: cut the log back to where it agrees with the leader (never below HW)."""
+        log = self._log
+        if response.diverging_epoch < 0 or response.diverging_end_offset < 0:
+            return
+        epoch, end_offset = log.end_offset_for_epoch(response.diverging_epoch)
+        offset = min(end_offset, response.diverging_end_offset)
+        if offset < self.high_watermark or offset < log.start_offset() or offset >= log.end_offset():
+            return
+        log.truncate_to(offset)
+
+    def _follower_append(self, response: FetchResponse) -> None:
+        log = self._log
+        for batch in response.records:
+            end = log.end_offset()
+            if batch.next_offset <= end:
+                continue
+            if batch.base_offset > end or batch.epoch > response.epoch or batch.epoch < log.last_epoch():
+                break  # a gap or an epoch out of order: drop the rest, fetch again
+            if batch.base_offset < end:
+                batch = Batch(end, batch.epoch, batch.timestamp_ms, batch.control, batch.records[end - batch.base_offset:])
+            log.append(batch)
+        self.high_watermark = max(self.high_watermark, min(log.end_offset(), response.high_watermark))
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _follower_start_snapshot(self, now_ms: int, state: FollowerState, snapshot_id: SnapshotId) -> None:
+        if snapshot_id.end_offset < self.high_watermark or snapshot_id.end_offset <= self._log.start_offset():
+            state.phase = FetchPhase.BACKOFF
+            state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+            return
+        state.snapshot_id = snapshot_id
+        state.snapshot_position = 0
+        state.snapshot_size = -1
+        self._follower_send_snapshot_fetch(now_ms, state)
+
+    def _follower_send_snapshot_fetch(self, now_ms: int, state: FollowerState) -> None:
+        check(state.snapshot_id is not None, "snapshot fetch without a snapshot id")
+        if state.snapshot_id is None:
+            return
+        state.phase = FetchPhase.SNAPSHOT
+        state.fetch_sent_ms = now_ms
+        self._send(state.leader_id, FetchSnapshotRequest(
+            state.epoch, self._id, state.snapshot_id, state.snapshot_position, self.config.snapshot_chunk_bytes
+        ))
+
+    def _on_fetch_snapshot(self, now_ms: int, src: int, request: FetchSnapshotRequest) -> None:
+        state = self._state
+        snapshot_id = request.snapshot_id
+
+        def answer(error: ErrorCode, size: int = 0, chunk: bytes = b"") -> None:
+            self._send(src, FetchSnapshotResponse(error, self.epoch, self.leader_id, snapshot_id, size, request.position, chunk))
+
+        if (request.position < 0 or request.max_bytes <= 0 or request.epoch < 0
+                or snapshot_id.end_offset < 0 or snapshot_id.epoch < 0):
+            answer(ErrorCode.INVALID_REQUEST)
+            return
+        if request.epoch < state.epoch:
+            answer(ErrorCode.FENCED_LEADER_EPOCH)
+            return
+        if request.epoch > state.epoch:
+            answer(ErrorCode.UNKNOWN_LEADER_EPOCH)
+            return
+        if not isinstance(state, LeaderState):
+            answer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        try:
+            size = self._snapshots.size_bytes(snapshot_id)
+            if request.position > size:
+                answer(ErrorCode.POSITION_OUT_OF_RANGE, size)
+                return
+            max_bytes = min(request.max_bytes, self.config.snapshot_chunk_bytes)
+            chunk = self._snapshots.read_chunk(snapshot_id, request.position, max_bytes) if request.position < size else b""
+        except SnapshotNotFoundError:
+            answer(ErrorCode.SNAPSHOT_NOT_FOUND)
+            return
+        except ValueError:
+            answer(ErrorCode.POSITION_OUT_OF_RANGE)
+            return
+        answer(ErrorCode.NONE, size, chunk)
+
+    def _on_fetch_snapshot_response(self, now_ms: int, src: int, response: FetchSnapshotResponse) -> None:
+        if src not in self._voters or response.epoch < 0:
+            return
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
+            return
+        state = self._state
+        if (not isinstance(state, FollowerState) or state.phase != FetchPhase.SNAPSHOT or state.leader_id != src
+                or response.snapshot_id != state.snapshot_id or response.position != state.snapshot_position):
+            return
+        state.last_contact_ms = state.fetched_ms = self._last_fetched_ms = now_ms
+        snapshot_id = state.snapshot_id
+        if response.error != ErrorCode.NONE or response.size < 0 or response.position + len(response.chunk) > response.size:
+            self._follower_abandon_snapshot(now_ms, state)
+            return
+        try:
+            if response.position == 0:
+                self._snapshots.begin_download(snapshot_id, response.size)
+                state.snapshot_size = response.size
+            if response.size != state.snapshot_size:
+                self._follower_abandon_snapshot(now_ms, state)
+                return
+            if response.chunk:
+                self._snapshots.write_chunk(snapshot_id, response.position, response.chunk)
+            state.snapshot_position = response.position + len(response.chunk)
+            if state.snapshot_position < response.size:
+                self._follower_send_snapshot_fetch(now_ms, state)
+                return
+            self._snapshots.finish_download(snapshot_id)
+        except (CorruptSnapshotError, ValueError, SnapshotNotFoundError):
+            self._follower_abandon_snapshot(now_ms, state)
+            return
+        self._log.reset_to_snapshot(snapshot_id)
+        self.high_watermark = max(self.high_watermark, snapshot_id.end_offset)
+        self._ready.snapshot_to_install = snapshot_id
+        state.snapshot_id = None
+        state.phase = FetchPhase.IDLE
+        self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_abandon_snapshot(self, now_ms: int, state: FollowerState) -> None:
+        state.snapshot_id = None
+        state.phase = FetchPhase.BACKOFF
+        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+
+    # ------------------------------------------------------------------ describe
+
+    def _on_describe_quorum(self, now_ms: int, src: int, request: DescribeQuorumRequest) -> None:
+        self._send(src, self.describe_quorum(now_ms))
+
+    def _ignore(self, now_ms: int, src: int, message: Message) -> None:
+        """Responses this core never asked for (DescribeQuorumResponse)."""
+
+
+def _replica_state(progress: ReplicaProgress) -> ReplicaState:
+    return ReplicaState(
+        progress.replica_id, progress.endpoint, max(progress.end_offset, 0),
+        progress.last_fetch_ms, progress.last_caught_up_ms,
+    )
+
+
+_HANDLERS = {
+    VoteRequest: RaftNode._on_vote_request,
+    VoteResponse: RaftNode._on_vote_response,
+    BeginQuorumEpochRequest: RaftNode._on_begin_quorum,
+    BeginQuorumEpochResponse: RaftNode._on_begin_quorum_response,
+    EndQuorumEpochRequest: RaftNode._on_end_quorum,
+    EndQuorumEpochResponse: RaftNode._on_end_quorum_response,
+    FetchRequest: RaftNode._on_fetch,
+    FetchResponse: RaftNode._on_fetch_response,
+    FetchSnapshotRequest: RaftNode._on_fetch_snapshot,
+    FetchSnapshotResponse: RaftNode._on_fetch_snapshot_response,
+    DescribeQuorumRequest: RaftNode._on_describe_quorum,
+    DescribeQuorumResponse: RaftNode._ignore,
+}

@@ -1,0 +1,221 @@
+"""The six roles of a metakv node, one class each; each holds only its own data.
+
+Rules and theory of operation (KRaft: KIP-595, KIP-996 pre-vote, KIP-630 snapshots)
+====================================================================================
+
+A node is always in exactly one role, for one epoch. Every transition lives in
+``RaftNode._become_*`` (raft/node.py, section "Transitions"); nothing else assigns
+``RaftNode._state``. The persisted quorum state (epoch, voted id, leader id) changes only
+inside those methods, and only in the ways listed here.
+
+1. Epochs only grow. Any valid message carrying a higher epoch moves a node to that epoch:
+   to Follower when the message names the leader, otherwise to Unattached. The new epoch
+   is persisted (``Ready.quorum_state``) before anything of that Ready is sent.
+2. Unattached (no known leader in this epoch; may have voted). A voter whose election
+   timer fires goes Prospective; an observer instead probes a random voter with a Fetch
+   to learn the leader.
+3. Prospective (KIP-996): asks every voter for a *pre-vote* for epoch + 1. Pre-votes are
+   never persisted, by either side, and never change the receiver's epoch. A majority
+   of grants → Candidate. Learning of a leader of the current epoch → Follower (hearsay
+   about the leader it timed out on does not count; that leader's own answer does).
+   Timer → Follower of the leader it lost, if it knew one (fetch again: that leader may
+   be fine), else a new pre-vote round. Followers that fetched successfully from their
+   leader within fetch_timeout_ms refuse pre-votes; leaders refuse all. A node that is
+   cut off therefore cannot bump the epoch and depose a healthy leader when it comes
+   back. A pre-vote for epoch e does tell the receiver that the sender is in epoch e - 1
+   already; rule 1 applies to that epoch.
+4. Candidate: persists epoch + 1 and a vote for itself, then asks for real votes. A
+   majority → Leader. Timer → Prospective (a new pre-vote round, same epoch).
+5. Votes: a voter grants at most one vote per epoch (persisted before the response is
+   sent), never while it knows a leader of that epoch, and only to a candidate whose log
+   is at least as up to date: (last epoch, end offset) compared lexicographically.
+6. Leader: appends a LeaderChange control record at ``epoch_start_offset``, sends
+   BeginQuorumEpoch to every voter until that voter fetches in this epoch. The high
+   watermark is the largest offset a majority of voters hold *durably* (the leader's own
+   offset counts only once flushed); it moves only once it passes epoch_start_offset (an
+   entry of the leader's own epoch is committed) and never moves back. Without Fetches
+   from a majority for 1.5 × fetch_timeout_ms the leader resigns (check-quorum).
+7. Follower: fetches from the leader; acknowledges an offset only by fetching from it,
+   and fetches only what it has flushed. No successful Fetch response for
+   fetch_timeout_ms → Prospective (voters) or Unattached (observers). A diverging epoch
+   in the response truncates the log (never below the high watermark); a snapshot id
+   starts a FetchSnapshot download. High watermark = max(old, min(local end, leader's)).
+8. Resigned: a leader that shut down gracefully, lost check-quorum, or restarted as
+   leader. It serves nothing, re-sends EndQuorumEpoch (successors ordered by replicated
+   offset, best first) until acknowledged, and after an election timeout goes
+   Prospective. A Follower receiving EndQuorumEpoch from its leader goes Unattached and
+   starts its election after a delay that grows with its place in the successor list.
+9. Observers (not in the voter set) are only ever Unattached or Follower, never vote and
+   never count toward the high watermark.
+10. Restart: persisted leader id == self → Resigned; persisted epoch below the log's last
+    epoch → Unattached at the log's epoch; a known leader → Follower; else Unattached.
+
+Transition table (from → to : trigger)
+
+    Unattached  → Prospective : election timer (voters)
+    Unattached  → Follower    : BeginQuorumEpoch / Fetch response naming a leader
+    Prospective → Candidate   : majority of pre-votes
+    Prospective → Follower    : leader of this epoch discovered
+    Prospective → Prospective : election timer, no leader known (new round)
+    Prospective → Follower    : election timer, a leader was known (fetch from it again)
+    Candidate   → Leader      : majority of votes
+    Candidate   → Prospective : election timer
+    Candidate   → Follower    : leader of this epoch discovered
+    Leader      → Resigned    : resign() or check-quorum failure
+    Follower    → Prospective : fetch timeout (voters); Unattached (observers)
+    Follower    → Unattached  : EndQuorumEpoch from its leader
+    Resigned    → Prospective : election timer
+    any         → Unattached/Follower at a higher epoch : rule 1
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from raft.messages import FetchRequest
+from raft.types import SnapshotId
+
+
+class Role(enum.Enum):
+    UNATTACHED = "unattached"
+    PROSPECTIVE = "prospective"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    RESIGNED = "resigned"
+
+
+@dataclass(slots=True)
+class UnattachedState:
+    """No leader known in ``epoch``; ``voted_id`` is the vote cast in it (-1: none)."""
+
+    epoch: int
+    voted_id: int
+    election_deadline_ms: int
+    probe_deadline_ms: int = 0  # observers: when to ask a random voter for the leader
+    role: Role = Role.UNATTACHED
+
+
+@dataclass(slots=True)
+class ProspectiveState:
+    """Collecting pre-votes for epoch + 1; nothing of this is persisted."""
+
+    epoch: int
+    voted_id: int
+    leader_id: int  # the leader we lost contact with (-1 none); kept, not persisted anew
+    election_deadline_ms: int
+    granted: set[int] = field(default_factory=set)
+    rejected: set[int] = field(default_factory=set)
+    role: Role = Role.PROSPECTIVE
+
+
+@dataclass(slots=True)
+class CandidateState:
+    """Persisted epoch and a vote for itself; collecting real votes."""
+
+    epoch: int
+    election_deadline_ms: int
+    granted: set[int] = field(default_factory=set)
+    rejected: set[int] = field(default_factory=set)
+    role: Role = Role.CANDIDATE
+
+
+@dataclass(slots=True)
+class ReplicaProgress:
+    """What the leader knows of one replica in its epoch (end_offset -1: not fetched yet)."""
+
+    replica_id: int
+    endpoint: str = ""
+    end_offset: int = -1
+    last_fetch_ms: int = -1
+    last_caught_up_ms: int = -1
+
+
+@dataclass(slots=True)
+class ParkedFetch:
+    """An idle Fetch the leader holds until new data, a high-watermark move, or its deadline."""
+
+    src: int
+    request: FetchRequest
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class PendingRead:
+    """A read_index call waiting for a majority of voters to confirm this leader.
+
+    A voter confirms by fetching *after* the leader sent it a response after the call:
+    a follower sends its next Fetch only once the previous one was answered, so that
+    Fetch left the follower after the call.
+    """
+
+    token: int
+    answered: set[int] = field(default_factory=set)  # voters answered since the call
+    confirmed: set[int] = field(default_factory=set)  # voters that fetched after that
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    """Accumulated proposals waiting to become one log batch (group commit)."""
+
+    records: list[bytes] = field(default_factory=list)
+    size_bytes: int = 34
+
+
+@dataclass(slots=True)
+class LeaderState:
+    epoch: int
+    epoch_start_offset: int
+    elected_ms: int
+    voters: dict[int, ReplicaProgress]  # every voter except the leader itself
+    observers: dict[int, ReplicaProgress] = field(default_factory=dict)
+    parked: dict[int, ParkedFetch] = field(default_factory=dict)  # by transport src
+    begin_quorum_pending: set[int] = field(default_factory=set)
+    begin_quorum_next_ms: int = 0
+    reads: dict[int, PendingRead] = field(default_factory=dict)
+    pending_batches: list[PendingBatch] = field(default_factory=list)
+    pending_records: int = 0
+    linger_deadline_ms: int = -1
+    role: Role = Role.LEADER
+
+
+class FetchPhase(enum.Enum):
+    IDLE = "idle"  # send the next Fetch as soon as the log is flushed
+    IN_FLIGHT = "in_flight"  # one Fetch out, waiting for its response
+    WAIT_FLUSH = "wait_flush"  # appended records; the next Fetch waits for the flush
+    BACKOFF = "backoff"  # an error answer; retry at next_fetch_ms
+    SNAPSHOT = "snapshot"  # downloading a snapshot chunk by chunk
+
+
+@dataclass(slots=True)
+class FollowerState:
+    epoch: int
+    leader_id: int
+    leader_endpoint: str
+    voted_id: int
+    last_contact_ms: int  # fetch-timeout base: when we started following, or last fetched
+    fetched_ms: int = -1  # last successful Fetch response from the leader (-1: none yet)
+    phase: FetchPhase = FetchPhase.IDLE
+    fetch_offset_in_flight: int = -1
+    fetch_sent_ms: int = 0
+    next_fetch_ms: int = 0
+    snapshot_id: SnapshotId | None = None
+    snapshot_position: int = 0
+    snapshot_size: int = -1
+    role: Role = Role.FOLLOWER
+
+
+@dataclass(slots=True)
+class ResignedState:
+    epoch: int
+    election_deadline_ms: int
+    preferred_successors: tuple[int, ...]
+    end_quorum_pending: set[int] = field(default_factory=set)
+    end_quorum_next_ms: int = 0
+    role: Role = Role.RESIGNED
+
+
+RoleState = (
+    UnattachedState | ProspectiveState | CandidateState | LeaderState | FollowerState | ResignedState
+)

@@ -1,0 +1,229 @@
+"""Unit tests of the raft core driven directly or through a fault-free simulated cluster."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from raft.log import MemoryLog, QuorumStateRecord
+from raft.messages import (
+    BeginQuorumEpochRequest,
+    Envelope,
+    FetchRequest,
+    FetchResponse,
+    VoteRequest,
+    VoteResponse,
+)
+from raft.node import NotLeaderError, ProposalRejectedError, RaftConfig, RaftNode, Role
+from raft.snapshots import MemorySnapshotStore
+from raft.types import Batch, ErrorCode, decode_control_record
+from tests.sim.cluster import Cluster
+
+
+def elected(cluster: Cluster) -> int:
+    assert cluster.run_until(lambda: cluster.leader() is not None, 5_000)
+    leader = cluster.leader()
+    assert leader is not None
+    return leader.node_id
+
+
+@pytest.mark.parametrize("voters", [1, 3, 5])
+def test_election_then_propose_commits_on_every_replica(voters: int) -> None:
+    cluster = Cluster(seed=7, voters=voters, observers=1)
+    leader_id = elected(cluster)
+    proposal = cluster.propose((b"x", b"y", b"z"))
+    assert proposal is not None
+    assert proposal.last_offset == proposal.base_offset + 2
+    assert cluster.run_until(lambda: all(
+        n.core is not None and n.core.high_watermark > proposal.last_offset for n in cluster.nodes.values()
+    ), 5_000)
+    for node in cluster.nodes.values():
+        assert node.core is not None
+        assert node.core.leader_id == leader_id
+        assert node.core.epoch == cluster.nodes[leader_id].core.epoch  # type: ignore[union-attr]
+        records = [r for b in node.log.read(0, 1 << 20) if not b.control for r in b.records]
+        assert records == [b"x", b"y", b"z"]
+    # The leader's own epoch starts with a LeaderChange control record.
+    first = cluster.nodes[leader_id].log.read(0, 1 << 20)[0]
+    assert first.control and decode_control_record(first.records[0])["leader_id"] == leader_id
+
+
+def test_observer_never_votes_nor_counts() -> None:
+    cluster = Cluster(seed=3, voters=3, observers=2)
+    elected(cluster)
+    cluster.run_for(2_000)
+    for node_id in (4, 5):
+        core = cluster.nodes[node_id].core
+        assert core is not None and not core.is_voter
+        assert core.role == Role.FOLLOWER
+    leader = cluster.leader()
+    assert leader is not None and leader.core is not None
+    quorum = leader.core.describe_quorum(cluster.now_ms)
+    assert [r.replica_id for r in quorum.voters] == [leader.node_id] + sorted({1, 2, 3} - {leader.node_id})
+    assert [r.replica_id for r in quorum.observers] == [4, 5]
+
+
+def test_high_watermark_needs_a_majority_of_flushed_offsets() -> None:
+    cluster = Cluster(seed=11, voters=3)
+    leader_id = elected(cluster)
+    followers = sorted(cluster.voter_ids - {leader_id})
+    cluster.run_for(500)
+    leader = cluster.nodes[leader_id].core
+    assert leader is not None
+    before = leader.high_watermark
+    cluster.partition({leader_id}, set(followers))  # nobody can acknowledge
+    proposal = cluster.propose((b"lonely",))
+    assert proposal is not None
+    cluster.run_for(30)  # well inside the fetch timeout: no election
+    assert leader.high_watermark == before  # flushed locally, but not on a majority
+    cluster.heal()
+    assert cluster.run_until(lambda: cluster.is_committed(proposal), 5_000)
+
+
+def test_propose_on_a_follower_names_the_leader() -> None:
+    cluster = Cluster(seed=5, voters=3)
+    leader_id = elected(cluster)
+    cluster.run_for(300)
+    follower = cluster.nodes[min(cluster.voter_ids - {leader_id})].core
+    assert follower is not None
+    with pytest.raises(NotLeaderError) as info:
+        follower.propose(cluster.now_ms, [b"a"])
+    assert info.value.leader_id == leader_id
+    assert info.value.leader_endpoint == f"http://node{leader_id}"
+    with pytest.raises(NotLeaderError):
+        follower.read_index(cluster.now_ms)
+
+
+def test_group_commit_and_bounded_accumulator() -> None:
+    cluster = Cluster(seed=2, voters=1, config_overrides={"max_pending_records": 5})
+    elected(cluster)
+    cluster.run_for(50)
+    core = cluster.nodes[1].core
+    assert core is not None
+    first = core.propose(cluster.now_ms, [b"a"])  # appended at once, a flush starts
+    second = core.propose(cluster.now_ms, [b"b", b"c"])  # flush in flight: accumulates
+    third = core.propose(cluster.now_ms, [b"d"])
+    assert (second.base_offset, second.last_offset) == (first.last_offset + 1, first.last_offset + 2)
+    assert third.base_offset == second.last_offset + 1
+    with pytest.raises(ProposalRejectedError):
+        core.propose(cluster.now_ms, [b"1", b"2", b"3", b"4", b"5"])
+    cluster._after_input(cluster.nodes[1])
+    assert cluster.run_until(lambda: core.high_watermark > third.last_offset, 1_000)
+    data = [b for b in cluster.nodes[1].log.read(0, 1 << 20) if not b.control]
+    assert [b.records for b in data] == [(b"a",), (b"b", b"c", b"d")]  # one batch for the two waiting
+
+
+def test_proposal_larger_than_a_batch_is_rejected() -> None:
+    cluster = Cluster(seed=2, voters=1, config_overrides={"max_batch_bytes": 200})
+    elected(cluster)
+    core = cluster.nodes[1].core
+    assert core is not None
+    with pytest.raises(ProposalRejectedError, match="max_batch_bytes"):
+        core.propose(cluster.now_ms, [b"x" * 300])
+
+
+def test_read_index_completes_after_quorum_confirms() -> None:
+    cluster = Cluster(seed=9, voters=3)
+    leader_id = elected(cluster)
+    proposal = cluster.propose((b"v",))
+    assert proposal is not None
+    assert cluster.run_until(lambda: cluster.is_committed(proposal), 5_000)
+    node = cluster.nodes[leader_id]
+    assert node.core is not None
+    token = node.core.read_index(cluster.now_ms)
+    cluster._after_input(node)
+    assert cluster.run_until(lambda: any(t == token for _, t, _ in cluster.reads_done), 2_000)
+    offset = next(o for _, t, o in cluster.reads_done if t == token)
+    assert offset > proposal.last_offset
+
+
+def test_read_index_fails_without_a_quorum() -> None:
+    cluster = Cluster(seed=4, voters=3)
+    leader_id = elected(cluster)
+    cluster.run_for(300)
+    node = cluster.nodes[leader_id]
+    assert node.core is not None
+    cluster.partition({leader_id}, cluster.voter_ids - {leader_id})
+    token = node.core.read_index(cluster.now_ms)
+    failed: list[int] = []
+    original = node.core.take_ready
+
+    def spy():  # type: ignore[no-untyped-def]
+        ready = original()
+        failed.extend(ready.reads_failed)
+        return ready
+
+    node.core.take_ready = spy  # type: ignore[method-assign]
+    cluster._after_input(node)
+    assert cluster.run_until(lambda: token in failed, 2_000)  # check-quorum resigns the leader
+    assert not any(t == token for _, t, _ in cluster.reads_done)
+
+
+def _node(voters: frozenset[int], node_id: int = 1, log: MemoryLog | None = None,
+          persisted: QuorumStateRecord | None = None) -> RaftNode:
+    config = RaftConfig(node_id=node_id, voters=voters, endpoint=f"http://n{node_id}")
+    return RaftNode(config, log or MemoryLog(), persisted, random.Random(1), MemorySnapshotStore(), 0)
+
+
+def test_restart_rules() -> None:
+    voters = frozenset({1, 2, 3})
+    assert _node(voters, persisted=QuorumStateRecord(4, 1, 1)).role == Role.RESIGNED
+    log = MemoryLog()
+    log.append(Batch(0, 6, 0, False, (b"a",)))
+    node = _node(voters, log=log, persisted=QuorumStateRecord(4, 2, 2))
+    assert (node.role, node.epoch) == (Role.UNATTACHED, 6)
+    assert node.take_ready().quorum_state == QuorumStateRecord(6, -1, -1)
+    follower = _node(voters, persisted=QuorumStateRecord(4, -1, 2))
+    assert (follower.role, follower.leader_id) == (Role.FOLLOWER, 2)
+    assert isinstance(follower.take_ready().messages[0].message, FetchRequest)
+
+
+def test_vote_granted_once_per_epoch_and_only_to_an_up_to_date_log() -> None:
+    voters = frozenset({1, 2, 3})
+    log = MemoryLog()
+    log.append(Batch(0, 2, 0, False, (b"a", b"b")))
+    node = _node(voters, log=log, persisted=QuorumStateRecord(2, -1, -1))
+    node.take_ready()
+    node.handle(10, Envelope(2, 1, VoteRequest(3, 2, 2, 1, False)))  # shorter log
+    ready = node.take_ready()
+    assert ready.messages[0].message == VoteResponse(ErrorCode.NONE, 3, -1, False, False)
+    node.handle(11, Envelope(3, 1, VoteRequest(3, 3, 2, 2, False)))
+    ready = node.take_ready()
+    assert ready.quorum_state == QuorumStateRecord(3, 3, -1)
+    assert ready.messages[0].message.vote_granted  # type: ignore[union-attr]
+    node.handle(12, Envelope(2, 1, VoteRequest(3, 2, 2, 5, False)))  # already voted for 3
+    assert not node.take_ready().messages[0].message.vote_granted  # type: ignore[union-attr]
+
+
+def test_follower_refuses_pre_vote_while_its_leader_is_alive() -> None:
+    voters = frozenset({1, 2, 3})
+    node = _node(voters, persisted=QuorumStateRecord(1, -1, 2))
+    node.take_ready()
+    node.handle(5, Envelope(2, 1, FetchResponse(ErrorCode.NONE, 1, 2, "http://n2", 0, 0, 0, 0, 0, (), -1, -1, None)))
+    node.take_ready()
+    node.handle(10, Envelope(3, 1, VoteRequest(2, 3, 0, 0, True)))
+    ready = node.take_ready()
+    assert not ready.messages[0].message.vote_granted  # type: ignore[union-attr]
+    assert ready.quorum_state is None and node.epoch == 1
+
+
+@pytest.mark.parametrize("message", [
+    FetchRequest(1, 2, -5, 0, 0, 10, ""),
+    FetchRequest(1, 2, 0, 9, 0, 10, ""),  # last fetched epoch above the epoch
+    VoteRequest(-1, 2, 0, 0, False),
+    VoteRequest(9, 2, 10, 0, False),
+    VoteRequest(9, 7, 0, 0, False),  # not a voter
+    BeginQuorumEpochRequest(9, 7, ""),  # not a voter
+    FetchResponse(ErrorCode.NONE, 1, 2, "", -1, -3, 0, 0, 0, (), -1, -1, None),
+])
+def test_bad_input_is_answered_or_dropped_and_changes_nothing(message: object) -> None:
+    node = _node(frozenset({1, 2, 3}), persisted=QuorumStateRecord(1, -1, -1))
+    node.take_ready()
+    src = 7 if isinstance(message, (BeginQuorumEpochRequest,)) or getattr(message, "candidate_id", 0) == 7 else 2
+    node.handle(5, Envelope(src, 1, message))  # type: ignore[arg-type]
+    ready = node.take_ready()
+    assert ready.quorum_state is None
+    assert node.epoch == 1 and node.role == Role.UNATTACHED
+    for envelope in ready.messages:
+        assert getattr(envelope.message, "error", ErrorCode.NONE) != ErrorCode.NONE

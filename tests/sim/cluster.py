@@ -1,0 +1,414 @@
+"""A whole metakv quorum inside one process, driven by one seeded priority queue of events.
+
+Every node is a real ``RaftNode`` over a ``MemoryLog``; the simulated network drops,
+delays, duplicates and reorders messages and applies partitions; crashes lose whatever
+was not flushed (``MemoryLog.reopen``). After every event the cluster checks the safety
+invariants (``InvariantViolation`` names the first broken one).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raft.log import MemoryLog, QuorumStateRecord
+from raft.messages import Envelope
+from raft.node import NotLeaderError, Proposal, ProposalRejectedError, RaftConfig, RaftNode, Role
+from raft.snapshots import MemorySnapshotStore
+from raft.types import Batch
+
+MAX_EVENTS_PER_RUN = 2_000_000  # a hard bound so a livelock cannot hang a test
+MAX_READS_KEPT = 10_000  # completed reads remembered for tests to look at
+
+
+class InvariantViolation(AssertionError):
+    """A safety property failed; the message names it and the simulated time."""
+
+
+@dataclass
+class NetworkFaults:
+    """What the network does to each message (probabilities in [0, 1])."""
+
+    drop_probability: float = 0.0
+    duplicate_probability: float = 0.0
+    delay_min_ms: int = 1
+    delay_max_ms: int = 5
+    flush_min_ms: int = 1
+    flush_max_ms: int = 5
+
+
+def sim_config(node_id: int, voters: frozenset[int], **overrides: int) -> RaftConfig:
+    """Timeouts scaled down 10x from the defaults so simulated seconds stay cheap."""
+    values: dict[str, int] = dict(
+        election_timeout_ms=100, fetch_timeout_ms=200, election_backoff_max_ms=100,
+        fetch_max_wait_ms=50, request_timeout_ms=200, retry_backoff_ms=10,
+        snapshot_chunk_bytes=64,
+    )
+    values.update(overrides)
+    return RaftConfig(node_id=node_id, voters=voters, endpoint=f"http://node{node_id}", **values)
+
+
+@dataclass
+class SimNode:
+    node_id: int
+    config: RaftConfig
+    log: MemoryLog
+    snapshots: MemorySnapshotStore
+    durable_state: QuorumStateRecord | None = None
+    core: RaftNode | None = None  # None while crashed
+    incarnation: int = 0
+    flush_running: bool = False
+    next_tick_ms: int = -1
+    highest_epoch_persisted: int = 0
+    last_high_watermark: int = 0
+    last_end_offset: int = 0
+    checked_offset: int = 0  # committed records below this were compared with the oracle
+
+
+@dataclass(slots=True)
+class _Event:
+    time_ms: int
+    sequence: int
+    kind: str
+    node_id: int
+    incarnation: int
+    payload: object = None
+
+
+class Cluster:
+    """Nodes 1..voters are voters, the next ``observers`` ids are observers."""
+
+    def __init__(
+        self, seed: int, voters: int, observers: int = 0, faults: NetworkFaults | None = None,
+        config_overrides: dict[str, int] | None = None, trace: Callable[[str], None] | None = None,
+    ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.faults = faults or NetworkFaults()
+        self.now_ms = 0
+        self.voter_ids = frozenset(range(1, voters + 1))
+        self.majority = voters // 2 + 1
+        self.nodes: dict[int, SimNode] = {}
+        self.trace = trace
+        self._queue: list[tuple[int, int, _Event]] = []  # (time, sequence, event): one total order
+        self._sequence = 0
+        self.events_processed = 0
+        self.blocked: set[tuple[int, int]] = set()  # (src, dst) pairs whose messages are lost
+        self.leaders_by_epoch: dict[int, int] = {}
+        self.committed: dict[int, tuple[int, bool, bytes]] = {}  # offset -> (epoch, control, record)
+        self.max_high_watermark = 0
+        self.proposals: list[tuple[Proposal, tuple[bytes, ...]]] = []
+        self.reads_done: list[tuple[int, int, int]] = []  # (node, token, offset)
+        self.reads_hook: Callable[[int, int, int], None] | None = None
+        self.stats: collections.Counter[str] = collections.Counter()  # what the run exercised
+        for node_id in range(1, voters + observers + 1):
+            config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
+            node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
+            self.nodes[node_id] = node
+            self._start(node)
+
+    # ------------------------------------------------------------------ driving
+
+    def _start(self, node: SimNode) -> None:
+        node.incarnation += 1
+        node.flush_running = False
+        node.next_tick_ms = -1
+        node.core = RaftNode(node.config, node.log, node.durable_state,
+                             random.Random(self.rng.getrandbits(64)), node.snapshots, self.now_ms)
+        node.last_high_watermark = node.core.high_watermark
+        self._after_input(node)
+
+    def _push(self, time_ms: int, kind: str, node: SimNode, payload: object = None) -> None:
+        self._sequence += 1
+        event = _Event(time_ms, self._sequence, kind, node.node_id, node.incarnation, payload)
+        heapq.heappush(self._queue, (time_ms, self._sequence, event))
+
+    def _after_input(self, node: SimNode) -> None:
+        """Perform the node's Ready in the contract's order, then check invariants."""
+        core = node.core
+        if core is None:
+            return
+        ready = core.take_ready()
+        if ready.quorum_state is not None:
+            if ready.quorum_state.epoch < node.highest_epoch_persisted:
+                raise InvariantViolation(f"t={self.now_ms} node {node.node_id} persisted epoch went back")
+            node.durable_state = ready.quorum_state
+            node.highest_epoch_persisted = ready.quorum_state.epoch
+        for envelope in ready.messages:
+            self._transmit(envelope)
+        if ready.flush and not node.flush_running:
+            node.flush_running = True
+            self._push(self.now_ms + self.rng.randint(self.faults.flush_min_ms, self.faults.flush_max_ms),
+                       "flush", node)
+        if ready.role_changed:
+            self.stats[f"became_{core.role.value}"] += 1
+        self.stats["reads_failed"] += len(ready.reads_failed)
+        if node.log.end_offset() < node.last_end_offset:
+            self.stats["truncations"] += 1
+        node.last_end_offset = node.log.end_offset()
+        for token, offset in ready.reads_done:
+            self.stats["reads_done"] += 1
+            if len(self.reads_done) < MAX_READS_KEPT:
+                self.reads_done.append((node.node_id, token, offset))
+            if self.reads_hook is not None:
+                self.reads_hook(node.node_id, token, offset)
+        if ready.snapshot_to_install is not None:
+            self.stats["snapshot_installs"] += 1
+            core.on_snapshot_installed(self.now_ms, ready.snapshot_to_install)
+        deadline = core.next_deadline_ms()
+        if node.next_tick_ms < 0 or deadline < node.next_tick_ms or node.next_tick_ms <= self.now_ms:
+            node.next_tick_ms = max(deadline, self.now_ms)
+            self._push(node.next_tick_ms, "tick", node)
+        self.check_invariants(node)
+
+    def _transmit(self, envelope: Envelope) -> None:
+        faults = self.faults
+        copies = 1
+        if self.rng.random() < faults.drop_probability:
+            copies = 0
+        elif self.rng.random() < faults.duplicate_probability:
+            copies = 2
+        dst = self.nodes.get(envelope.dst)
+        if dst is None:
+            return
+        for _ in range(copies):
+            delay_ms = self.rng.randint(faults.delay_min_ms, faults.delay_max_ms)
+            self._push(self.now_ms + delay_ms, "deliver", dst, envelope)
+
+    def step(self) -> bool:
+        """Process the next event; False when there is none."""
+        if not self._queue:
+            return False
+        event = heapq.heappop(self._queue)[2]
+        self.now_ms = max(self.now_ms, event.time_ms)
+        self.events_processed += 1
+        node = self.nodes[event.node_id]
+        if event.kind == "action":
+            action: Callable[[], None] = event.payload  # type: ignore[assignment]
+            action()
+            return True
+        core = node.core
+        if core is None:
+            return True
+        if event.kind == "deliver":
+            envelope: Envelope = event.payload  # type: ignore[assignment]
+            if (envelope.src, envelope.dst) in self.blocked:
+                return True
+            if self.trace:
+                self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {describe_message(envelope.message)}")
+            core.handle(self.now_ms, envelope)
+        elif event.kind == "tick":
+            if event.incarnation != node.incarnation or event.time_ms != node.next_tick_ms:
+                return True
+            node.next_tick_ms = -1
+            core.tick(self.now_ms)
+        elif event.kind == "flush":
+            if event.incarnation != node.incarnation:
+                return True
+            node.flush_running = False
+            node.log.flush()
+            core.on_flushed(self.now_ms)
+        self._after_input(node)
+        return True
+
+    def run_for(self, duration_ms: int) -> None:
+        self.run_until(lambda: False, duration_ms)
+
+    def run_until(self, predicate: Callable[[], bool], timeout_ms: int) -> bool:
+        """Run events until ``predicate()`` holds (True) or ``timeout_ms`` pass (False)."""
+        end_ms = self.now_ms + timeout_ms
+        while not predicate():
+            if not self._queue or self._queue[0][0] > end_ms:
+                self.now_ms = max(self.now_ms, end_ms)
+                return predicate()
+            if self.events_processed > MAX_EVENTS_PER_RUN:
+                raise InvariantViolation(f"seed {self.seed}: more than {MAX_EVENTS_PER_RUN} events")
+            self.step()
+        return True
+
+    def at(self, time_ms: int, action: Callable[[], None]) -> None:
+        """Schedule ``action`` (a fault, a proposal) at simulated time ``time_ms``."""
+        self._push(time_ms, "action", self.nodes[min(self.nodes)], action)
+
+    # ------------------------------------------------------------------ faults
+
+    def crash(self, node_id: int) -> None:
+        """Power loss: unflushed log data is gone; the quorum-state file survives."""
+        node = self.nodes[node_id]
+        if node.core is None:
+            return
+        node.core = None
+        node.log = node.log.reopen()
+        node.last_end_offset = node.log.end_offset()
+        node.incarnation += 1
+        self.stats["crashes"] += 1
+
+    def shutdown(self, node_id: int) -> None:
+        """Graceful stop: a leader resigns first; everything is flushed."""
+        node = self.nodes[node_id]
+        if node.core is None:
+            return
+        if node.core.role == Role.LEADER:
+            node.core.resign(self.now_ms)
+            self._after_input(node)
+        node.log.flush()
+        node.core = None
+        node.incarnation += 1
+
+    def restart(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.core is None:
+            self._start(node)
+
+    def partition(self, side_a: set[int], side_b: set[int], one_way: bool = False) -> None:
+        for a in side_a:
+            for b in side_b:
+                self.blocked.add((a, b))
+                if not one_way:
+                    self.blocked.add((b, a))
+
+    def heal(self) -> None:
+        self.blocked.clear()
+
+    # ------------------------------------------------------------------ client side
+
+    def leader(self) -> SimNode | None:
+        """The live leader of the highest epoch, if any."""
+        best: SimNode | None = None
+        for node in self.nodes.values():
+            if node.core is not None and node.core.role == Role.LEADER:
+                if best is None or node.core.epoch > best.core.epoch:  # type: ignore[union-attr]
+                    best = node
+        return best
+
+    def leaders(self) -> list[SimNode]:
+        """Every live node that believes it leads (a deposed one may not know yet)."""
+        return [n for n in self.nodes.values() if n.core is not None and n.core.role == Role.LEADER]
+
+    def propose(self, records: tuple[bytes, ...], leader: SimNode | None = None) -> Proposal | None:
+        leader = leader or self.leader()
+        if leader is None or leader.core is None:
+            return None
+        try:
+            proposal = leader.core.propose(self.now_ms, list(records))
+        except (NotLeaderError, ProposalRejectedError):
+            return None
+        self.proposals.append((proposal, records))
+        self._after_input(leader)
+        return proposal
+
+    def is_committed(self, proposal: Proposal) -> bool:
+        entry = self.committed.get(proposal.last_offset)
+        return entry is not None and entry[0] == proposal.epoch
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_invariants(self, changed: SimNode) -> None:
+        now = self.now_ms
+        core = changed.core
+        if core is None:
+            return
+        if core.role == Role.LEADER:
+            holder = self.leaders_by_epoch.setdefault(core.epoch, changed.node_id)
+            if holder != changed.node_id:
+                raise InvariantViolation(f"t={now} two leaders in epoch {core.epoch}: {holder} and {changed.node_id}")
+        hw = core.high_watermark
+        if hw < changed.last_high_watermark:
+            raise InvariantViolation(f"t={now} node {changed.node_id} high watermark went back "
+                                     f"{changed.last_high_watermark} -> {hw}")
+        changed.last_high_watermark = hw
+        if hw > changed.log.end_offset():
+            raise InvariantViolation(f"t={now} node {changed.node_id} high watermark {hw} past its log end "
+                                     f"{changed.log.end_offset()}")
+        if hw > changed.checked_offset:
+            self._record_committed(changed, hw)
+        if hw > self.max_high_watermark:
+            self.max_high_watermark = hw
+        self._check_majority_holds()
+
+    def _record_committed(self, node: SimNode, hw: int) -> None:
+        """Compare every newly committed record with what other nodes committed there."""
+        offset = max(node.checked_offset, node.log.start_offset())
+        for batch in node.log.read(offset, 1 << 30):
+            for index, record in enumerate(batch.records):
+                at = batch.base_offset + index
+                if at < offset or at >= hw:
+                    continue
+                entry = (batch.epoch, batch.control, record)
+                known = self.committed.setdefault(at, entry)
+                if known != entry:
+                    raise InvariantViolation(f"t={self.now_ms} node {node.node_id} committed a different record "
+                                             f"at offset {at}: epoch {batch.epoch} vs {known[0]}")
+            if batch.next_offset >= hw:
+                break
+        node.checked_offset = hw
+
+    def _check_majority_holds(self) -> None:
+        """Every offset below the highest high watermark is durable on a majority of voters."""
+        target = self.max_high_watermark
+        if target == 0:
+            return
+        holders = sum(1 for v in self.voter_ids if self.nodes[v].log.flushed_offset() >= target
+                      or self.nodes[v].log.start_offset() >= target)
+        if holders < self.majority:
+            raise InvariantViolation(f"t={self.now_ms} only {holders} voters durably hold offset "
+                                     f"{target - 1} below the high watermark")
+
+    def check_replicas_agree(self) -> None:
+        """Every record below each node's high watermark matches the committed record."""
+        for node in self.nodes.values():
+            hw = node.core.high_watermark if node.core is not None else 0
+            node.checked_offset = min(node.checked_offset, node.log.start_offset())
+            saved = node.checked_offset
+            node.checked_offset = node.log.start_offset()
+            self._record_committed(node, hw)
+            node.checked_offset = max(saved, hw)
+
+
+def batches_text(batches: list[Batch]) -> str:
+    """A short, stable rendering of log batches for golden files."""
+    parts = []
+    for batch in batches:
+        kind = "control" if batch.control else "data"
+        parts.append(f"[{batch.base_offset}..{batch.last_offset} e{batch.epoch} {kind}]")
+    return " ".join(parts)
+
+
+_SHOWN_FIELDS: dict[str, tuple[str, ...]] = {
+    "VoteRequest": ("epoch", "last_offset_epoch", "last_offset", "pre_vote"),
+    "VoteResponse": ("error", "epoch", "leader_id", "vote_granted", "pre_vote"),
+    "BeginQuorumEpochRequest": ("epoch", "leader_id"),
+    "BeginQuorumEpochResponse": ("error", "epoch", "leader_id"),
+    "EndQuorumEpochRequest": ("epoch", "leader_id", "preferred_successors"),
+    "EndQuorumEpochResponse": ("error", "epoch", "leader_id"),
+    "FetchRequest": ("epoch", "fetch_offset", "last_fetched_epoch", "high_watermark"),
+    "FetchResponse": ("error", "epoch", "leader_id", "fetch_offset", "high_watermark", "records",
+                      "diverging_epoch", "diverging_end_offset", "snapshot_id"),
+    "FetchSnapshotRequest": ("epoch", "snapshot_id", "position"),
+    "FetchSnapshotResponse": ("error", "epoch", "snapshot_id", "size", "position"),
+}
+
+
+def describe_message(message: object) -> str:
+    """One stable line per message, with only the fields that explain the protocol."""
+    name = type(message).__name__
+    parts = []
+    for field_name in _SHOWN_FIELDS.get(name, ()):
+        value = getattr(message, field_name)
+        if field_name == "records":
+            value = batches_text(list(value)) or "-"
+        elif field_name == "error":
+            if not value:
+                continue
+            value = value.name
+        elif field_name in ("diverging_epoch", "diverging_end_offset") and value == -1:
+            continue
+        elif field_name == "snapshot_id":
+            if value is None:
+                continue
+            value = f"{value.end_offset}/e{value.epoch}"
+        parts.append(f"{field_name}={value}")
+    return f"{name}({', '.join(parts)})"

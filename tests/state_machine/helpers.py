@@ -1,0 +1,48 @@
+"""Shared builders for the state machine tests: batches of commands, and table dumps."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from raft.types import Batch, encode_control_record
+from storage.commands import Command, encode_command
+
+
+def data_batch(base_offset: int, commands: Sequence[Command | bytes], epoch: int = 1) -> Batch:
+    records = tuple(c if isinstance(c, bytes) else encode_command(c) for c in commands)
+    return Batch(base_offset, epoch, 0, False, records)
+
+
+def control_batch(base_offset: int, epoch: int = 1) -> Batch:
+    return Batch(base_offset, epoch, 0, True,
+                 (encode_control_record("leader_change", leader_id=1, voters=[1]),))
+
+
+def batches_for(commands: Sequence[Command | bytes], sizes: Sequence[int], epoch: int = 1) -> list[Batch]:
+    """Split ``commands`` into consecutive data batches of the given sizes (the last takes
+    the rest)."""
+    batches: list[Batch] = []
+    offset = 0
+    for size in sizes:
+        if offset >= len(commands):
+            break
+        batches.append(data_batch(offset, commands[offset:offset + size], epoch))
+        offset += size
+    if offset < len(commands):
+        batches.append(data_batch(offset, commands[offset:], epoch))
+    return batches
+
+
+def dump_tables(db_path: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every state table, in a fixed order (read with plain sqlite3)."""
+    connection = sqlite3.connect(db_path)
+    try:
+        return {
+            "entries": connection.execute("SELECT * FROM entries ORDER BY key").fetchall(),
+            "history": connection.execute("SELECT * FROM history ORDER BY version, seq").fetchall(),
+            "meta": connection.execute(
+                "SELECT applied_version, applied_epoch, oldest_version FROM meta").fetchall(),
+        }
+    finally:
+        connection.close()

@@ -1,0 +1,208 @@
+"""Applying committed batches: versions, idempotence, replay, compares, bad records."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+
+import pytest
+
+from storage.commands import (
+    Command,
+    Compare,
+    CompareKind,
+    Op,
+    OpKind,
+    delete,
+    put,
+)
+from storage.state_machine import Entry, StateDatabaseError, StateMachine
+from tests.state_machine.helpers import batches_for, control_batch, data_batch, dump_tables
+
+
+@pytest.fixture()
+def state(tmp_path):
+    machine = StateMachine(str(tmp_path / "state.db"))
+    yield machine
+    machine.close()
+
+
+def test_versions_follow_offsets_and_control_batches_only_advance(state):
+    results = state.apply([control_batch(0), data_batch(1, [put("a", b"1"), put("b", b"2")])])
+    assert [(r.offset, r.version) for r in results] == [(1, 2), (2, 3)]
+    assert state.applied_version == 3
+    assert state.get("a") == (3, Entry("a", b"1", "application/octet-stream", 2, 2))
+    results = state.apply([control_batch(3, epoch=2)])
+    assert results == []
+    assert state.applied_version == 4 and state.applied_epoch == 2
+    assert state.get("b")[0] == 4
+
+
+def test_mod_and_create_versions_and_recreate_after_delete(state):
+    state.apply([data_batch(0, [put("k", b"1", "text/plain"), put("k", b"2"), delete("k"), put("k", b"3")])])
+    version, entry = state.get("k")
+    assert version == 4
+    assert entry == Entry("k", b"3", "application/octet-stream", 4, 4)
+    assert state.get("k", at_version=2)[1] == Entry("k", b"2", "application/octet-stream", 2, 1)
+    assert state.get("k", at_version=1)[1] == Entry("k", b"1", "text/plain", 1, 1)
+    assert state.get("k", at_version=3)[1] is None
+
+
+def test_op_results_report_created_deleted_and_entries(state):
+    first = state.apply([data_batch(0, [put("k", b"1")])])[0]
+    assert first.succeeded and first.ops[0].created and first.ops[0].entry.mod_version == 1
+    second = state.apply([data_batch(1, [put("k", b"2"), delete("k"), delete("k")])])
+    assert not second[0].ops[0].created
+    assert second[1].ops[0].deleted and second[1].ops[0].entry is None
+    assert not second[2].ops[0].deleted
+    # Deleting a missing key changes nothing: no history event for it.
+    assert [event.mod_version for event in state.changes("", 0)[1]] == [1, 2, 3]
+
+
+def test_apply_twice_is_a_no_op(state, tmp_path):
+    batches = batches_for([put(f"k{i}", b"v%d" % i) for i in range(10)] + [delete("k3")], [4, 4])
+    state.apply(batches)
+    before = dump_tables(state.db_path)
+    assert state.apply(batches) == []
+    assert dump_tables(state.db_path) == before
+
+
+def test_overlapping_batch_applies_only_the_new_part(state):
+    state.apply([data_batch(0, [put("a", b"1"), put("b", b"1")])])
+    results = state.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), put("a", b"2")])])
+    assert [r.offset for r in results] == [2]
+    assert state.get("a")[1].value == b"2" and state.get("a")[1].create_version == 1
+    assert state.applied_version == 3
+
+
+def test_offsets_missing_from_a_cleaned_log_are_skipped(state):
+    """A cleaned log keeps only each key's newest record: offsets in between are absent,
+    and the version still moves to the end of the last batch applied."""
+    state.apply([data_batch(0, [put("a", b"1")])])
+    results = state.apply([data_batch(1, [put("b", b"1")]), data_batch(5, [put("c", b"1")])])
+    assert [r.offset for r in results] == [1, 5]
+    assert state.applied_version == 6
+    assert state.get("c")[1].mod_version == 6 and state.get("b")[1].mod_version == 2
+
+
+def test_failed_apply_rolls_back_everything(state, monkeypatch):
+    state.apply([data_batch(0, [put("a", b"1")])])
+    before = dump_tables(state.db_path)
+
+    def broken(*_args):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr("storage.state_machine._evaluate_compact", broken)
+    with pytest.raises(sqlite3.OperationalError):
+        state.apply([data_batch(1, [put("b", b"1")])])
+    monkeypatch.undo()
+    assert dump_tables(state.db_path) == before
+    assert state.applied_version == 1
+    state.apply([data_batch(1, [put("b", b"1")])])
+    assert state.get("b")[1].mod_version == 2
+
+
+def test_undecodable_record_is_a_logged_no_op(state, caplog):
+    results = state.apply([data_batch(0, [put("a", b"1"), b"\xc1 not a command", put("b", b"2")])])
+    assert [r.succeeded for r in results] == [True, False, True]
+    assert results[1].error is not None and results[1].ops == () and results[1].version == 2
+    assert state.applied_version == 3
+    assert "offset 1" in caplog.text
+    assert state.get("b")[1].mod_version == 3
+
+
+def test_replay_from_a_lost_sqlite_tail_converges(tmp_path):
+    """A state.db that lost its tail (an older copy) replays the whole log to the same rows
+    as a replica that never crashed."""
+    commands: list[Command] = []
+    for i in range(60):
+        commands.append(put(f"k{i % 7}", b"%d" % i))
+        if i % 5 == 0:
+            commands.append(delete(f"k{(i + 3) % 7}"))
+    log = batches_for(commands, [3, 10, 1, 20, 7])
+    reference_path = str(tmp_path / "reference.db")
+    with StateMachine(reference_path) as reference:
+        reference.apply(log)
+    crashed_path = str(tmp_path / "crashed.db")
+    with StateMachine(crashed_path) as crashed:
+        crashed.apply(log[:3])
+    stale_copy = str(tmp_path / "stale.db")
+    shutil.copy(crashed_path, stale_copy)
+    with StateMachine(stale_copy) as reopened:
+        assert reopened.applied_version == log[2].next_offset
+        reopened.apply(log)  # the runtime replays from the start of what it still holds
+    assert dump_tables(stale_copy) == dump_tables(reference_path)
+
+
+def test_state_survives_reopen(tmp_path):
+    path = str(tmp_path / "state.db")
+    with StateMachine(path) as state:
+        state.apply([control_batch(0, epoch=3), data_batch(1, [put("a", b"1")], epoch=3)])
+        state.prune_history(1)
+    with StateMachine(path) as state:
+        assert (state.applied_version, state.applied_epoch, state.oldest_version) == (2, 3, 1)
+        assert state.get("a")[1].value == b"1"
+
+
+def test_compare_mod_version_and_failure_branch(state):
+    state.apply([data_batch(0, [put("k", b"1")])])
+    command = Command(
+        (Compare("k", CompareKind.MOD_VERSION, 7),),
+        (Op(OpKind.PUT, "k", b"new"),),
+        (Op(OpKind.GET, "k"), Op(OpKind.PUT, "failed", b"yes")),
+    )
+    result = state.apply([data_batch(1, [command])])[0]
+    assert not result.succeeded
+    assert result.failed_compares == (("k", 1),)
+    assert result.ops[0].kind == OpKind.GET and result.ops[0].entry.value == b"1"
+    assert state.get("failed")[1].value == b"yes"
+    assert state.get("k")[1].value == b"1"
+    cas = put("k", b"2", compare=(Compare("k", CompareKind.MOD_VERSION, 1),))
+    assert state.apply([data_batch(2, [cas])])[0].succeeded
+    assert state.get("k")[1].mod_version == 3
+
+
+def test_compare_exists_value_and_missing_key(state):
+    create_only = put("k", b"1", compare=(Compare("k", CompareKind.EXISTS, False),))
+    value_check = put("k", b"2", compare=(Compare("k", CompareKind.VALUE, b"1"),))
+    missing_is_zero = put("m", b"1", compare=(Compare("m", CompareKind.MOD_VERSION, 0),))
+    results = state.apply([data_batch(0, [create_only, create_only, value_check, value_check,
+                                          missing_is_zero])])
+    assert [r.succeeded for r in results] == [True, False, True, False, True]
+    assert results[1].failed_compares == (("k", 1),)
+    assert results[3].failed_compares == (("k", 3),)
+
+
+def test_txn_ops_apply_in_order_at_one_version(state):
+    txn = Command((), (Op(OpKind.PUT, "a", b"1"), Op(OpKind.GET, "a"), Op(OpKind.DELETE, "a"),
+                       Op(OpKind.PUT, "b", b"2")))
+    result = state.apply([data_batch(0, [txn])])[0]
+    assert result.ops[1].entry == Entry("a", b"1", "application/octet-stream", 1, 1)
+    assert state.get("a")[1] is None
+    events = state.changes("", 0)[1]
+    assert [(e.type, e.key, e.mod_version) for e in events] == [
+        ("put", "a", 1), ("delete", "a", 1), ("put", "b", 1)]
+
+
+def test_not_a_database_is_a_clear_error(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StateDatabaseError, match=str(path)):
+        StateMachine(str(path))
+
+
+def test_close_leaves_no_wal_behind(tmp_path):
+    path = str(tmp_path / "state.db")
+    with StateMachine(path) as state:
+        state.apply([data_batch(0, [put("a", b"1")])])
+    assert not os.path.exists(path + "-wal") or os.path.getsize(path + "-wal") == 0
+
+
+def test_a_cleaned_put_restores_its_create_version(state):
+    """The cleaner rewrites a key's newest record as a PUT carrying its create_version."""
+    cleaned = Command((), (Op(OpKind.PUT, "k", b"v", "text/plain", create_version=3),))
+    result = state.apply([data_batch(0, [put("other", b"1")]), data_batch(9, [cleaned])])
+    assert result[-1].ops[0].entry == Entry("k", b"v", "text/plain", 10, 3)
+    assert state.get("k")[1].create_version == 3
+    assert state.applied_version == 10

@@ -1,0 +1,166 @@
+"""Versioned reads: get/list at one version, at_version down to the horizon, changes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from storage.commands import Command, Op, OpKind, delete, put
+from storage.state_machine import (
+    StateMachine,
+    VersionCompactedError,
+    VersionNotAppliedError,
+    prefix_upper_bound,
+)
+from tests.state_machine.helpers import data_batch
+
+
+@pytest.fixture()
+def state(tmp_path):
+    machine = StateMachine(str(tmp_path / "state.db"))
+    yield machine
+    machine.close()
+
+
+def test_list_by_prefix_in_key_order_with_pages(state):
+    keys = ["app/b", "app/a", "app/c/d", "apple", "ap", "b/x", "app/é", "app/\U0001f600"]
+    state.apply([data_batch(0, [put(key, key.encode()) for key in keys])])
+    version, page, next_key = state.list("app/", limit=2)
+    assert version == len(keys)
+    assert [e.key for e in page] == ["app/a", "app/b"] and next_key == "app/b"
+    _, page, next_key = state.list("app/", after=next_key, limit=2)
+    assert [e.key for e in page] == ["app/c/d", "app/é"] and next_key == "app/é"
+    _, page, next_key = state.list("app/", after=next_key, limit=2)
+    assert [e.key for e in page] == ["app/\U0001f600"] and next_key is None
+    assert [e.key for e in state.list("")[1]] == sorted(keys)
+    with pytest.raises(ValueError):
+        state.list("", limit=0)
+
+
+def test_prefix_upper_bound_covers_edge_code_points():
+    assert prefix_upper_bound("") is None
+    assert prefix_upper_bound("ab") == "ac"
+    assert prefix_upper_bound("a\U0010ffff") == "b"
+    assert prefix_upper_bound("\ud7ff") == "\ue000"
+    assert prefix_upper_bound("\U0010ffff") is None
+
+
+def test_list_prefix_with_max_code_point(state):
+    keys = ["x\U0010ffff", "x\U0010ffffz", "y"]
+    state.apply([data_batch(0, [put(key, b"") for key in keys])])
+    assert [e.key for e in state.list("x\U0010ffff")[1]] == keys[:2]
+
+
+def test_at_version_get_and_list(state):
+    state.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("a"), put("b", b"2"),
+                                put("c", b"1"), put("a", b"3")])])
+    expected = {
+        0: {},
+        1: {"a": b"1"},
+        2: {"a": b"1", "b": b"1"},
+        3: {"b": b"1"},
+        4: {"b": b"2"},
+        5: {"b": b"2", "c": b"1"},
+        6: {"a": b"3", "b": b"2", "c": b"1"},
+    }
+    for version, contents in expected.items():
+        answered, listed, _ = state.list("", at_version=version)
+        assert answered == version
+        assert {e.key: e.value for e in listed} == contents
+        for key in "abc":
+            got = state.get(key, at_version=version)
+            assert got[0] == version
+            assert (got[1].value if got[1] else None) == contents.get(key)
+    assert state.get("a", at_version=6)[1].create_version == 6
+
+
+def test_at_version_back_to_the_horizon_and_410_below(state):
+    state.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), put("a", b"2"), delete("b"),
+                                put("c", b"1"), put("a", b"3"), put("d", b"1")])])
+    full = {v: {e.key: e.value for e in state.list("", at_version=v)[1]} for v in range(8)}
+    state.prune_history(4)
+    assert state.oldest_version == 4
+    for version in range(4, 8):
+        assert {e.key: e.value for e in state.list("", at_version=version)[1]} == full[version]
+        for key in "abcd":
+            entry = state.get(key, at_version=version)[1]
+            assert (entry.value if entry else None) == full[version].get(key)
+    with pytest.raises(VersionCompactedError) as raised:
+        state.get("a", at_version=3)
+    assert raised.value.oldest_version == 4
+    with pytest.raises(VersionCompactedError):
+        state.list("", at_version=0)
+    with pytest.raises(VersionCompactedError):
+        state.changes("", 3)
+    with pytest.raises(VersionNotAppliedError) as ahead:
+        state.get("a", at_version=8)
+    assert ahead.value.applied_version == 7
+    # The horizon never moves back, nor past the applied version.
+    state.prune_history(2)
+    assert state.oldest_version == 4
+    state.prune_history(100)
+    assert state.oldest_version == 7
+    assert state.get("a", at_version=7)[1].value == b"3"
+
+
+def test_history_retention_prunes_during_apply(tmp_path):
+    with StateMachine(str(tmp_path / "state.db"), history_retention_versions=10) as state:
+        for offset in range(100):
+            state.apply([data_batch(offset, [put(f"k{offset % 3}", b"%d" % offset)])])
+        assert 100 - 10 - (10 // 4 + 1) <= state.oldest_version <= 90
+        assert state.get("k0", at_version=state.oldest_version)[1] is not None
+        with pytest.raises(VersionCompactedError):
+            state.changes("", state.oldest_version - 1)
+
+
+def test_changes_are_ordered_filtered_and_include_deletes(state):
+    state.apply([data_batch(0, [put("w/a", b"1"), put("x/a", b"1"), delete("w/a"),
+                                put("w/b", b"2")])])
+    version, events = state.changes("w/", 0)
+    assert version == 4
+    assert [(e.type, e.key, e.mod_version, e.value) for e in events] == [
+        ("put", "w/a", 1, b"1"), ("delete", "w/a", 3, None), ("put", "w/b", 4, b"2")]
+    assert state.changes("w/", 3)[1][0].key == "w/b"
+    assert state.changes("w/", 4) == (4, [])
+
+
+def test_changes_limit_never_splits_a_version(state):
+    txn = Command((), tuple(Op(OpKind.PUT, f"t{i}", b"x") for i in range(5)))
+    state.apply([data_batch(0, [put("a", b"1"), txn, put("b", b"1")])])
+    version, events = state.changes("", 0, limit=2)
+    assert version == 2
+    assert [e.mod_version for e in events] == [1, 2, 2, 2, 2, 2]
+    version, events = state.changes("", version, limit=2)
+    assert (version, [e.key for e in events]) == (3, ["b"])
+
+
+def test_reads_from_another_thread_see_one_version_while_apply_runs(state):
+    """Each apply writes every key with the same value; a read must never mix two applies."""
+    keys = [f"k{i:02d}" for i in range(20)]
+    applies = 150
+
+    def writer():
+        for offset in range(applies):
+            txn = Command((), tuple(Op(OpKind.PUT, key, b"%d" % offset) for key in keys))
+            state.apply([data_batch(offset, [txn])])
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    mixed: list[object] = []
+    reads = 0
+    try:
+        while thread.is_alive() or reads < 20:
+            version, page, next_key = state.list("k", limit=10)
+            values = {e.value for e in page}
+            if len(values) > 1 or any(e.mod_version > version for e in page):
+                mixed.append((version, values))
+            get_version, entry = state.get("k05")
+            if entry is not None and entry.mod_version > get_version:
+                mixed.append((get_version, entry))
+            reads += 1
+    finally:
+        thread.join()
+    assert mixed == []
+    assert state.applied_version == applies
+    assert {e.value for e in state.list("k", limit=100)[1]} == {b"%d" % (applies - 1)}

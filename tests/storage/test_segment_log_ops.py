@@ -1,0 +1,200 @@
+"""SegmentLog operations beyond the model test: snapshots, delete_before, concurrent flush,
+failpoints that raise, and a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+import storage.segment_log as segment_log_module
+from raft.types import SnapshotId
+from storage.failpoints import Failpoints, FailpointSpecError
+from storage.segment_log import LOG_START_CHECKPOINT_NAME, LogWriteError, SegmentLog
+from tests.storage.helpers import make_batch, power_loss, segment_files
+
+EVERYTHING = 1 << 40
+
+
+def fill(log: SegmentLog, batch_count: int, epoch: int = 1) -> list:
+    batches = []
+    for index in range(batch_count):
+        batch = make_batch(log.end_offset(), epoch, 1 + index % 4, fill=index)
+        log.append(batch)
+        batches.append(batch)
+    return batches
+
+
+def test_delete_before_drops_whole_segments_below_the_snapshot(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    with SegmentLog(log_dir, segment_bytes=1024) as log:
+        batches = fill(log, 80)
+        log.flush()
+        assert log.segment_count() > 4
+        with pytest.raises(Exception, match="above the snapshot end"):
+            log.delete_before(50)
+        log.record_snapshot(SnapshotId(100, 1))
+        bases = [int(p.stem) for p in segment_files(log_dir)]
+        new_start = log.delete_before(100)
+        assert new_start == max(base for base in bases if base <= 100)
+        assert log.start_offset() == new_start
+        assert [int(p.stem) for p in segment_files(log_dir)][0] == new_start
+        held = log.read(0, EVERYTHING)
+        assert held == [b for b in batches if b.base_offset >= new_start]
+        size_after = log.size_bytes()
+    with SegmentLog(log_dir, segment_bytes=1024) as log:
+        assert log.start_offset() == new_start and log.latest_snapshot_id() == SnapshotId(100, 1)
+        assert log.read(0, EVERYTHING) == held and log.size_bytes() == size_after
+        assert log.end_offset_for_epoch(1) == (1, batches[-1].next_offset)
+
+
+def test_interrupted_delete_before_is_finished_on_open(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    with SegmentLog(log_dir, segment_bytes=1024) as log:
+        batches = fill(log, 80)
+        log.flush()
+        second_base = int(segment_files(log_dir)[1].stem)
+        log.record_snapshot(SnapshotId(second_base, 1))
+    # The checkpoint says the log starts at the second segment, the first is still there
+    # (a crash between persisting the start offset and deleting files).
+    checkpoint = (log_dir / LOG_START_CHECKPOINT_NAME).read_text().replace('"start_offset": 0', f'"start_offset": {second_base}')
+    (log_dir / LOG_START_CHECKPOINT_NAME).write_text(checkpoint)
+    with SegmentLog(log_dir, segment_bytes=1024) as log:
+        assert log.start_offset() == second_base
+        assert log.read(0, EVERYTHING) == [b for b in batches if b.base_offset >= second_base]
+    assert int(segment_files(log_dir)[0].stem) == second_base
+
+
+def test_reset_to_snapshot_survives_reopen(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    with SegmentLog(log_dir, segment_bytes=1024) as log:
+        fill(log, 40)
+        log.reset_to_snapshot(SnapshotId(500, 7))
+        assert (log.start_offset(), log.end_offset(), log.flushed_offset(), log.last_epoch()) == (500, 500, 500, 7)
+        log.append(make_batch(500, 8, 2))
+        log.flush()
+    with SegmentLog(log_dir, segment_bytes=1024) as log:
+        assert (log.start_offset(), log.end_offset(), log.last_epoch()) == (500, 502, 8)
+        assert log.latest_snapshot_id() == SnapshotId(500, 7)
+        assert log.end_offset_for_epoch(7) == (7, 500) and log.end_offset_for_epoch(3) == (0, 0)
+        assert [int(p.stem) for p in segment_files(log_dir)] == [500]
+
+
+def test_flush_on_a_worker_thread_while_appending_and_truncating(tmp_path: Path) -> None:
+    """flushed_offset never covers bytes that a power loss would take away."""
+    rng = random.Random(7)
+    log = SegmentLog(tmp_path / "log", segment_bytes=4096)
+    stop = threading.Event()
+    flush_errors: list[BaseException] = []
+
+    def flusher() -> None:
+        try:
+            while not stop.is_set():
+                log.flush()
+        except BaseException as exc:  # reported to the test below
+            flush_errors.append(exc)
+
+    thread = threading.Thread(target=flusher)
+    thread.start()
+    try:
+        for step in range(600):
+            if step % 50 == 49:
+                log.truncate_to(max(log.start_offset(), log.end_offset() - rng.randint(0, 10)))
+            else:
+                log.append(make_batch(log.end_offset(), 1 + step // 100, rng.randint(1, 5), fill=step))
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not flush_errors
+    flushed = log.flushed_offset()
+    before = log.read(0, EVERYTHING)
+    assert flushed <= log.end_offset()
+    power_loss(log)
+    with SegmentLog(tmp_path / "log", segment_bytes=4096) as reopened:
+        survived = reopened.read(0, EVERYTHING)
+        assert reopened.end_offset() >= flushed
+    assert survived == before[: len(survived)]
+
+
+@pytest.mark.parametrize("point", ["segment.before_write", "segment.after_write"])
+def test_write_error_stops_writes_and_keeps_reads(tmp_path: Path, point: str) -> None:
+    log_dir = tmp_path / "log"
+    with SegmentLog(log_dir, segment_bytes=2048, failpoints=Failpoints(f"{point}=error@11")) as log:
+        batches = fill(log, 10)
+        log.flush()
+        size = log.size_bytes()
+        with pytest.raises(LogWriteError, match="refuses writes until it is reopened"):
+            log.append(make_batch(log.end_offset(), 1, 2))
+        assert log.failed()
+        for attempt in (lambda: log.append(make_batch(log.end_offset(), 1, 1)), log.flush,
+                        lambda: log.truncate_to(0)):
+            with pytest.raises(LogWriteError):
+                attempt()
+        assert log.read(0, EVERYTHING) == batches
+        assert log.end_offset() == batches[-1].next_offset and log.size_bytes() == size
+    with SegmentLog(log_dir, segment_bytes=2048, failpoints=Failpoints()) as log:
+        assert log.read(0, EVERYTHING) == batches
+        log.append(make_batch(log.end_offset(), 1, 1))  # writable again after reopening
+
+
+def test_fsync_error_does_not_raise_the_flushed_offset(tmp_path: Path) -> None:
+    with SegmentLog(tmp_path / "log", failpoints=Failpoints("segment.before_fsync=error@2")) as log:
+        fill(log, 3)
+        assert log.flush() == log.end_offset()
+        durable = log.flushed_offset()
+        fill(log, 3)
+        with pytest.raises(LogWriteError):
+            log.flush()
+        assert log.flushed_offset() == durable and log.failed()
+        assert len(log.read(0, EVERYTHING)) == 6
+
+
+def test_disk_full_in_the_middle_of_a_write_leaves_no_partial_batch(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC after part of a batch reached the file: the part is cut, the log stops writing."""
+    log_dir = tmp_path / "log"
+    log = SegmentLog(log_dir)
+    batches = fill(log, 5)
+    log.flush()
+    size = log.size_bytes()
+
+    def write_half_then_fill_the_disk(fd: int, data: bytes) -> None:
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment_log_module, "_write_all", write_half_then_fill_the_disk)
+    with pytest.raises(LogWriteError, match="No space left on device"):
+        log.append(make_batch(log.end_offset(), 1, 50))
+    monkeypatch.undo()
+    assert segment_files(log_dir)[-1].stat().st_size == size
+    assert log.read(0, EVERYTHING) == batches
+    with pytest.raises(LogWriteError):
+        log.append(make_batch(log.end_offset(), 1, 1))
+    log.close()
+    with SegmentLog(log_dir) as reopened:
+        assert reopened.read(0, EVERYTHING) == batches
+
+
+def test_disk_full_failpoint(tmp_path: Path) -> None:
+    with SegmentLog(tmp_path / "log", failpoints=Failpoints("segment.before_write=enospc")) as log:
+        with pytest.raises(LogWriteError, match="disk full"):
+            log.append(make_batch(0, 1, 1))
+        assert log.end_offset() == 0 and log.read(0, EVERYTHING) == []
+
+
+def test_bad_failpoint_spec_is_rejected() -> None:
+    with pytest.raises(FailpointSpecError, match="segment.fsync=explode"):
+        Failpoints("segment.fsync=explode")
+
+
+def test_failpoints_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("METAKV_FAILPOINTS", "segment.after_write=error@2, segment.before_fsync=sleep(1)")
+    with SegmentLog(tmp_path / "log") as log:
+        log.append(make_batch(0, 1, 1))
+        log.flush()
+        with pytest.raises(LogWriteError):
+            log.append(make_batch(1, 1, 1))
