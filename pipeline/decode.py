@@ -62,6 +62,7 @@ ENTRY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("key", "string"),
     ("value", "binary"),
     ("content_type", "string"),
+    ("create_version", "long"),
     ("control_type", "string"),
     ("error", "string"),
 )
@@ -110,7 +111,7 @@ def _record_rows(node: str, segment: str, position: int, batch_bytes: int, offse
             raise PipelineInputError(
                 f"{node}/log/{segment}: control record at offset {offset} (batch at byte {position}) "
                 f"cannot be decoded: {exc}") from exc
-        return [(*head, False, None, None, 0, None, "control", None, None, None, control_type, None)]
+        return [(*head, False, None, None, 0, None, "control", None, None, None, None, control_type, None)]
     try:
         command = decode_command(record)
     except CommandDecodeError as exc:
@@ -126,9 +127,9 @@ def _record_rows(node: str, segment: str, position: int, batch_bytes: int, offse
             value = op.value if op.kind == OpKind.PUT else None
             content_type = op.content_type if op.kind == OpKind.PUT else None
             rows.append((*head, txn, compares, compare_keys, len(rows), branch, OPERATION_NAMES[op.kind], op.key, value,
-                         content_type, None, None))
+                         content_type, op.create_version or None, None, None))
     if not rows:
-        rows.append((*head, txn, compares, compare_keys, 0, None, "none", None, None, None, None, None))
+        rows.append((*head, txn, compares, compare_keys, 0, None, "none", None, None, None, None, None, None))
     return rows
 
 
@@ -174,7 +175,7 @@ def decode_segment(node: str, segment: str, data: bytes, skip_corrupt: bool) -> 
                     f"(rerun with --skip-corrupt to skip it)") from exc
             next_position = _resync(data, position + 1, expected_offset)
             yield (node, segment, position, next_position - position, None, None, None, None, None, None,
-                   None, None, None, None, None, "skipped", None, None, None, None, exc.reason)
+                   None, None, None, None, None, "skipped", None, None, None, None, None, exc.reason)
             position = next_position
             continue
         batch_bytes = end - position

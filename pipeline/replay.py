@@ -28,7 +28,8 @@ from pyspark.sql.window import Window
 
 from pipeline.errors import PipelineInputError
 from pipeline.reader import NodeDir, read_snapshots
-from storage.commands import CompareKind
+from storage.commands import DEFAULT_CONTENT_TYPE, Command, Compare, CompareKind, Op, OpKind
+from storage.state_machine import Entry, evaluate_commands
 
 OUTCOME_SCHEMA = StructType([StructField("offset", LongType(), False), StructField("succeeded", BooleanType(), False)])
 LIVE_COLUMNS = ["key", "value", "content_type", "mod_version", "create_version"]
@@ -45,51 +46,44 @@ class ReplayPlan:
     base: DataFrame  # snapshot rows (SNAPSHOT_SCHEMA), empty when base_snapshot_end == 0
 
 
-def _compare_holds(kind: int, target: object, present: tuple[bytes, int] | None) -> bool:
-    if kind == CompareKind.MOD_VERSION:
-        return (present[1] if present else 0) == target
-    if kind == CompareKind.EXISTS:
-        return (present is not None) == target
-    return present is not None and present[0] == target
-
-
 def resolve_conditions(spark: SparkSession, ops: DataFrame, base: DataFrame, base_snapshot_end: int) -> DataFrame:
     """(offset, succeeded) for every conditional record in ``ops``, from one collect: the
-    conditional records and every write to a compared key."""
+    conditional records and every write to a compared key. The branch decision is made by
+    storage.state_machine.evaluate_commands, the evaluator apply itself uses."""
     compared = ops.select(F.explode("compare_keys").alias("key")).distinct()
     relevant = ops.filter(F.col("compares").isNotNull()).unionByName(
         ops.join(F.broadcast(compared), "key", "left_semi").filter(F.col("operation").isin(*WRITE_OPERATIONS)))
-    rows = relevant.select("offset", "op_index", "compares", "branch", "operation", "key", "value").collect()
+    rows = relevant.filter(F.col("operation").isin(*WRITE_OPERATIONS) | F.col("compares").isNotNull()).select(
+        "offset", "op_index", "compares", "branch", "operation", "key", "value", "content_type",
+        "create_version").collect()
     compares_by_offset = {r.offset: msgpack.unpackb(r.compares, raw=False) for r in rows if r.compares is not None}
     if not compares_by_offset:
         return spark.createDataFrame([], OUTCOME_SCHEMA)
     compared_keys = sorted({compare[0] for compares in compares_by_offset.values() for compare in compares})
-    state: dict[str, tuple[bytes, int]] = {}
+    # evaluate_commands needs every key a command names; only the compared keys' writes are
+    # all here, so any other key reads as absent, which is harmless: no compare reads it.
+    state: dict[str, Entry | None] = {}
     if base_snapshot_end:
-        state = {row.key: (row.value, row.mod_version)
-                 for row in base.filter(F.col("key").isin(compared_keys)).select("key", "value", "mod_version").collect()}
-    keys = set(compared_keys)
-    writes_by_offset: dict[int, dict[int, tuple[str, str, str, bytes | None]]] = defaultdict(dict)
+        for row in base.filter(F.col("key").isin(compared_keys)).collect():
+            state[row.key] = Entry(row.key, row.value, row.content_type, row.mod_version, row.create_version)
+    ops_by_offset: dict[int, dict[int, tuple[str, Op]]] = defaultdict(dict)
     for r in rows:
-        if r.key in keys and r.operation in WRITE_OPERATIONS:
-            writes_by_offset[r.offset][r.op_index] = (r.branch, r.operation, r.key, r.value)
-    outcomes: list[tuple[int, bool]] = []
-    for offset in sorted(set(compares_by_offset) | set(writes_by_offset)):
-        branch = "success"
-        if offset in compares_by_offset:
-            succeeded = all(_compare_holds(kind, target, state.get(key))
-                            for key, kind, target in compares_by_offset[offset])
-            outcomes.append((offset, succeeded))
-            branch = "success" if succeeded else "failure"
-        writes = writes_by_offset.get(offset, {})
-        for op_index in sorted(writes):
-            op_branch, operation, key, value = writes[op_index]
-            if op_branch != branch:
-                continue
-            if operation == "put":
-                state[key] = (value or b"", offset + 1)
-            else:
-                state.pop(key, None)
+        if r.operation in WRITE_OPERATIONS:
+            kind = OpKind.PUT if r.operation == "put" else OpKind.DELETE
+            op = Op(kind, r.key, r.value or b"", r.content_type or DEFAULT_CONTENT_TYPE, r.create_version or 0)
+            ops_by_offset[r.offset][r.op_index] = (r.branch, op)
+    commands: list[tuple[int, Command | str]] = []
+    for offset in sorted(set(compares_by_offset) | set(ops_by_offset)):
+        ordered = [ops_by_offset[offset][i] for i in sorted(ops_by_offset.get(offset, {}))]
+        compares = tuple(Compare(key, CompareKind(kind), target) for key, kind, target in
+                         compares_by_offset.get(offset, ()))
+        commands.append((offset, Command(compares, tuple(op for branch, op in ordered if branch == "success"),
+                                         tuple(op for branch, op in ordered if branch == "failure"))))
+    for _, command in commands:
+        for key in {c.key for c in command.compare} | {o.key for o in (*command.success, *command.failure)}:  # type: ignore[union-attr]
+            state.setdefault(key, None)
+    results = evaluate_commands(commands, state)
+    outcomes = [(result.offset, result.succeeded) for result in results if result.offset in compares_by_offset]
     return spark.createDataFrame(outcomes, OUTCOME_SCHEMA)
 
 
@@ -111,18 +105,25 @@ def live_entries(base: DataFrame, writes: DataFrame, base_snapshot_end: int) -> 
         F.lit("base").alias("operation"), "mod_version", "create_version")
     write_rows = writes.select(
         "key", "value", "content_type", "offset", "op_index", "operation",
-        (F.col("offset") + 1).alias("mod_version"), (F.col("offset") + 1).alias("create_version"))
+        (F.col("offset") + 1).alias("mod_version"), F.col("create_version").alias("explicit_create_version"))
+    base_rows = base_rows.withColumn("explicit_create_version", F.col("create_version")).drop("create_version")
     rows = base_rows.unionByName(write_rows)
     position = F.struct("offset", "op_index")
     last_delete = F.max(F.when(F.col("operation") == "delete", position)).over(Window.partitionBy("key"))
     since_delete = rows.withColumn("last_delete", last_delete).filter(
         F.col("last_delete").isNull() | (position > F.col("last_delete")))
+    explicit = F.when(F.col("explicit_create_version").isNotNull(),
+                      F.struct("offset", "op_index", "explicit_create_version"))
     newest = since_delete.groupBy("key").agg(
         F.max(F.struct("offset", "op_index", "value", "content_type", "mod_version")).alias("last"),
-        F.min(F.struct("offset", "op_index", "create_version")).alias("first"))
+        F.min(F.struct("offset", "op_index", "mod_version")).alias("first"),
+        F.max(explicit).alias("restored"))
+    # create_version: the newest value a cleaned put (or the snapshot) restored since the last
+    # delete, else the version of the first put since then (storage/state_machine.py apply).
     return newest.select(
         "key", F.col("last.value").alias("value"), F.col("last.content_type").alias("content_type"),
-        F.col("last.mod_version").alias("mod_version"), F.col("first.create_version").alias("create_version"))
+        F.col("last.mod_version").alias("mod_version"),
+        F.coalesce(F.col("restored.explicit_create_version"), F.col("first.mod_version")).alias("create_version"))
 
 
 def plan_replay(spark: SparkSession, node: NodeDir, version: int, first_offset: int | None,
