@@ -22,11 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.decode import ENTRY_COLUMNS, decode_segment
 from pipeline.synthetic import workload, write_segments
+from raft.types import Batch
 
 BENCH_SEGMENT_BYTES = 16 * 1024 * 1024  # several files per large log, so local[2] has two to read at once
 SEED = 20_260_101
@@ -47,8 +49,30 @@ class Measurement:
         return self.records / self.decode_s if self.decode_s else 0.0
 
 
+POOL_RECORDS = 200_000  # distinct generated records; larger logs repeat them at new offsets
+
+
+def _repeated_workload(records: int) -> Iterator[Batch]:
+    """The seeded workload, its first POOL_RECORDS records repeated at increasing offsets,
+    epochs and timestamps: the same mix of puts, deletes and txns, generated once, so a
+    10-million-record log is written in seconds rather than spending minutes in the generator."""
+    pool = list(workload(SEED, min(records, POOL_RECORDS)))
+    span_ms = pool[-1].timestamp_ms - pool[0].timestamp_ms + 1
+    round_index = 0
+    offset = 0
+    while offset < records:
+        for batch in pool:
+            if offset >= records:
+                return
+            kept = batch.records[: records - offset]
+            yield Batch(offset, batch.epoch + round_index * pool[-1].epoch, batch.timestamp_ms + round_index * span_ms,
+                        batch.control, kept)
+            offset += len(kept)
+        round_index += 1
+
+
 def make_log(directory: Path, records: int) -> None:
-    write_segments(str(directory / "bench" / "log"), workload(SEED, records), BENCH_SEGMENT_BYTES)
+    write_segments(str(directory / "bench" / "log"), _repeated_workload(records), BENCH_SEGMENT_BYTES)
 
 
 def log_size(directory: Path) -> tuple[int, int]:
