@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := $(VENV)/.system-installed
 SEEDS ?= 100000
 
-.PHONY: run test lint sim clean venv system
+.PHONY: run test lint sim clean venv system bench-pipeline
 
 # System packages: a Java runtime for PySpark, etcd for side-by-side load tests.
 $(SYSTEM_STAMP):
@@ -66,6 +66,9 @@ chaos: $(STAMP)
 
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)
+
+bench-pipeline: $(STAMP)
+	$(PY) -m loadtest.bench_pipeline --records $(or $(RECORDS),10000000)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,194 @@
+"""The log jobs: materialize and audit. Each takes parsed arguments, a session and a staged
+output, writes its results into the staging area and returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from pipeline.errors import EXIT_DIVERGED, EXIT_OK, PipelineInputError
+from pipeline.fs import HadoopFS, StagedOutput
+from pipeline.reader import NodeDir, discover, read_applied_versions, read_entries
+from pipeline.replay import effective_writes, live_entries, ops_for_plan, plan_replay
+
+
+@dataclass(frozen=True, slots=True)
+class LogStats:
+    """What a full decode pass found, per node."""
+
+    first_offset: int | None
+    last_offset: int | None
+    records: int
+    skipped_regions: int
+    skipped_bytes: int
+
+
+def decode_all(spark: SparkSession, nodes: list[NodeDir], skip_corrupt: bool) -> tuple[DataFrame, dict[str, LogStats]]:
+    """Decode every segment once (kept for the later stages) and surface any corruption now,
+    before anything is written."""
+    entries = read_entries(spark, nodes, skip_corrupt).persist(StorageLevel.MEMORY_AND_DISK)
+    per_node = entries.groupBy("node").agg(
+        F.min("offset").alias("first_offset"), F.max("offset").alias("last_offset"),
+        F.count(F.when(F.col("op_index") == 0, True)).alias("records"),
+        F.count(F.when(F.col("operation") == "skipped", True)).alias("skipped_regions"),
+        F.coalesce(F.sum(F.when(F.col("operation") == "skipped", F.col("batch_bytes"))), F.lit(0)).alias("skipped_bytes"),
+    ).collect()
+    stats = {n.node: LogStats(None, None, 0, 0, 0) for n in nodes}
+    for row in per_node:
+        stats[row.node] = LogStats(row.first_offset, row.last_offset, row.records, row.skipped_regions,
+                                   int(row.skipped_bytes))
+    return entries, stats
+
+
+def skipped_note(stats: dict[str, LogStats]) -> str | None:
+    regions = sum(s.skipped_regions for s in stats.values())
+    if not regions:
+        return None
+    skipped_bytes = sum(s.skipped_bytes for s in stats.values())
+    return f"skipped {regions} corrupt region(s), {skipped_bytes} bytes (--skip-corrupt)"
+
+
+def committed_versions(spark: SparkSession, nodes: list[NodeDir]) -> dict[str, int]:
+    """Per node, a version known committed: its applied version (only committed records are
+    applied) or its newest snapshot's end offset, whichever is higher."""
+    applied = read_applied_versions(spark, nodes)
+    known: dict[str, int] = {}
+    for node in nodes:
+        candidates = [node.snapshot_id(e)[0] for e in node.snapshots]
+        if node.node in applied:
+            candidates.append(applied[node.node])
+        if candidates:
+            known[node.node] = max(candidates)
+    return known
+
+
+def write_json(fs: HadoopFS, output: StagedOutput, name: str, payload: object) -> None:
+    fs.write_bytes(output.path(name), (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
+
+
+def run_materialize(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, output: StagedOutput) -> int:
+    nodes = discover(fs, args.input)
+    if args.node is not None:
+        nodes = [n for n in nodes if n.node == args.node] or _no_such_node(args.node, nodes)
+    elif len(nodes) != 1:
+        raise PipelineInputError(
+            f"materialize reads one node; pass --node (one of {', '.join(n.node for n in nodes)})")
+    node = nodes[0]
+    entries, stats = decode_all(spark, [node], args.skip_corrupt)
+    if args.version is not None:
+        version = args.version
+    else:
+        committed = committed_versions(spark, [node])
+        if node.node not in committed:
+            raise PipelineInputError(
+                f"{node.node}: no state.db or snapshot tells the committed version; pass --version N")
+        version = committed[node.node]
+    log = stats[node.node]
+    plan = plan_replay(spark, node, version, log.first_offset, log.last_offset)
+    ops = ops_for_plan(entries, plan)
+    live = live_entries(plan.base, effective_writes(spark, ops, plan.base, plan.base_snapshot_end), plan.base_snapshot_end)
+    live = live.persist(StorageLevel.MEMORY_AND_DISK)
+    count = live.count()
+    live.sortWithinPartitions("key").write.parquet(output.path("entries.parquet"))
+    summary = {"job": "materialize", "node": node.node, "version": version, "live_entries": count,
+               "base_snapshot_end_offset": plan.base_snapshot_end,
+               "log_records": log.records, "skipped_regions": log.skipped_regions,
+               "skipped_bytes": log.skipped_bytes}
+    write_json(fs, output, "summary.json", summary)
+    print(f"materialize: node {node.node} version {version}: {count} live entries")
+    note = skipped_note(stats)
+    if note:
+        print(f"materialize: {note}")
+    return EXIT_OK
+
+
+def _no_such_node(name: str, nodes: list[NodeDir]) -> list[NodeDir]:
+    raise PipelineInputError(f"no node {name} in the input (found {', '.join(n.node for n in nodes)})")
+
+
+def run_audit(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, output: StagedOutput) -> int:
+    nodes = discover(fs, args.input)
+    if len(nodes) < 2:
+        raise PipelineInputError(f"audit compares replicas: found {len(nodes)} data dir(s), need at least 2")
+    entries, stats = decode_all(spark, nodes, args.skip_corrupt)
+    if args.version is not None:
+        committed = args.version
+    else:
+        known = committed_versions(spark, nodes)
+        if not known:
+            raise PipelineInputError("no node has a state.db or snapshot telling the committed version; pass --version N")
+        committed = max(known.values())  # committed anywhere means committed for all
+    divergences = find_divergences(entries, committed).persist(StorageLevel.MEMORY_AND_DISK)
+    divergences.sortWithinPartitions("offset", "node").write.parquet(output.path("divergences.parquet"))
+    found = sorted(divergences.collect(), key=lambda r: (r.offset, r.node))
+    node_rows = [{"node": n, "first_offset": s.first_offset, "last_offset": s.last_offset, "records": s.records,
+                  "skipped_regions": s.skipped_regions} for n, s in sorted(stats.items())]
+    summary: dict[str, object] = {"job": "audit", "committed_version": committed, "nodes": node_rows,
+                                  "divergent_records": len(found)}
+    if found:
+        first = found[0]
+        summary["first_divergence"] = {"node": first.node, "offset": first.offset, "epoch": first.epoch,
+                                       "reason": first.reason}
+    write_json(fs, output, "summary.json", summary)
+    fs.write_bytes(output.path("summary.md"), audit_markdown(summary).encode())
+    if found:
+        first = found[0]
+        print(f"audit: DIVERGED: first divergence at node {first.node} offset {first.offset} "
+              f"epoch {first.epoch}: {first.reason} ({len(found)} divergent record(s) below version {committed})")
+        return EXIT_DIVERGED
+    print(f"audit: OK: {len(nodes)} replicas identical record for record below version {committed}")
+    return EXIT_OK
+
+
+def find_divergences(entries: DataFrame, committed: int) -> DataFrame:
+    """Every (node, offset) below ``committed`` where a node holds a different record than
+    the majority of nodes that hold that offset, or lacks it inside the range of offsets its
+    own log spans. Columns: node, offset, epoch, reason, expected_epoch."""
+    records = (entries.filter((F.col("op_index") == 0) & F.col("offset").isNotNull() & (F.col("offset") < committed))
+               .select("node", "offset", "epoch", "control", "record_digest"))
+    spans = records.groupBy("node").agg(F.min("offset").alias("start"), F.max("offset").alias("end"))
+    offsets = records.select("offset").distinct()
+    expected = offsets.crossJoin(F.broadcast(spans)).filter(
+        (F.col("offset") >= F.col("start")) & (F.col("offset") <= F.col("end"))).select("node", "offset")
+    held = expected.join(records, ["node", "offset"], "left").withColumn(
+        "signature", F.when(F.col("record_digest").isNotNull(),
+                            F.concat_ws(":", F.col("epoch").cast("string"), F.col("control").cast("string"),
+                                        F.col("record_digest"))))
+    votes = held.groupBy("offset", "signature").agg(F.count("*").alias("votes"), F.min("node").alias("first_node"))
+    ranked = votes.withColumn("rank", F.row_number().over(
+        Window.partitionBy("offset").orderBy(F.col("votes").desc(), F.col("signature").isNull(), F.col("first_node"))))
+    majority = ranked.filter(F.col("rank") == 1).select(
+        "offset", F.col("signature").alias("majority_signature"))
+    expected_epoch = records.groupBy("offset", "epoch").count().withColumn(
+        "rank", F.row_number().over(Window.partitionBy("offset").orderBy(F.col("count").desc(), "epoch"))
+    ).filter(F.col("rank") == 1).select("offset", F.col("epoch").alias("expected_epoch"))
+    diverged = held.join(majority, "offset").filter(~F.col("signature").eqNullSafe(F.col("majority_signature")))
+    return diverged.join(expected_epoch, "offset", "left").select(
+        "node", "offset", F.coalesce("epoch", "expected_epoch").alias("epoch"),
+        F.when(F.col("signature").isNull(), F.lit("record missing"))
+        .when(F.col("majority_signature").isNull(), F.lit("record not held by the majority"))
+        .otherwise(F.lit("record differs from the majority")).alias("reason"),
+        "expected_epoch")
+
+
+def audit_markdown(summary: dict[str, object]) -> str:
+    lines = ["# metakv log audit", "", f"Committed version compared: {summary['committed_version']}", "",
+             "| node | first offset | last offset | records | skipped regions |", "| --- | --- | --- | --- | --- |"]
+    for row in summary["nodes"]:  # type: ignore[attr-defined]
+        lines.append(f"| {row['node']} | {row['first_offset']} | {row['last_offset']} | {row['records']} "
+                     f"| {row['skipped_regions']} |")
+    first = summary.get("first_divergence")
+    lines.append("")
+    if first:
+        lines.append(f"**Diverged**: first at node {first['node']}, offset {first['offset']}, "  # type: ignore[index]
+                     f"epoch {first['epoch']} ({first['reason']}); "  # type: ignore[index]
+                     f"{summary['divergent_records']} divergent record(s).")
+    else:
+        lines.append("**Identical**: every committed record matches on every replica.")
+    return "\n".join(lines) + "\n"
