@@ -81,6 +81,7 @@ class FetchRequest:
     high_watermark: int  # the fetcher's own high watermark
     max_wait_ms: int
     replica_endpoint: str  # the fetcher's advertised HTTP URL ("" when none)
+    read_nonce: int = 0  # the latest read_nonce this leader sent the fetcher (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,8 @@ class FetchResponse:
     diverging_epoch: int  # NO_EPOCH unless the fetcher must truncate
     diverging_end_offset: int  # end offset of diverging_epoch in the leader's log
     snapshot_id: SnapshotId | None  # set when the fetcher must download this snapshot
+    read_nonce: int = 0  # leader's read barrier: a Fetch echoing it left the fetcher after
+    # the leader sent it, which is what confirms leadership for read_index
 
 
 @dataclass(frozen=True, slots=True)

@@ -356,7 +356,8 @@ class RaftNode:
             )
         self._read_token += 1
         token = self._read_token
-        state.reads[token] = PendingRead(token)
+        state.read_nonce += 1
+        state.reads[token] = PendingRead(token, state.read_nonce)
         # Answer parked fetches now, so followers fetch again (and confirm) quickly.
         self._leader_wake_parked(now_ms, state)
         self._leader_complete_reads(state)
@@ -702,7 +703,7 @@ class RaftNode:
     def _on_fetch(self, now_ms: int, src: int, request: FetchRequest) -> None:
         if (request.fetch_offset < 0 or request.epoch < 0 or request.last_fetched_epoch < 0
                 or request.last_fetched_epoch > request.epoch or request.max_wait_ms < 0
-                or request.high_watermark < 0
+                or request.high_watermark < 0 or request.read_nonce < 0
                 or (request.replica_id != ANONYMOUS_REPLICA and request.replica_id != src)):
             self._send(src, self._error_fetch_response(request, ErrorCode.INVALID_REQUEST))
             return
@@ -750,7 +751,7 @@ class RaftNode:
         if is_voter:
             state.begin_quorum_pending.discard(src)
             for read in state.reads.values():
-                if src in read.answered:
+                if request.read_nonce >= read.nonce:
                     read.confirmed.add(src)
             self._leader_update_high_watermark(now_ms, state)
             self._leader_complete_reads(state)
@@ -777,17 +778,12 @@ class RaftNode:
             return False
         if request.high_watermark < self.high_watermark:
             return False
-        if voter is not None:
-            for read in state.reads.values():
-                if voter not in read.confirmed:
-                    return False
+        if voter is not None and request.read_nonce < state.read_nonce and state.reads:
+            return False  # it must learn the read nonce now, to confirm the pending reads
         return True
 
     def _leader_answer_fetch(self, src: int, request: FetchRequest, state: LeaderState) -> None:
         records = tuple(self._log.read(request.fetch_offset, self.config.max_batch_bytes))
-        if request.replica_id in state.voters and request.replica_id == src:
-            for read in state.reads.values():
-                read.answered.add(src)
         self._send(src, self._fetch_response(request, state, records=records))
 
     def _fetch_response(
@@ -803,7 +799,7 @@ class RaftNode:
         return FetchResponse(
             ErrorCode.NONE, state.epoch, self._id, self.config.endpoint, request.fetch_offset,
             self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
-            records, diverging_epoch, diverging_end, snapshot_id,
+            records, diverging_epoch, diverging_end, snapshot_id, state.read_nonce,
         )
 
     def _error_fetch_response(
@@ -936,9 +932,11 @@ class RaftNode:
 
     def _send_fetch(self, now_ms: int, dst: int, epoch: int) -> None:
         log = self._log
+        state = self._state
+        read_nonce = state.read_nonce if isinstance(state, FollowerState) and state.leader_id == dst else 0
         self._send(dst, FetchRequest(
             epoch, self._id, log.end_offset(), log.last_epoch(), self.high_watermark,
-            self.config.fetch_max_wait_ms, self.config.endpoint,
+            self.config.fetch_max_wait_ms, self.config.endpoint, read_nonce,
         ))
 
     def _observer_probe(self, now_ms: int, state: UnattachedState) -> None:
@@ -950,7 +948,7 @@ class RaftNode:
 
     def _on_fetch_response(self, now_ms: int, src: int, response: FetchResponse) -> None:
         if (src not in self._voters or response.epoch < 0 or response.high_watermark < 0
-                or response.log_start_offset < 0 or response.fetch_offset < 0):
+                or response.log_start_offset < 0 or response.fetch_offset < 0 or response.read_nonce < 0):
             return
         if response.error != ErrorCode.NONE:
             self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src)
@@ -972,6 +970,7 @@ class RaftNode:
         state.last_contact_ms = now_ms
         state.fetched_ms = now_ms
         self._last_fetched_ms = now_ms
+        state.read_nonce = max(state.read_nonce, response.read_nonce)
         state.phase = FetchPhase.IDLE
         if response.leader_endpoint:
             state.leader_endpoint = response.leader_endpoint

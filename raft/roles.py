@@ -145,14 +145,16 @@ class ParkedFetch:
 class PendingRead:
     """A read_index call waiting for a majority of voters to confirm this leader.
 
-    A voter confirms by fetching *after* the leader sent it a response after the call:
-    a follower sends its next Fetch only once the previous one was answered, so that
-    Fetch left the follower after the call.
+    The call raises the leader's read nonce to ``nonce``; every Fetch answer carries the
+    current nonce and followers echo the latest one they got. A Fetch echoing ``nonce``
+    or more was sent after the follower heard from this leader after the call, so it
+    confirms leadership at a time after the call; a delayed or duplicated older Fetch
+    cannot.
     """
 
     token: int
-    answered: set[int] = field(default_factory=set)  # voters answered since the call
-    confirmed: set[int] = field(default_factory=set)  # voters that fetched after that
+    nonce: int
+    confirmed: set[int] = field(default_factory=set)  # voters that echoed the nonce
 
 
 @dataclass(slots=True)
@@ -174,6 +176,7 @@ class LeaderState:
     begin_quorum_pending: set[int] = field(default_factory=set)
     begin_quorum_next_ms: int = 0
     reads: dict[int, PendingRead] = field(default_factory=dict)
+    read_nonce: int = 0  # raised by each read_index call, sent in every Fetch answer
     pending_batches: list[PendingBatch] = field(default_factory=list)
     pending_records: int = 0
     linger_deadline_ms: int = -1
@@ -200,6 +203,7 @@ class FollowerState:
     fetch_offset_in_flight: int = -1
     fetch_sent_ms: int = 0
     next_fetch_ms: int = 0
+    read_nonce: int = 0  # latest read nonce the leader sent us, echoed in each Fetch
     snapshot_id: SnapshotId | None = None
     snapshot_position: int = 0
     snapshot_size: int = -1

@@ -227,3 +227,71 @@ def test_bad_input_is_answered_or_dropped_and_changes_nothing(message: object) -
     assert node.epoch == 1 and node.role == Role.UNATTACHED
     for envelope in ready.messages:
         assert getattr(envelope.message, "error", ErrorCode.NONE) != ErrorCode.NONE
+
+
+def _leader_of_three() -> tuple[RaftNode, MemoryLog]:
+    """Node 1 elected by node 2's (pre-)votes, its LeaderChange record flushed and acked."""
+    log = MemoryLog()
+    node = _node(frozenset({1, 2, 3}), log=log)
+    node.tick(node.next_deadline_ms())
+    assert node.role == Role.PROSPECTIVE
+    node.handle(2_000, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 0, -1, True, True)))
+    assert node.role == Role.CANDIDATE
+    node.handle(2_001, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 1, -1, True, False)))
+    assert node.role == Role.LEADER
+    log.flush()
+    node.on_flushed(2_002)
+    node.handle(2_003, Envelope(2, 1, FetchRequest(1, 2, 1, 1, 0, 0, "")))
+    assert node.high_watermark == 1
+    node.take_ready()
+    return node, log
+
+
+def test_read_index_ignores_a_fetch_sent_before_the_call() -> None:
+    node, _ = _leader_of_three()
+    token = node.read_index(2_010)
+    ready = node.take_ready()
+    assert ready.reads_done == []
+    # A delayed or duplicated Fetch from before the call echoes an older nonce: no confirmation.
+    node.handle(2_011, Envelope(2, 1, FetchRequest(1, 2, 1, 1, 1, 0, "", 0)))
+    ready = node.take_ready()
+    assert ready.reads_done == []
+    answer = ready.messages[0].message
+    assert isinstance(answer, FetchResponse) and answer.read_nonce == 1
+    node.handle(2_012, Envelope(2, 1, FetchRequest(1, 2, 1, 1, 1, 0, "", answer.read_nonce)))
+    assert node.take_ready().reads_done == [(token, 1)]
+
+
+def test_leader_computes_dirty_offset_and_tombstone_horizon() -> None:
+    node, log = _leader_of_three()
+    proposal = node.propose(2_020, [b"a", b"b"])
+    log.flush()
+    node.on_flushed(2_021)
+    node.handle(2_022, Envelope(2, 1, FetchRequest(1, 2, 3, 1, 1, 0, "")))
+    assert node.high_watermark == proposal.last_offset + 1
+    assert node.dirty_offset == 0 and node.tombstone_horizon == 0  # voter 3 not heard from yet
+    node.handle(2_023, Envelope(3, 1, FetchRequest(1, 3, 1, 1, 1, 0, "")))
+    ready = node.take_ready()
+    assert (node.dirty_offset, node.tombstone_horizon) == (1, 1)  # min over voters: voter 3 at 1
+    answers = [e.message for e in ready.messages if isinstance(e.message, FetchResponse)]
+    assert answers and answers[-1].dirty_offset == 1 and answers[-1].tombstone_horizon == 1
+
+
+def test_high_watermark_waits_for_an_entry_of_the_leaders_own_epoch() -> None:
+    """Raft's figure-8 rule: a majority holding only older-epoch entries commits nothing."""
+    log = MemoryLog()
+    log.append(Batch(0, 1, 0, True, (b"leader-change",)))
+    log.append(Batch(1, 1, 0, False, (b"a", b"b", b"c")))  # offsets 1..3, epoch 1, uncommitted
+    log.flush()
+    node = _node(frozenset({1, 2, 3}), log=log, persisted=QuorumStateRecord(2, -1, -1))
+    node.tick(node.next_deadline_ms())
+    node.handle(5_000, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 2, -1, True, True)))
+    node.handle(5_001, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 3, -1, True, False)))
+    assert (node.role, node.epoch) == (Role.LEADER, 3)
+    log.flush()  # the LeaderChange record of epoch 3 is at offset 4
+    node.on_flushed(5_002)
+    # Voter 2 holds offsets 0..3 (epoch 1) and fetches from 4: a majority holds 0..3 ...
+    node.handle(5_003, Envelope(2, 1, FetchRequest(3, 2, 4, 1, 0, 0, "")))
+    assert node.high_watermark == 0  # ... but nothing of epoch 3 is on a majority yet
+    node.handle(5_004, Envelope(2, 1, FetchRequest(3, 2, 5, 3, 0, 0, "")))
+    assert node.high_watermark == 5

@@ -104,6 +104,7 @@ class Cluster:
         self.reads_done: list[tuple[int, int, int]] = []  # (node, token, offset)
         self.reads_hook: Callable[[int, int, int], None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()  # what the run exercised
+        self.on_elected: Callable[[SimNode], None] | None = None  # a fault plan's hook
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -145,6 +146,8 @@ class Cluster:
                        "flush", node)
         if ready.role_changed:
             self.stats[f"became_{core.role.value}"] += 1
+            if core.role == Role.LEADER and self.on_elected is not None:
+                self.on_elected(node)
         self.stats["reads_failed"] += len(ready.reads_failed)
         if node.log.end_offset() < node.last_end_offset:
             self.stats["truncations"] += 1

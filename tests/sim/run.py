@@ -12,7 +12,7 @@ import collections
 import sys
 import time
 
-from tests.sim.scenario import SimulationFailure, run_seed
+from tests.sim.scenario import LIVENESS_BOUND_MS, SimulationFailure, run_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     events = 0
     totals: collections.Counter[str] = collections.Counter()
+    slowest = (0, -1)  # (liveness ms, seed)
     for seed in range(first, first + count):
         try:
             result = run_seed(seed, args.voters, verbose=verbose)
@@ -39,12 +40,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         events += result.events
         totals.update(result.stats)
+        slowest = max(slowest, (result.liveness_ms, seed))
         if verbose:
             print("\n".join(result.plan))
         if count > 1 and (seed - first + 1) % 1000 == 0:
             print(f"{seed - first + 1} seeds ok ({events} events, {time.perf_counter() - started:.0f} s)", flush=True)
     elapsed = time.perf_counter() - started
     print(f"{count} seeds ok: {events} events in {elapsed:.1f} s ({events / max(elapsed, 1e-9):,.0f} events/s)")
+    print(f"slowest liveness: {slowest[0]} simulated ms (seed {slowest[1]}; bound {LIVENESS_BOUND_MS} ms)")
     print("exercised: " + ", ".join(f"{name}={value}" for name, value in sorted(totals.items())))
     return 0
 

@@ -20,8 +20,8 @@ from raft.node import NotLeaderError, ProposalRejectedError, Role
 from raft.types import SnapshotId
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults
 
-LIVENESS_BOUND_MS = 10_000  # heal → leader elected and a new proposal committed (simulated)
-CATCH_UP_BOUND_MS = 10_000  # then every replica reaches the leader's high watermark
+LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
+CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
 MAX_FAULT_ACTIONS = 12
 
 
@@ -35,6 +35,7 @@ class RunResult:
     committed_offsets: int
     plan: list[str] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    liveness_ms: int = 0  # heal → leader elected and a new proposal committed
 
     def replay_command(self) -> str:
         return replay_command(self.seed, self.voters)
@@ -142,10 +143,29 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
         else:
             cluster.at(at_ms, lambda: _take_snapshot(cluster, log))
 
+    # Hostile elections: a new leader is sometimes cut off or crashed at once, so it leaves
+    # a LeaderChange record nobody else has (the setting of Raft's figure 8).
+    hostile_probability = plan_rng.choice((0.0, 0.0, 0.3))
+
+    def on_elected(node) -> None:  # type: ignore[no-untyped-def]
+        if cluster.now_ms >= fault_phase_ms or plan_rng.random() >= hostile_probability:
+            return
+        victim, back_ms = node.node_id, cluster.now_ms + plan_rng.randint(20, 400)
+        if plan_rng.random() < 0.5:
+            cluster.at(cluster.now_ms, lambda: (log(f"crash new leader {victim}"), cluster.crash(victim)))
+            cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
+        else:
+            others = set(all_ids) - {victim}
+            cluster.at(cluster.now_ms, lambda: (log(f"isolate new leader {victim}"),
+                                                cluster.partition({victim}, others)))
+            cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
+    cluster.on_elected = on_elected
+
     cluster.run_for(fault_phase_ms)
 
     # Liveness: heal everything and demand progress within a bound.
     log("liveness: heal, restart all, lossless network")
+    cluster.on_elected = None
     cluster.heal()
     cluster.faults.drop_probability = 0.0
     cluster.faults.duplicate_probability = 0.0
@@ -153,6 +173,7 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
         cluster.restart(node_id)
     started_ms = cluster.now_ms
     committed = cluster.run_until(lambda: state.liveness_probe(), LIVENESS_BOUND_MS)
+    liveness_ms = cluster.now_ms - started_ms
     if not committed:
         roles = {n.node_id: (n.core.role.value, n.core.epoch) for n in cluster.nodes.values() if n.core}
         raise InvariantViolation(f"liveness: no leader committed a new proposal within {LIVENESS_BOUND_MS} ms "
@@ -171,7 +192,7 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
     if verbose:
         print(f"liveness ok after {cluster.now_ms - started_ms} ms; committed offsets {len(cluster.committed)}")
     return RunResult(seed, voters, observers, cluster.events_processed, cluster.now_ms, len(cluster.committed), plan,
-                     dict(cluster.stats))
+                     dict(cluster.stats), liveness_ms)
 
 
 class _Load:
