@@ -47,6 +47,10 @@ test-storage-crash: $(STAMP)
 bench-storage: $(STAMP)
 	$(PY) -m loadtest.bench_storage
 
+.PHONY: bench-http
+bench-http: $(STAMP)
+	$(PY) -m loadtest.bench_http --profile-dir results/profile
+
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)
 

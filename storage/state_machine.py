@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
@@ -41,7 +42,7 @@ from sqlalchemy.pool import NullPool
 from raft.snapshots import CorruptSnapshotError
 from raft.types import Batch, SnapshotId, check
 from storage.commands import (
-    Command,
+    COMMAND_VERSION,
     CommandDecodeError,
     CompareKind,
     OpKind,
@@ -294,8 +295,15 @@ class StateMachine:
             .where(meta.c.id == sa.literal_column("1")),
             dialect,
         )
-        self._sql_upsert = _compile(
-            entries.insert().prefix_with("OR REPLACE").values(
+        self._sql_update = _compile(
+            entries.update().where(entries.c.key == sa.bindparam("row_key")).values(
+                value=sa.bindparam("value"), content_type=sa.bindparam("content_type"),
+                mod_version=sa.bindparam("mod_version"),
+                create_version=sa.bindparam("create_version")),
+            dialect,
+        )
+        self._sql_insert = _compile(
+            entries.insert().values(
                 key=sa.bindparam("key"), value=sa.bindparam("value"),
                 content_type=sa.bindparam("content_type"),
                 mod_version=sa.bindparam("mod_version"),
@@ -335,9 +343,11 @@ class StateMachine:
         )
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
-            self._sql_point_read, self._sql_upsert, self._sql_delete, self._sql_history,
-            self._sql_meta, self._sql_meta_versions, self._sql_history_at, self._sql_entry)]
-            == [1, 5, 1, 7, 3, 0, 4, 1], "unexpected compiled statement shape")
+            self._sql_point_read, self._sql_insert, self._sql_update, self._sql_delete,
+            self._sql_history, self._sql_meta, self._sql_meta_versions, self._sql_history_at,
+            self._sql_entry)] == [1, 5, 5, 1, 7, 3, 0, 4, 1], "unexpected compiled statement shape")
+        check(self._sql_update.rstrip().endswith("?") and "WHERE" in self._sql_update,
+              "the update statement must bind the key last")
 
     # ---- properties ----------------------------------------------------------------
 
@@ -358,8 +368,8 @@ class StateMachine:
     def apply(self, batches: Sequence[Batch]) -> list[ApplyResult]:
         """Apply committed batches in one transaction; return results of non-control records.
 
-        Records below ``applied_version`` are skipped, so replaying is a no-op; a gap (a batch
-        starting above ``applied_version``) raises before anything is written.
+        Records below ``applied_version`` are skipped, so replaying is a no-op; offsets missing
+        between batches (a cleaned log) are skipped too.
         """
         with self._write_lock:
             if self._closed:
@@ -368,17 +378,19 @@ class StateMachine:
             if end_version == self._applied_version:
                 return []
             commands = self._decode(plan)
-            keys = {key for _offset, command in commands if isinstance(command, Command)
+            keys = {key for _offset, command in commands if not isinstance(command, str)
                     for key in _command_keys(command)}
             writer_cursor = self._writer.connection.driver_connection.cursor()
             try:
                 with self._write_transaction():
                     current = self._load_entries(writer_cursor, keys)
-                    results, upserts, deletes, history_rows = _evaluate(commands, current)
-                    if deletes:
-                        writer_cursor.executemany(self._sql_delete, deletes)
-                    if upserts:
-                        writer_cursor.executemany(self._sql_upsert, upserts)
+                    results, changes, history_rows = _evaluate(commands, current)
+                    if changes.deletes:
+                        writer_cursor.executemany(self._sql_delete, changes.deletes)
+                    if changes.updates:
+                        writer_cursor.executemany(self._sql_update, changes.updates)
+                    if changes.inserts:
+                        writer_cursor.executemany(self._sql_insert, changes.inserts)
                     if history_rows:
                         writer_cursor.executemany(self._sql_history, history_rows)
                     oldest = self._oldest_version
@@ -416,16 +428,16 @@ class StateMachine:
         return plan, expected, epoch
 
     @staticmethod
-    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, Command | str]]:
+    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, CompactCommand | str]]:
         """(offset, command or decode error) for every non-control record to apply."""
-        commands: list[tuple[int, Command | str]] = []
+        commands: list[tuple[int, CompactCommand | str]] = []
         for batch, first_index in plan:
             if batch.control:
                 continue
             for index in range(first_index, len(batch.records)):
                 offset = batch.base_offset + index
                 try:
-                    commands.append((offset, decode_command(batch.records[index])))
+                    commands.append((offset, decode_compact(batch.records[index])))
                 except CommandDecodeError as exc:
                     logger.warning("record at offset %d does not decode (%s); applied as a no-op",
                                    offset, exc)
@@ -503,9 +515,12 @@ class StateMachine:
         finally:
             cursor.execute("COMMIT")
 
-    def _check_readable(self, connection: Connection, version: int) -> int:
+    def _check_readable(self, connection: Connection, version: int | None) -> int:
+        """The applied version of this read transaction, after checking ``version`` (if
+        given) is readable in it."""
         row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
-        _check_version(version, row.applied_version, row.oldest_version)
+        if version is not None:
+            _check_version(version, row.applied_version, row.oldest_version)
         return row.applied_version
 
     def _entry_at(self, cursor: sqlite3.Cursor, key: str, version: int) -> Entry | None:
@@ -528,12 +543,13 @@ class StateMachine:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise ValueError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
         with self._read_transaction() as connection:
-            if at_version is None:
-                version = connection.execute(sa.select(meta.c.applied_version)).scalar_one()
+            applied_version = self._check_readable(connection, at_version)
+            if at_version is None or at_version == applied_version:
+                # The current rows are the state at the applied version.
+                version = applied_version
                 query = (sa.select(entries).where(*_key_range(entries.c.key, prefix, after))
                          .order_by(entries.c.key).limit(limit + 1))
             else:
-                self._check_readable(connection, at_version)
                 version = at_version
                 query = _list_at_version_query(prefix, after, limit + 1, at_version)
             rows = connection.execute(query).all()
@@ -695,16 +711,55 @@ class _Checkpointer(threading.Thread):
                 logger.exception("background WAL checkpoint failed; the writer's backstop applies")
 
 
-def _command_keys(command: Command) -> Iterator[str]:
-    for compare in command.compare:
-        yield compare.key
-    for op in command.success:
-        yield op.key
-    for op in command.failure:
-        yield op.key
+# The state machine's working form of a command: plain tuples, cheaper to build and read
+# than the Command dataclasses, with the same content:
+#   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type, create_version), ...) x 2)
+# create_version is 0 except in records the cleaner rewrote (storage/cleaner.py).
+CompactOp = tuple[int, str, bytes, str, int]
+CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
+_OP_KINDS = {int(kind): kind for kind in OpKind}
+_PUT, _DELETE = int(OpKind.PUT), int(OpKind.DELETE)
+_SIMPLE_OP_KINDS = frozenset(_OP_KINDS)
 
 
-def _compare_holds(kind: CompareKind, target: int | bool | bytes, entry: Entry | None) -> bool:
+def decode_compact(record: bytes) -> CompactCommand:
+    """Decode a record as ``storage.commands.decode_command`` does, into the compact form.
+
+    The common record, one op and no compares, is recognised directly; any other shape goes
+    through ``decode_command``, which accepts a superset of what the shortcut accepts and
+    gives the same content for it, so both paths agree on every record.
+    """
+    try:
+        value = msgpack.unpackb(record, raw=False)
+    except Exception:  # decode_command below reports it the same way every time
+        value = None
+    if (type(value) is list and len(value) == 4 and type(value[0]) is int
+            and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
+            and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
+            and not value[3]):
+        op = value[2][0]
+        if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] in _SIMPLE_OP_KINDS
+                and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
+            return (), ((op[0], op[1], op[2], op[3], 0),), ()
+    command = decode_command(record)
+    return (
+        tuple((c.key, int(c.kind), c.target) for c in command.compare),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.success),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.failure),
+    )
+
+
+def _command_keys(command: CompactCommand) -> Iterator[str]:
+    compares, success, failure = command
+    for compare in compares:
+        yield compare[0]
+    for op in success:
+        yield op[1]
+    for op in failure:
+        yield op[1]
+
+
+def _compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) -> bool:
     if kind == CompareKind.MOD_VERSION:
         return (0 if entry is None else entry.mod_version) == target
     if kind == CompareKind.EXISTS:
@@ -715,63 +770,75 @@ def _compare_holds(kind: CompareKind, target: int | bool | bytes, entry: Entry |
 HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
 
 
+@dataclass(slots=True)
+class RowChanges:
+    """What one apply call does to the entries table, as executemany parameter rows."""
+
+    inserts: list[tuple[Any, ...]]  # keys that did not exist before the call
+    updates: list[tuple[Any, ...]]  # keys that existed and still do (value, ..., key)
+    deletes: list[tuple[str]]  # keys that existed and no longer do
+
+
 def _evaluate(
-    commands: list[tuple[int, Command | str]], state: dict[str, Entry | None]
-) -> tuple[list[ApplyResult], list[tuple[Any, ...]], list[tuple[str]], list[HistoryRow]]:
+    commands: list[tuple[int, CompactCommand | str]], state: dict[str, Entry | None]
+) -> tuple[list[ApplyResult], RowChanges, list[HistoryRow]]:
     """Run the commands against ``state`` (updated in place); pure and deterministic.
 
-    Returns the results, the final rows to upsert, the keys to delete, and history rows.
+    Returns the results, the row changes for the entries table, and history rows.
     """
     original = dict(state)
     results: list[ApplyResult] = []
     history_rows: list[HistoryRow] = []
     append_result = results.append
     append_history = history_rows.append
-    put_kind, delete_kind = OpKind.PUT, OpKind.DELETE
     for offset, command in commands:
         version = offset + 1
         seq = 0  # position of a change within its record: the same on every replica
         if isinstance(command, str):
             append_result(ApplyResult(offset, version, False, (), (), command))
             continue
+        compares, success, failure = command
         failed: tuple[tuple[str, int], ...] = ()
-        if command.compare:
+        if compares:
             failed = tuple(
-                (c.key, 0 if state[c.key] is None else state[c.key].mod_version)  # type: ignore[union-attr]
-                for c in command.compare if not _compare_holds(c.kind, c.target, state[c.key]))
+                (key, 0 if state[key] is None else state[key].mod_version)  # type: ignore[union-attr]
+                for key, kind, target in compares if not _compare_holds(kind, target, state[key]))
         op_results: list[OpResult] = []
-        for op in command.failure if failed else command.success:
-            key = op.key
+        for kind, key, value, content_type, restored_create_version in failure if failed else success:
             previous = state[key]
-            kind = op.kind
-            if kind == put_kind:
+            if kind == _PUT:
                 # A cleaned record restores the create_version of the records it replaced.
-                create_version = op.create_version or (version if previous is None else previous.create_version)
-                entry = Entry(key, op.value, op.content_type, version, create_version)
+                create_version = restored_create_version or (
+                    version if previous is None else previous.create_version)
+                entry = Entry(key, value, content_type, version, create_version)
                 state[key] = entry
-                append_history((version, seq, key, HISTORY_OP_PUT, op.value, op.content_type,
-                                create_version))
+                append_history((version, seq, key, HISTORY_OP_PUT, value, content_type, create_version))
                 seq += 1
-                op_results.append(OpResult(kind, key, previous is None, False, entry))
-            elif kind == delete_kind:
+                op_results.append(OpResult(_OP_KINDS[kind], key, previous is None, False, entry))
+            elif kind == _DELETE:
                 if previous is not None:
                     state[key] = None
                     append_history((version, seq, key, HISTORY_OP_DELETE, None, None,
                                     previous.create_version))
                     seq += 1
-                op_results.append(OpResult(kind, key, False, previous is not None, None))
+                op_results.append(OpResult(_OP_KINDS[kind], key, False, previous is not None, None))
             else:
-                op_results.append(OpResult(kind, key, False, False, previous))
+                op_results.append(OpResult(_OP_KINDS[kind], key, False, False, previous))
         append_result(ApplyResult(offset, version, not failed, tuple(op_results), failed))
-    upserts: list[tuple[Any, ...]] = []
-    deletes: list[tuple[str]] = []
-    for key, entry in state.items():
+    changes = RowChanges([], [], [])
+    for key in sorted(state):  # key order: neighbouring rows share B-tree pages
+        entry = state[key]
+        before = original[key]
         if entry is None:
-            if original[key] is not None:
-                deletes.append((key,))
-        elif entry is not original[key]:
-            upserts.append((key, entry.value, entry.content_type, entry.mod_version, entry.create_version))
-    return results, upserts, deletes, history_rows
+            if before is not None:
+                changes.deletes.append((key,))
+        elif before is None:
+            changes.inserts.append((key, entry.value, entry.content_type, entry.mod_version,
+                                    entry.create_version))
+        elif entry is not before:
+            changes.updates.append((entry.value, entry.content_type, entry.mod_version,
+                                    entry.create_version, key))
+    return results, changes, history_rows
 
 
 def _check_version(version: int, applied_version: int, oldest_version: int) -> None:

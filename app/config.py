@@ -1,0 +1,249 @@
+"""Node configuration: one typed value built from flags, METAKV_* environment variables and an
+optional TOML file, in that order of precedence.
+
+Why three sources: the same container image serves every node of a compose cluster (so every
+setting must come from the environment), operators keep long-lived settings in a file, and a
+person at a terminal overrides either with a flag. Every problem is a ``ConfigError`` whose
+message is one line; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CLUSTER_ID = "metakv-local"
+# The default secret is for a local, loopback-only cluster; any real deployment sets
+# METAKV_CLUSTER_SECRET (docs/runtime.md says so). Nodes with different secrets refuse each other.
+DEFAULT_CLUSTER_SECRET = "metakv-local-insecure-secret"
+ENV_PREFIX = "METAKV_"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the message is one line naming the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Everything one ``metakv serve`` process needs. Durations in ms, sizes in bytes."""
+
+    node_id: int
+    data_dir: Path
+    listen_http: HostPort
+    listen_raft: HostPort
+    voters: dict[int, HostPort]
+    advertise_http: str
+    observer: bool = False
+    cluster_id: str = DEFAULT_CLUSTER_ID
+    cluster_secret: str = DEFAULT_CLUSTER_SECRET
+    election_timeout_ms: int = 1000
+    fetch_timeout_ms: int = 2000
+    election_backoff_max_ms: int = 1000
+    fetch_max_wait_ms: int = 500
+    request_timeout_ms: int = 2000
+    append_linger_ms: int = 0
+    max_batch_bytes: int = 8 * 1024 * 1024
+    max_pending_records: int = 10_000
+    segment_bytes: int = 64 * 1024 * 1024
+    max_value_bytes: int = 1024 * 1024
+    commit_timeout_ms: int = 5000
+    shutdown_grace_ms: int = 5000
+    log_level: str = "info"
+
+    @property
+    def peers(self) -> dict[int, HostPort]:
+        """Raft addresses of the voters other than this node (whom the transport dials)."""
+        return {node_id: addr for node_id, addr in self.voters.items() if node_id != self.node_id}
+
+
+# ---------------------------------------------------------------------------
+# Parsers: each turns a raw string (or TOML value) into a typed value or raises ConfigError.
+
+
+def parse_int(name: str, raw: Any, minimum: int = 0, maximum: int = 2**62) -> int:
+    if isinstance(raw, bool):
+        raise ConfigError(f"{name}: expected an integer, got {raw!r}")
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name}: {value} is outside [{minimum}, {maximum}]")
+    return value
+
+
+def parse_bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+
+
+def parse_host_port(name: str, raw: Any) -> HostPort:
+    text = str(raw).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{name}: expected HOST:PORT, got {text!r}")
+    return HostPort(host.strip("[]"), parse_int(f"{name} port", port, 0, 65535))
+
+
+def parse_voters(name: str, raw: Any) -> dict[int, HostPort]:
+    """``1@127.0.0.1:9001,2@127.0.0.1:9002`` -> {1: HostPort, 2: HostPort}."""
+    voters: dict[int, HostPort] = {}
+    for item in str(raw).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        node_id, sep, address = item.partition("@")
+        if not sep:
+            raise ConfigError(f"{name}: expected ID@HOST:PORT, got {item!r}")
+        voter_id = parse_int(f"{name} id", node_id, 0, 2**31 - 1)
+        if voter_id in voters:
+            raise ConfigError(f"{name}: voter id {voter_id} appears twice")
+        voters[voter_id] = parse_host_port(name, address)
+    if not voters:
+        raise ConfigError(f"{name}: at least one voter is required")
+    return voters
+
+
+def parse_url(name: str, raw: Any) -> str:
+    text = str(raw).strip().rstrip("/")
+    if not (text.startswith("http://") or text.startswith("https://")) or len(text.split("://", 1)[1]) == 0:
+        raise ConfigError(f"{name}: expected an http:// or https:// URL, got {raw!r}")
+    return text
+
+
+def parse_log_level(name: str, raw: Any) -> str:
+    text = str(raw).strip().lower()
+    if text not in {"debug", "info", "warning", "error", "critical"}:
+        raise ConfigError(f"{name}: expected one of debug, info, warning, error, critical, got {raw!r}")
+    return text
+
+
+def _ms(minimum: int = 0) -> Callable[[str, Any], int]:
+    return lambda name, raw: parse_int(name, raw, minimum, 24 * 3600 * 1000)
+
+
+def _bytes(minimum: int) -> Callable[[str, Any], int]:
+    return lambda name, raw: parse_int(name, raw, minimum, 2**40)
+
+
+# Setting name -> parser. The flag is --name-with-dashes, the env var METAKV_NAME_UPPER,
+# the TOML key the name itself.
+SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
+    "node_id": lambda name, raw: parse_int(name, raw, 0, 2**31 - 1),
+    "data_dir": lambda name, raw: Path(str(raw)),
+    "listen_http": parse_host_port,
+    "listen_raft": parse_host_port,
+    "voters": parse_voters,
+    "advertise_http": parse_url,
+    "observer": parse_bool,
+    "cluster_id": lambda name, raw: _non_empty(name, raw),
+    "cluster_secret": lambda name, raw: _non_empty(name, raw),
+    "election_timeout_ms": _ms(10),
+    "fetch_timeout_ms": _ms(10),
+    "election_backoff_max_ms": _ms(0),
+    "fetch_max_wait_ms": _ms(0),
+    "request_timeout_ms": _ms(10),
+    "append_linger_ms": _ms(0),
+    "max_batch_bytes": _bytes(1024),
+    "max_pending_records": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
+    "segment_bytes": _bytes(4096),
+    "max_value_bytes": _bytes(1),
+    "commit_timeout_ms": _ms(10),
+    "shutdown_grace_ms": _ms(0),
+    "log_level": parse_log_level,
+}
+REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
+
+
+def _non_empty(name: str, raw: Any) -> str:
+    text = str(raw).strip()
+    if not text:
+        raise ConfigError(f"{name}: must not be empty")
+    return text
+
+
+def env_name(setting: str) -> str:
+    return ENV_PREFIX + setting.upper()
+
+
+def flag_name(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
+
+
+def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a TOML config file; settings may sit at the top level or under [serve]."""
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {str(path)!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config: {str(path)!r} is not valid TOML: {exc}") from None
+    section = data.get("serve", data)
+    if not isinstance(section, dict):
+        raise ConfigError(f"--config: [serve] in {str(path)!r} must be a table")
+    unknown = sorted(set(section) - set(SERVE_SETTINGS) - {"serve"})
+    if unknown:
+        raise ConfigError(f"--config: unknown setting {unknown[0]!r} in {str(path)!r}")
+    return {key: value for key, value in section.items() if key != "serve"}
+
+
+def build_node_config(
+    flags: Mapping[str, Any], environ: Mapping[str, str] | None = None, config_path: str | None = None
+) -> NodeConfig:
+    """Merge flags (None = not given) over METAKV_* env vars over the TOML file, then validate."""
+    environ = os.environ if environ is None else environ
+    config_path = config_path or environ.get(env_name("config")) or None
+    from_file = load_toml(config_path) if config_path else {}
+    values: dict[str, Any] = {}
+    for setting, parse in SERVE_SETTINGS.items():
+        raw: Any = flags.get(setting)
+        source = flag_name(setting)
+        if raw is None and env_name(setting) in environ:
+            raw, source = environ[env_name(setting)], env_name(setting)
+        if raw is None and setting in from_file:
+            raw, source = from_file[setting], f"{setting} (in {config_path})"
+        if raw is not None:
+            values[setting] = parse(source, raw)
+    for setting in REQUIRED:
+        if setting not in values:
+            raise ConfigError(f"{flag_name(setting)} (or {env_name(setting)}) is required")
+    return _validate(values)
+
+
+def _validate(values: dict[str, Any]) -> NodeConfig:
+    node_id: int = values["node_id"]
+    voters: dict[int, HostPort] = values["voters"]
+    observer = values.get("observer", False)
+    if observer and node_id in voters:
+        raise ConfigError(f"--observer: node {node_id} is listed in --voters; an observer must not be")
+    if not observer and node_id not in voters:
+        raise ConfigError(f"--node-id: node {node_id} is not in --voters (pass --observer for a non-voter)")
+    listen_http: HostPort = values["listen_http"]
+    if "advertise_http" not in values:
+        host = listen_http.host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
+        values["advertise_http"] = f"http://{host}:{listen_http.port}"
+    if values.get("fetch_timeout_ms", 2000) <= values.get("fetch_max_wait_ms", 500):
+        raise ConfigError("--fetch-timeout-ms: must be greater than --fetch-max-wait-ms")
+    return NodeConfig(**values)

@@ -1,0 +1,652 @@
+"""The node runtime: one asyncio loop that drives the pure raft core with real time and I/O.
+
+Why it looks like this: the core (raft/) decides, the runtime performs. Every input (a raft
+message, a proposal, a timer expiry, a finished flush) goes into the core; the core's ``Ready``
+is then performed in the one order that keeps acknowledged writes safe (docs/runtime.md):
+
+1. persist the quorum state (epoch, vote, leader) and fsync it, before any message of that
+   Ready leaves: a vote that is sent must survive a crash;
+2. send the messages;
+3. start a log flush in a worker thread if none is running (at most one at a time); the
+   core counts its own offset toward the high watermark only after ``on_flushed``;
+4. apply committed batches (below the high watermark) to the SQLite state machine, in
+   order, and complete the proposals waiting on them;
+5. complete linearizable reads;
+6. on a role change, fail proposals that can no longer be known to commit (504);
+7. install a downloaded snapshot.
+
+Inputs are coalesced: many messages or proposals arriving in one loop iteration share one
+``take_ready`` (the core accumulates its outputs), which is what lets group commit work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from app.config import NodeConfig
+from app.service import (
+    Consistency,
+    IndeterminateError,
+    NodeHeaders,
+    NotLeaderError,
+    NotReadyError,
+    VersionWaitTimeoutError,
+    WriteRejectedError,
+)
+from app.transport import RaftTransport
+from raft.messages import Envelope
+from raft.node import NotLeaderError as RaftNotLeaderError
+from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
+from raft.types import Batch, ProtocolInvariantError, SnapshotId
+from storage.commands import Command, encode_command
+from storage.quorum_state import QuorumStateFile
+from storage.segment_log import SegmentLog
+from storage.snapshot_store import SnapshotStore
+from storage.state_machine import StateMachine
+
+logger = logging.getLogger("metakv.runtime")
+
+# Bounds on the work one loop turn may do, so a catching-up replica keeps answering HTTP.
+APPLY_MAX_READS_PER_TURN = 8
+APPLY_READ_BYTES = 1024 * 1024  # per log read while applying; whole batches may exceed it
+MAX_TIMER_DELAY_S = 3600.0  # the core answers 'never' with a huge deadline; re-check hourly
+LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
+                     0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass(slots=True)
+class _PendingWrite:
+    """A proposal waiting to be applied: it succeeded iff the batch applied at ``offset``
+    carries ``epoch`` (the leader's epoch when it appended it)."""
+
+    epoch: int
+    future: asyncio.Future[Any]
+    started_s: float
+
+
+class NodeRuntime:
+    """Implements app.service.KVService for one node; see the module docstring."""
+
+    def __init__(self, config: NodeConfig, *, seed: int | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.max_value_bytes = config.max_value_bytes  # read by app.http.create_app
+        self.data_dir = Path(config.data_dir)
+        self.snapshots_dir = self.data_dir / "snapshots"
+        self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
+        self._on_fatal = on_fatal or _exit_on_fatal
+        self.metrics = CollectorRegistry()  # the HTTP layer registers its request metrics here
+        self._commit_latency = Histogram(
+            "metakv_commit_latency_seconds", "Proposal to applied-and-acknowledged time on the leader",
+            registry=self.metrics, buckets=LATENCY_BUCKETS_S)
+        self._fsync_latency = Histogram(
+            "metakv_fsync_latency_seconds", "Duration of one log flush (fsync)",
+            registry=self.metrics, buckets=LATENCY_BUCKETS_S)
+        self._apply_latency = Histogram(
+            "metakv_apply_latency_seconds", "Duration of one state machine apply call (one SQLite transaction)",
+            registry=self.metrics, buckets=LATENCY_BUCKETS_S)
+        self.metrics.register(_StateCollector(self))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drive_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline_ms: int | None = None
+        self._flush_task: asyncio.Task[None] | None = None
+        # One flush at a time, on its own thread (the core never asks for two at once).
+        self._flush_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flush-{config.node_id}")
+        self._flush_wanted = False
+        self._pending: dict[int, _PendingWrite] = {}  # base offset -> waiting proposal
+        self._reads: dict[int, asyncio.Future[int]] = {}  # read_index token -> future(offset)
+        self._applied_changed = asyncio.Event()
+        self._applied_version = 0
+        self._installing_snapshot = False
+        self._started = False
+        self._closing = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Open storage, recover the state machine, start the transport and the timer."""
+        self._loop = asyncio.get_running_loop()
+        self._applied_changed = asyncio.Event()
+        (self.data_dir / "log").mkdir(parents=True, exist_ok=True)
+        self.snapshots_dir.mkdir(parents=True, exist_ok=True)
+        self.log = SegmentLog(self.data_dir / "log", segment_bytes=self.config.segment_bytes)
+        self.quorum_state_file = QuorumStateFile(self.data_dir)
+        persisted = self.quorum_state_file.read()
+        self.snapshots = SnapshotStore(self.snapshots_dir)
+        self.state = StateMachine(str(self.data_dir / "state.db"))
+        self._recover_state()
+        cfg = self.config
+        self.node = RaftNode(
+            RaftConfig(
+                node_id=cfg.node_id,
+                voters=frozenset(cfg.voters),
+                endpoint=cfg.advertise_http,
+                election_timeout_ms=cfg.election_timeout_ms,
+                fetch_timeout_ms=cfg.fetch_timeout_ms,
+                election_backoff_max_ms=cfg.election_backoff_max_ms,
+                fetch_max_wait_ms=cfg.fetch_max_wait_ms,
+                request_timeout_ms=cfg.request_timeout_ms,
+                append_linger_ms=cfg.append_linger_ms,
+                max_batch_bytes=cfg.max_batch_bytes,
+                max_pending_records=cfg.max_pending_records,
+            ),
+            self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
+        )
+        self.transport = RaftTransport(
+            cfg.node_id, cfg.cluster_id, cfg.cluster_secret.encode(), cfg.listen_raft.host,
+            cfg.listen_raft.port, {i: (a.host, a.port) for i, a in cfg.peers.items()}, self._on_message,
+        )
+        await self.transport.start()
+        self._started = True
+        self._drive()
+        logger.info("node %d started: log [%d, %d), applied version %d, epoch %d, raft port %d",
+                    self.node_id, self.log.start_offset(), self.log.end_offset(),
+                    self._applied_version, self.node.epoch, self.transport.port)
+
+    def _recover_state(self) -> None:
+        """Bring the state machine to a version the log can continue from.
+
+        SQLite runs with relaxed sync, so it may be behind the log (replay catches up) or,
+        after a crash, hold committed records the log's unflushed tail lost (harmless: they
+        are committed, the leader re-sends identical records). If the log's prefix was
+        replaced by a snapshot the state machine has not reached, load that snapshot."""
+        self._applied_version = self.state.applied_version
+        start = self.log.start_offset()
+        if self._applied_version < start:
+            snapshot_id = self.log.latest_snapshot_id() or self.snapshots.latest_id()
+            if snapshot_id is None or snapshot_id.end_offset < start:
+                raise ProtocolInvariantError(
+                    f"state at version {self._applied_version} but the log starts at {start} "
+                    f"and no snapshot reaches it")
+            self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
+            self._applied_version = self.state.applied_version
+
+    async def begin_shutdown(self) -> None:
+        """First half of a graceful stop, while HTTP still serves: refuse new writes and, on a
+        leader, resign (EndQuorumEpoch) and wait (bounded) until a successor is known, so
+        clients are redirected instead of waiting out an election timeout."""
+        if self._closing or not self._started:
+            return
+        self._closing = True
+        self._wake_waiters()
+        if self.node.role == Role.LEADER:
+            logger.info("node %d resigning leadership of epoch %d before shutdown", self.node_id, self.node.epoch)
+            self.node.resign(monotonic_ms())
+            self._drive()
+            await self._wait_for_successor(self.config.shutdown_grace_ms)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: ``begin_shutdown``, then waiting proposals fail, the transport
+        closes, the log is flushed and storage closed."""
+        if self._closed or not self._started:
+            return
+        await self.begin_shutdown()
+        self._fail_pending(IndeterminateError("node shut down before the write committed"),
+                           include_committed=False)
+        self._fail_reads()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self.transport.stop()
+        while self._flush_task is not None:
+            await asyncio.shield(self._flush_task)
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
+        self._flush_executor.shutdown(wait=True)
+        self._close_storage()
+        logger.info("node %d stopped", self.node_id)
+
+    async def _wait_for_successor(self, timeout_ms: int) -> None:
+        deadline_s = time.monotonic() + timeout_ms / 1000
+        while time.monotonic() < deadline_s:
+            if self.node.leader_id not in (-1, self.node_id):
+                logger.info("node %d handed leadership to node %d", self.node_id, self.node.leader_id)
+                return
+            await self._wait_applied_change(deadline_s - time.monotonic())
+
+    def _close_storage(self) -> None:
+        for resource in (self.log, self.state):
+            close = getattr(resource, "close", None)
+            if close is not None:
+                close()
+
+    # ------------------------------------------------------------------ driving the core
+
+    def _on_message(self, envelope: Envelope) -> None:
+        if self._closed:
+            return
+        try:
+            self.node.handle(monotonic_ms(), envelope)
+        except Exception as exc:  # the core raises only on broken invariants: fail-stop
+            self._fatal(exc)
+            return
+        self._kick()
+
+    def _kick(self) -> None:
+        """Schedule one ``_drive`` for everything that happened in this loop iteration."""
+        if not self._drive_scheduled and self._loop is not None and not self._closed:
+            self._drive_scheduled = True
+            self._loop.call_soon(self._drive)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_deadline_ms = None
+        if self._closed:
+            return
+        try:
+            self.node.tick(monotonic_ms())
+        except Exception as exc:
+            self._fatal(exc)
+            return
+        self._drive()
+
+    def _drive(self) -> None:
+        """Take the core's Ready and perform it in the safe order (module docstring)."""
+        self._drive_scheduled = False
+        if self._closed:
+            return
+        try:
+            ready = self.node.take_ready()
+            if ready.quorum_state is not None:
+                self.quorum_state_file.write(ready.quorum_state)  # fsyncs; before any send
+            for envelope in ready.messages:
+                self.transport.send(envelope)
+            if ready.flush:
+                self._flush_wanted = True
+                self._maybe_start_flush()
+            if ready.high_watermark > self._applied_version:
+                self._apply_committed(ready.high_watermark)
+            self._complete_reads(ready.reads_done, ready.reads_failed)
+            if ready.role_changed:
+                self._on_role_changed()
+            if ready.snapshot_to_install is not None:
+                self._install_snapshot(ready.snapshot_to_install)
+        except Exception as exc:
+            self._fatal(exc)
+            return
+        self._schedule_timer()
+
+    def _schedule_timer(self) -> None:
+        deadline_ms = self.node.next_deadline_ms()
+        if deadline_ms == self._timer_deadline_ms or self._loop is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay_s = min(MAX_TIMER_DELAY_S, max(0, deadline_ms - monotonic_ms()) / 1000)
+        self._timer = self._loop.call_later(delay_s, self._on_timer)
+        self._timer_deadline_ms = deadline_ms
+
+    def _maybe_start_flush(self) -> None:
+        if self._flush_task is None and self._flush_wanted and not self._closed:
+            self._flush_wanted = False
+            self._flush_task = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        """One fsync in a worker thread; the core appends meanwhile (group commit)."""
+        started_s = time.perf_counter()
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
+        except Exception as exc:  # a failed fsync cannot be retried safely: fail-stop
+            self._flush_task = None
+            self._fatal(exc)
+            return
+        self._fsync_latency.observe(time.perf_counter() - started_s)
+        self._flush_task = None
+        if self._closed:
+            return
+        try:
+            self.node.on_flushed(monotonic_ms())
+        except Exception as exc:
+            self._fatal(exc)
+            return
+        self._drive()
+        self._maybe_start_flush()
+
+    def _apply_committed(self, high_watermark: int) -> None:
+        """Apply batches below the high watermark in order; complete the proposals they hold."""
+        for _ in range(APPLY_MAX_READS_PER_TURN):
+            if self._applied_version >= high_watermark or self._installing_snapshot:
+                return
+            batches = _trim(self.log.read(self._applied_version, APPLY_READ_BYTES),
+                            self._applied_version, high_watermark)
+            if not batches:
+                return
+            started_s = time.perf_counter()
+            results = self.state.apply(batches)
+            self._apply_latency.observe(time.perf_counter() - started_s)
+            self._applied_version = self.state.applied_version
+            self._complete_writes(batches, results)
+            self._wake_waiters()
+        self._kick()  # more to apply: continue next turn, after other callbacks ran
+
+    def _complete_writes(self, batches: list[Batch], results: Iterable[Any]) -> None:
+        if not self._pending:
+            return
+        by_offset = {result.offset: result for result in results}
+        now_s = time.perf_counter()
+        for batch in batches:
+            for offset in range(batch.base_offset, batch.next_offset):
+                pending = self._pending.pop(offset, None)
+                if pending is None or pending.future.done():
+                    continue
+                result = by_offset.get(offset)
+                if batch.epoch == pending.epoch and result is not None:
+                    pending.future.set_result(result)
+                    self._commit_latency.observe(now_s - pending.started_s)
+                else:  # another leader's record took this offset: ours was truncated
+                    pending.future.set_exception(IndeterminateError(f"offset {offset} was overwritten"))
+
+    def _complete_reads(self, done: Iterable[tuple[int, int]], failed: Iterable[int]) -> None:
+        for token, offset in done:
+            future = self._reads.pop(token, None)
+            if future is not None and not future.done():
+                future.set_result(offset)
+        for token in failed:
+            future = self._reads.pop(token, None)
+            if future is not None and not future.done():
+                future.set_exception(self._not_leader())
+
+    def _on_role_changed(self) -> None:
+        node = self.node
+        logger.info("node %d: role %s, epoch %d, leader %d", self.node_id, node.role.name, node.epoch, node.leader_id)
+        if node.role != Role.LEADER and self._pending:
+            # Everything committed was applied in step 4 of this Ready; what is left may or
+            # may not be committed by the next leader.
+            self._fail_pending(IndeterminateError("leadership changed before the write committed"),
+                               include_committed=False)
+        if node.role != Role.LEADER:
+            self._fail_reads()
+        self._wake_waiters()  # also those that watch the role (graceful stop)
+
+    def _install_snapshot(self, snapshot_id: SnapshotId) -> None:
+        """Replace the state by a downloaded snapshot; reads answer 503 meanwhile."""
+        logger.info("node %d installing snapshot %s", self.node_id, snapshot_id)
+        self._installing_snapshot = True
+        try:
+            self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
+            self._applied_version = self.state.applied_version
+        finally:
+            self._installing_snapshot = False
+        self.node.on_snapshot_installed(monotonic_ms(), snapshot_id)
+        self._fail_pending(IndeterminateError("replaced by a snapshot"), include_committed=False)
+        self._wake_waiters()
+        self._kick()
+
+    def _wake_waiters(self) -> None:
+        """Wake everything waiting for the applied version or the role to change."""
+        self._applied_changed.set()
+        self._applied_changed = asyncio.Event()
+
+    def _fail_pending(self, error: Exception, include_committed: bool) -> None:
+        for offset in list(self._pending):
+            if not include_committed and offset < self._applied_version:
+                continue
+            pending = self._pending.pop(offset)
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _fail_reads(self) -> None:
+        reads, self._reads = self._reads, {}
+        for future in reads.values():
+            if not future.done():
+                future.set_exception(self._not_leader())
+
+    def _fatal(self, exc: BaseException) -> None:
+        logger.critical("node %d: fatal error, stopping: %r", self.node_id, exc, exc_info=exc)
+        self._closed = True
+        self._on_fatal(exc)
+
+    # ------------------------------------------------------------------ KVService
+
+    def headers(self) -> NodeHeaders:
+        node = self.node
+        return NodeHeaders(self._applied_version, self.node_id, node.leader_id, node.epoch,
+                           node.last_contact_ms(monotonic_ms()))
+
+    @property
+    def applied_version(self) -> int:
+        return self._applied_version
+
+    def _leader_url(self) -> str | None:
+        node = self.node
+        if node.leader_id < 0:
+            return None
+        return node.leader_endpoint or node.peer_endpoints.get(node.leader_id) or None
+
+    def _not_leader(self) -> NotLeaderError:
+        return NotLeaderError(self._leader_url(), self.node.leader_id)
+
+    async def propose(self, command: Command) -> Any:
+        if self._closing or not self._started:
+            raise WriteRejectedError("node is shutting down")
+        record = encode_command(command)
+        try:
+            proposal = self.node.propose(monotonic_ms(), [record])
+        except RaftNotLeaderError:
+            raise self._not_leader() from None
+        except ProposalRejectedError as exc:
+            raise WriteRejectedError(str(exc)) from None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending[proposal.base_offset] = _PendingWrite(proposal.epoch, future, time.perf_counter())
+        # One timer handle per write (cheaper than wait_for + shield on the hot path).
+        expiry = loop.call_later(self.config.commit_timeout_ms / 1000, self._expire_write, proposal.base_offset, future)
+        self._kick()
+        try:
+            return await future
+        finally:
+            expiry.cancel()
+
+    def _expire_write(self, offset: int, future: asyncio.Future[Any]) -> None:
+        pending = self._pending.get(offset)
+        if pending is not None and pending.future is future:
+            del self._pending[offset]
+        if not future.done():
+            future.set_exception(IndeterminateError(f"not committed within {self.config.commit_timeout_ms} ms"))
+
+    async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
+        deadline_s = time.monotonic() + wait_ms / 1000
+        target = min_version or 0
+        if consistency == "leader":
+            self._require_leader()
+            target = max(target, self.node.high_watermark)
+        elif consistency == "linearizable":
+            target = max(target, await self._read_index(deadline_s))
+        elif not self.is_ready():
+            raise NotReadyError("this replica is catching up")
+        await self._wait_applied(target, deadline_s)
+        if consistency == "local" and not self.is_ready():
+            raise NotReadyError("this replica is catching up")
+
+    def _require_leader(self) -> None:
+        if self.node.role != Role.LEADER or self._closing:
+            raise self._not_leader()
+
+    async def _read_index(self, deadline_s: float) -> int:
+        """Ask the core to confirm leadership with a quorum round; return the offset the
+        state must reach to answer linearizably."""
+        self._require_leader()
+        try:
+            token = self.node.read_index(monotonic_ms())
+        except RaftNotLeaderError:
+            raise self._not_leader() from None
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._reads[token] = future
+        self._kick()
+        try:
+            return await asyncio.wait_for(future, max(0.0, deadline_s - time.monotonic()))
+        except TimeoutError:
+            self._reads.pop(token, None)
+            raise VersionWaitTimeoutError(self._applied_version) from None
+
+    async def _wait_applied(self, version: int, deadline_s: float) -> None:
+        while self._applied_version < version:
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                raise VersionWaitTimeoutError(self._applied_version)
+            await self._wait_applied_change(remaining_s)
+
+    async def _wait_applied_change(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._applied_changed.wait(), max(0.0, timeout_s))
+        except TimeoutError:
+            pass
+
+    async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
+        deadline_s = time.monotonic() + timeout_ms / 1000
+        while self._applied_version <= since_version and not self._closing:
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                break
+            await self._wait_applied_change(remaining_s)
+        return self._applied_version
+
+    def is_ready(self) -> bool:
+        return (self._started and not self._closing and not self._installing_snapshot
+                and self.log.end_offset() >= self.node.dirty_offset)
+
+    def status(self) -> dict[str, Any]:
+        node = self.node
+        snapshot_id = self.snapshots.latest_id()
+        return {
+            "node_id": self.node_id,
+            "role": node.role.name.lower(),
+            "voter": node.is_voter,
+            "epoch": node.epoch,
+            "leader_id": node.leader_id,
+            "leader_url": self._leader_url(),
+            "log_start_offset": self.log.start_offset(),
+            "log_end_offset": self.log.end_offset(),
+            "flushed_offset": self.log.flushed_offset(),
+            "high_watermark": node.high_watermark,
+            "applied_version": self._applied_version,
+            "dirty_offset": node.dirty_offset,
+            "tombstone_horizon": node.tombstone_horizon,
+            "snapshot_id": None if snapshot_id is None else
+            {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch},
+            "last_contact_ms": node.last_contact_ms(monotonic_ms()),
+            "ready": self.is_ready(),
+            "advertise_http": self.config.advertise_http,
+        }
+
+    def quorum(self) -> dict[str, Any]:
+        self._require_leader()
+        now_ms = monotonic_ms()
+        wall_ms = int(time.time() * 1000)
+        described = self.node.describe_quorum(now_ms)
+
+        def replica(state: Any) -> dict[str, Any]:
+            def wall(monotonic: int) -> int | None:
+                return None if monotonic <= 0 else wall_ms - (now_ms - monotonic)
+            return {
+                "node_id": state.replica_id,
+                "endpoint": state.endpoint or self.node.peer_endpoints.get(state.replica_id, ""),
+                "log_end_offset": state.log_end_offset,
+                "lag": max(0, described.high_watermark - state.log_end_offset),
+                "last_fetch_timestamp_ms": wall(state.last_fetch_timestamp_ms),
+                "last_caught_up_timestamp_ms": wall(state.last_caught_up_timestamp_ms),
+            }
+
+        return {
+            "epoch": described.epoch,
+            "leader_id": described.leader_id,
+            "high_watermark": described.high_watermark,
+            "voters": [replica(state) for state in described.voters],
+            "observers": [replica(state) for state in described.observers],
+        }
+
+    async def take_snapshot(self) -> dict[str, Any]:
+        """Snapshot the applied state now (VACUUM INTO on the loop: the copy must be of one
+        version, and apply runs on this loop, so nothing changes underneath it)."""
+        if self._closing:
+            raise WriteRejectedError("node is shutting down")
+        if self._applied_version == 0:
+            raise NotReadyError("nothing applied yet: there is no state to snapshot")
+        snapshot_id = self.state.create_snapshot(str(self.snapshots_dir))
+        self.log.record_snapshot(snapshot_id)
+        return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
+
+    async def resign(self) -> dict[str, Any]:
+        self._require_leader()
+        epoch = self.node.epoch
+        self.node.resign(monotonic_ms())
+        self._kick()
+        return {"resigned": True, "epoch": epoch}
+
+
+def _trim(batches: list[Batch], start: int, end: int) -> list[Batch]:
+    """Cut batches to offsets [start, end): the log returns whole batches, the first may
+    start below the applied version and the last may reach past the high watermark."""
+    trimmed: list[Batch] = []
+    for batch in batches:
+        if batch.next_offset <= start or batch.base_offset >= end:
+            continue
+        if batch.base_offset < start or batch.next_offset > end:
+            low = max(start, batch.base_offset) - batch.base_offset
+            high = min(end, batch.next_offset) - batch.base_offset
+            batch = Batch(batch.base_offset + low, batch.epoch, batch.timestamp_ms, batch.control,
+                          batch.records[low:high])
+        trimmed.append(batch)
+    return trimmed
+
+
+def _exit_on_fatal(exc: BaseException) -> None:
+    """Fail-stop: a broken invariant or a failed fsync leaves nothing safe to do but exit;
+    whatever was acknowledged is durable on a majority."""
+    logging.shutdown()
+    os._exit(70)
+
+
+class _StateCollector(Collector):
+    """Gauges read from the live node at scrape time (no bookkeeping on the hot path)."""
+
+    def __init__(self, runtime: NodeRuntime) -> None:
+        self._runtime = runtime
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        runtime = self._runtime
+        if not runtime._started:
+            return
+        node = runtime.node
+        role = GaugeMetricFamily("metakv_role", "1 for this node's current raft role", labels=["role"])
+        for candidate in Role:
+            role.add_metric([candidate.name.lower()], 1.0 if node.role == candidate else 0.0)
+        yield role
+        yield GaugeMetricFamily("metakv_epoch", "Current raft epoch", value=node.epoch)
+        yield GaugeMetricFamily("metakv_high_watermark", "Committed offset known to this node",
+                                value=node.high_watermark)
+        yield GaugeMetricFamily("metakv_applied_version", "Version applied to the state machine",
+                                value=runtime.applied_version)
+        yield GaugeMetricFamily("metakv_log_end_offset", "Next offset of the local log",
+                                value=runtime.log.end_offset())
+        yield GaugeMetricFamily("metakv_ready", "1 when consistent reads are served", value=float(runtime.is_ready()))
+        lag = GaugeMetricFamily("metakv_fetch_lag_records",
+                                "Leader only: records each replica is behind the high watermark",
+                                labels=["replica_id", "kind"])
+        if node.role == Role.LEADER:
+            described = node.describe_quorum(monotonic_ms())
+            for kind, states in (("voter", described.voters), ("observer", described.observers)):
+                for state in states:
+                    lag.add_metric([str(state.replica_id), kind],
+                                   max(0, described.high_watermark - state.log_end_offset))
+        yield lag

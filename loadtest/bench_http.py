@@ -1,0 +1,357 @@
+"""HTTP benchmark of a 3-voter metakv cluster on this machine; prints figures and writes JSON.
+
+    python -m loadtest.bench_http [--duration-s 10] [--failover-trials 10] [--out results/bench_http.json]
+                                  [--profile-dir results/profile]
+
+What it measures (the same load the etcd comparison in issue 4 used):
+- committed writes/s and p50/p99 latency at 1, 16 and 64 concurrent clients: each client is
+  one keep-alive connection to the leader doing PUTs of 256-byte values back to back;
+- local reads/s at 64 clients (GETs spread over the three voters, consistency=local);
+- p50/p99 at a fixed 500 writes/s (open loop: latency counts from each request's scheduled
+  start, so a stall is not hidden by the clients waiting);
+- failover unavailability: SIGKILL the leader, then time until a client retrying against all
+  nodes gets its next write acknowledged; over N trials (the old leader restarts in between).
+
+The load generator is gevent + geventhttpclient (from the Locust dependency): one greenlet per
+client, a C HTTP parser, so the generator costs little CPU next to the servers. With
+``--profile-dir`` it runs py-spy on the leader during the 64-client write phase and prints
+where the leader's time goes (self time per function, and per request).
+
+A benchmark never fails on a figure; it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+import gevent.pool
+import httpx
+from geventhttpclient import URL, HTTPClient
+
+from tests.cluster import Cluster, Node
+
+VALUE_BYTES = 256
+WARMUP_S = 1.0
+FIXED_RATE_WRITES_PER_S = 500
+FAILOVER_WRITE_TIMEOUT_S = 1.0
+READ_KEYS = 1000
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, int(round(fraction * (len(ordered) - 1)))))
+    return ordered[index]
+
+
+def summarise(latencies_s: list[float], errors: int, elapsed_s: float) -> dict[str, Any]:
+    return {
+        "requests": len(latencies_s),
+        "errors": errors,
+        "per_s": round(len(latencies_s) / elapsed_s, 1) if elapsed_s > 0 else 0.0,
+        "latency_ms_p50": round(percentile(latencies_s, 0.50) * 1000, 3),
+        "latency_ms_p99": round(percentile(latencies_s, 0.99) * 1000, 3),
+        "latency_ms_mean": round(statistics.fmean(latencies_s) * 1000, 3) if latencies_s else None,
+    }
+
+
+def _client(url: str) -> HTTPClient:
+    return HTTPClient.from_url(URL(url), concurrency=1, connection_timeout=5, network_timeout=10)
+
+
+def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) -> dict[str, Any]:
+    """``clients`` greenlets, each with its own keep-alive connection, requesting back to back.
+    ``request`` is "write" (PUT a 256-byte value) or "read" (GET an existing key)."""
+    value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    latencies: list[float] = []
+    errors = collections.Counter[str]()
+    measure_from = time.perf_counter() + WARMUP_S
+    stop_at = measure_from + duration_s
+    sent = [0]  # every request, warm-up included (the servers' CPU covers them all)
+
+    def worker(index: int) -> None:
+        client = _client(urls[index % len(urls)])
+        sequence = 0
+        try:
+            while True:
+                started = time.perf_counter()
+                if started >= stop_at:
+                    return
+                if request == "write":
+                    path = f"/v1/kv/bench/c{index}/k{sequence % 1000}"
+                    response = client.put(path, body=value, headers={"Content-Type": "application/octet-stream"})
+                else:
+                    response = client.get(f"/v1/kv/bench/read/k{(index * 7919 + sequence) % READ_KEYS}")
+                response.read()
+                finished = time.perf_counter()
+                sequence += 1
+                sent[0] += 1
+                if response.status_code != 200:
+                    errors[str(response.status_code)] += 1
+                elif started >= measure_from:
+                    latencies.append(finished - started)
+        except Exception as exc:  # a broken connection ends this client; counted
+            errors[type(exc).__name__] += 1
+        finally:
+            client.close()
+
+    pool = gevent.pool.Pool(clients)
+    for index in range(clients):
+        pool.spawn(worker, index)
+    pool.join()
+    result = summarise(latencies, sum(errors.values()), duration_s)
+    result["clients"] = clients
+    result["requests_total"] = sent[0]
+    result["error_kinds"] = dict(errors)
+    return result
+
+
+def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 256) -> dict[str, Any]:
+    """Open loop: request i is due at start + i / rate; latency counts from when it was due."""
+    value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    clients: collections.deque[HTTPClient] = collections.deque(_client(url) for _ in range(connections))
+    latencies: list[float] = []
+    errors = collections.Counter[str]()
+    start = time.perf_counter() + WARMUP_S
+    total = int(rate_per_s * duration_s)
+
+    def one(sequence: int, due: float) -> None:
+        if not clients:
+            errors["no-free-connection"] += 1
+            return
+        client = clients.popleft()
+        try:
+            response = client.put(f"/v1/kv/bench/rate/k{sequence % 1000}", body=value)
+            response.read()
+            if response.status_code == 200:
+                latencies.append(time.perf_counter() - due)
+            else:
+                errors[str(response.status_code)] += 1
+        except Exception as exc:
+            errors[type(exc).__name__] += 1
+        finally:
+            clients.append(client)
+
+    group = gevent.pool.Group()
+    for sequence in range(total):
+        due = start + sequence / rate_per_s
+        delay = due - time.perf_counter()
+        if delay > 0:
+            gevent.sleep(delay)
+        group.spawn(one, sequence, due)
+    group.join()
+    for client in clients:
+        client.close()
+    result = summarise(latencies, sum(errors.values()), duration_s)
+    result["target_per_s"] = rate_per_s
+    result["error_kinds"] = dict(errors)
+    return result
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by these processes (Linux /proc)."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks_per_s
+    return total
+
+
+def measured(cluster: Cluster, phase: Any) -> dict[str, Any]:
+    """Run ``phase()`` and add what it cost the servers: CPU ms per request (independent of
+    how busy the shared machine is) and the machine's load average meanwhile."""
+    pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
+    cpu_before = {node_id: cpu_seconds([pid]) for node_id, pid in pids.items()}
+    result: dict[str, Any] = phase()
+    cpu_used = {node_id: cpu_seconds([pid]) - cpu_before[node_id] for node_id, pid in pids.items()}
+    requests = result.get("requests_total", result.get("requests", 0))
+    result["servers_cpu_ms_per_request"] = round(sum(cpu_used.values()) * 1000 / requests, 3) if requests else None
+    result["cpu_ms_per_request_by_node"] = {
+        str(node_id): round(used * 1000 / requests, 3) if requests else None for node_id, used in cpu_used.items()}
+    result["load_average_1m_after"] = round(os.getloadavg()[0], 2)
+    return result
+
+
+def failover_trials(cluster: Cluster, trials: int) -> dict[str, Any]:
+    """SIGKILL the leader; time until a retrying client's next write is acknowledged."""
+    unavailable_s: list[float] = []
+    with httpx.Client(timeout=FAILOVER_WRITE_TIMEOUT_S) as client:
+        for trial in range(trials):
+            leader = cluster.wait_for_leader()
+            for node in cluster.nodes.values():
+                cluster.wait_ready(node)
+            killed_at = time.perf_counter()
+            cluster.kill(leader)
+            turn = 0
+            while True:
+                nodes = [n for n in cluster.nodes.values() if n.running()]
+                node = nodes[turn % len(nodes)]
+                turn += 1
+                try:
+                    response = client.put(f"{node.url}/v1/kv/bench/failover/{trial}", content=b"x" * VALUE_BYTES,
+                                          follow_redirects=True)
+                    if response.status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.005)
+            unavailable_s.append(time.perf_counter() - killed_at)
+            print(f"  failover trial {trial + 1}/{trials}: {unavailable_s[-1] * 1000:.0f} ms", flush=True)
+            leader.start()
+            cluster.wait_ready(leader)
+    return {
+        "trials": trials,
+        "unavailable_ms": [round(s * 1000, 1) for s in unavailable_s],
+        "unavailable_ms_p50": round(percentile(unavailable_s, 0.5) * 1000, 1),
+        "unavailable_ms_p99": round(percentile(unavailable_s, 0.99) * 1000, 1),
+        "unavailable_ms_max": round(max(unavailable_s) * 1000, 1) if unavailable_s else None,
+    }
+
+
+def start_profile(node: Node, duration_s: float, out_dir: Path) -> subprocess.Popen[bytes] | None:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        print("py-spy not found; skipping the profile", flush=True)
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [py_spy, "record", "--pid", str(node.pid), "--duration", str(int(duration_s)), "--rate", "250",
+         "--format", "raw", "--nonblocking", "--output", str(out_dir / f"leader-node{node.node_id}.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def summarise_profile(path: Path, requests: int, top: int = 25) -> dict[str, Any]:
+    """Self time per function (leaf frame) and inclusive time of the main layers, from
+    py-spy's collapsed stacks; per request = samples / requests served meanwhile."""
+    self_samples: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    layers = {
+        "http (app/http.py)": "app/http.py", "runtime (app/runtime.py)": "app/runtime.py",
+        "raft core (raft/)": "raft/", "transport (app/transport.py)": "app/transport.py",
+        "segment log (storage/segment_log.py)": "segment_log.py",
+        "state machine (storage/state_machine.py)": "state_machine.py",
+        "uvicorn/httptools": "uvicorn/", "fastapi/starlette": "starlette/", "sqlalchemy": "sqlalchemy/",
+        "msgpack": "msgpack", "idle (event loop select)": "select",
+    }
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        total += count
+        frames = stack.split(";")
+        self_samples[frames[-1]] += count
+        for name, needle in layers.items():
+            if any(needle in frame for frame in frames):
+                inclusive[name] += count
+    return {
+        "samples": total,
+        "requests_during_profile": requests,
+        "top_self": [{"frame": frame, "share": round(count / total, 4)} for frame, count in self_samples.most_common(top)],
+        "layers_inclusive_share": {name: round(count / total, 4) for name, count in inclusive.most_common()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_http", description=__doc__.split("\n")[0])
+    parser.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per phase")
+    parser.add_argument("--failover-trials", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_http.json"))
+    parser.add_argument("--profile-dir", type=Path, default=None, help="run py-spy on the leader (64 clients)")
+    parser.add_argument("--keep-data", action="store_true", help="keep the nodes' data directories")
+    args = parser.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="metakv-bench-"))
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "value_bytes": VALUE_BYTES, "duration_s": args.duration_s,
+        "command": "python -m loadtest.bench_http " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    cluster = Cluster(root, voters=3, observers=0)
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()
+        for node in cluster.nodes.values():
+            cluster.wait_ready(node)
+        print(f"cluster up, leader node {leader.node_id} at {leader.url}", flush=True)
+        writes = {}
+        for clients in (1, 16, 64):
+            profiler = None
+            if clients == 64 and args.profile_dir is not None:
+                profiler = start_profile(leader, args.duration_s, args.profile_dir)
+            writes[str(clients)] = measured(
+                cluster, lambda c=clients: closed_loop([leader.url], c, args.duration_s, "write"))
+            if profiler is not None:
+                profiler.wait(timeout=60)
+                profile_path = args.profile_dir / f"leader-node{leader.node_id}.txt"
+                if profile_path.exists():
+                    requests = writes[str(clients)]["requests"]
+                    results["profile_leader_64_writers"] = summarise_profile(profile_path, requests)
+            w = writes[str(clients)]
+            print(f"writes, {clients:2d} clients: {w['per_s']:8.1f}/s  p50 {w['latency_ms_p50']:.2f} ms  "
+                  f"p99 {w['latency_ms_p99']:.2f} ms  errors {w['errors']}  "
+                  f"servers' CPU {w['servers_cpu_ms_per_request']} ms/request  "
+                  f"load {w['load_average_1m_after']}", flush=True)
+        results["writes"] = writes
+        seed = _client(leader.url)
+        for key in range(READ_KEYS):
+            seed.put(f"/v1/kv/bench/read/k{key}", body=b"r" * VALUE_BYTES).read()
+        seed.close()
+        for node in cluster.nodes.values():
+            cluster.wait_ready(node)
+        urls = [node.url for node in cluster.nodes.values()]
+        reads = measured(cluster, lambda: closed_loop(urls, 64, args.duration_s, "read"))
+        results["local_reads_64_clients"] = reads
+        print(f"local reads, 64 clients over 3 nodes: {reads['per_s']:8.1f}/s  p50 {reads['latency_ms_p50']:.2f} ms  "
+              f"p99 {reads['latency_ms_p99']:.2f} ms  errors {reads['errors']}  "
+              f"servers' CPU {reads['servers_cpu_ms_per_request']} ms/request", flush=True)
+        fixed = measured(cluster, lambda: fixed_rate(leader.url, FIXED_RATE_WRITES_PER_S, args.duration_s))
+        results["fixed_rate_500_writes_per_s"] = fixed
+        print(f"fixed 500 writes/s: achieved {fixed['per_s']:.1f}/s  p50 {fixed['latency_ms_p50']:.2f} ms  "
+              f"p99 {fixed['latency_ms_p99']:.2f} ms  errors {fixed['errors']}", flush=True)
+        if args.failover_trials > 0:
+            failover = failover_trials(cluster, args.failover_trials)
+            results["failover"] = failover
+            print(f"failover over {failover['trials']} trials: p50 {failover['unavailable_ms_p50']} ms  "
+                  f"p99 {failover['unavailable_ms_p99']} ms  max {failover['unavailable_ms_max']} ms", flush=True)
+        if "profile_leader_64_writers" in results:
+            profile = results["profile_leader_64_writers"]
+            print("leader profile, 64 writers (share of samples):", flush=True)
+            for name, share in profile["layers_inclusive_share"].items():
+                print(f"  {share * 100:5.1f}%  {name}", flush=True)
+            for entry in profile["top_self"][:12]:
+                print(f"  self {entry['share'] * 100:5.1f}%  {entry['frame']}", flush=True)
+    finally:
+        cluster.close()
+        if not args.keep_data:
+            shutil.rmtree(root, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    sys.exit(main())

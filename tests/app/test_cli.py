@@ -1,0 +1,185 @@
+"""The metakv command line: bad input is one line and exit code 2; cluster up and status work."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cli import main
+from tests.cluster import REPO_ROOT, Cluster, Node, free_ports
+
+VALID = ["--node-id", "1", "--data-dir", "DATA", "--listen-http", "127.0.0.1:1",
+         "--listen-raft", "127.0.0.1:2", "--voters", "1@127.0.0.1:2"]
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    base = {key: value for key, value in os.environ.items() if not key.startswith("METAKV_")}
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
+                          env={**base, **(env or {})}, cwd=REPO_ROOT, timeout=timeout_s)
+
+
+def with_flag(flag: str, value: str | None) -> list[str]:
+    """VALID serve flags with ``flag`` replaced (value None: removed)."""
+    args = list(VALID)
+    if flag in args:
+        index = args.index(flag)
+        del args[index:index + 2]
+    if value is not None:
+        args += [flag, value]
+    return ["serve", *args]
+
+
+@pytest.mark.parametrize(("args", "mentions"), [
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+    (["serve", "--no-such-flag"], "--no-such-flag"),
+    (with_flag("--node-id", None), "--node-id"),
+    (with_flag("--node-id", "one"), "--node-id"),
+    (with_flag("--node-id", "7"), "not in --voters"),
+    (with_flag("--voters", "1@127.0.0.1"), "--voters"),
+    (with_flag("--voters", "1@h:1,1@h:2"), "twice"),
+    (with_flag("--listen-http", "nowhere"), "--listen-http"),
+    (with_flag("--listen-raft", "127.0.0.1:70000"), "--listen-raft"),
+    (with_flag("--advertise-http", "ftp://x"), "--advertise-http"),
+    (with_flag("--election-timeout-ms", "-5"), "--election-timeout-ms"),
+    (with_flag("--config", "/no/such/file.toml"), "--config"),
+    (["cluster", "up", "--voters", "zero"], "--voters"),
+    (["status", "--url", "not-a-url"], "--url"),
+])
+def test_bad_flags_exit_2_with_one_line(args: list[str], mentions: str, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [key for key in os.environ if key.startswith("METAKV_")]:
+        monkeypatch.delenv(key)
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert mentions in lines[0]
+    assert captured.out == ""
+
+
+def test_bad_flags_exit_code_of_the_process_is_2() -> None:
+    result = run_cli(with_flag("--voters", "1@h"))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "--voters" in result.stderr
+
+
+def test_bad_environment_and_config_file_exit_2(tmp_path: Path) -> None:
+    result = run_cli(["serve", *VALID[:-2]], env={"METAKV_VOTERS": "garbage"})
+    assert result.returncode == 2
+    assert "METAKV_VOTERS" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("node_id = [\n")
+    result = run_cli(["serve", "--config", str(bad_toml)])
+    assert result.returncode == 2 and "not valid TOML" in result.stderr
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('node_id = 1\ncolour = "blue"\n')
+    result = run_cli(["serve", "--config", str(unknown)])
+    assert result.returncode == 2 and "colour" in result.stderr
+
+
+def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) -> None:
+    """`cluster up` starts 3 voters + 1 observer, prints URLs and curl examples; `status` prints
+    the quorum table; SIGTERM stops every node."""
+    http_base, raft_base = _port_ranges(4)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "cluster", "up", "--base-http-port", str(http_base),
+         "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True,
+        env={**os.environ, "METAKV_CLUSTER_ID": f"cli-test-{uuid.uuid4().hex[:12]}"},
+    )
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        assert process.stdout is not None
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line:
+                break
+            output.append(line)
+            if line.startswith("leader:"):
+                break
+        text = "".join(output)
+        assert "leader:" in text, text
+        for node_id in range(4):
+            assert f"http://127.0.0.1:{http_base + node_id}" in text
+        assert "curl -L -X PUT" in text and "observer" in text
+        first = f"http://127.0.0.1:{http_base}"
+        response = httpx.put(f"{first}/v1/kv/cli/a", content=b"x", follow_redirects=True, timeout=10)
+        assert response.status_code == 200
+        status = run_cli(["status", "--url", first])
+        assert status.returncode == 0, status.stderr
+        table = status.stdout.splitlines()
+        assert table[1].split()[:3] == ["NODE", "KIND", "ROLE"]
+        rows = [line.split() for line in table[2:]]
+        assert sorted(int(row[0]) for row in rows) == [1, 2, 3, 4]
+        assert sum(row[2] == "leader" for row in rows) == 1
+        assert [row[1] for row in rows].count("observer") == 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0
+    for node_id in range(4):  # every node stopped with the supervisor
+        try:
+            httpx.get(f"http://127.0.0.1:{http_base + node_id}/healthz", timeout=1)
+            raise AssertionError(f"node {node_id + 1} still serving after cluster up stopped")
+        except httpx.TransportError:
+            pass
+
+
+def test_serve_takes_every_setting_from_environment_and_toml(tmp_path: Path) -> None:
+    http_port, raft_port = free_ports(2)
+    config = tmp_path / "node.toml"
+    config.write_text(f'[serve]\nlisten_raft = "127.0.0.1:{raft_port}"\nvoters = "1@127.0.0.1:{raft_port}"\n'
+                      f'data_dir = "{tmp_path / "data"}"\n')
+    cluster = Cluster(tmp_path / "unused", voters=0)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("METAKV_")}
+    env.update(METAKV_CLUSTER_ID=f"cli-env-{uuid.uuid4().hex[:12]}", METAKV_NODE_ID="1", METAKV_LISTEN_HTTP=f"127.0.0.1:{http_port}", METAKV_CONFIG=str(config),
+               PYTHONUNBUFFERED="1")
+    node = Node(1, http_port, raft_port, tmp_path / "data", tmp_path / "node.log",
+                command=[sys.executable, "-m", "app.cli", "serve"], env=env)
+    cluster.nodes = {1: node}
+    try:
+        cluster.start()
+        assert cluster.wait_for_leader().node_id == 1  # a single voter elects itself
+        response = cluster.put("env/k", b"v")
+        assert response.status_code == 200
+        assert cluster.status(node)["advertise_http"] == f"http://127.0.0.1:{http_port}"
+    finally:
+        print(cluster.logs())
+        cluster.close()
+
+
+def _port_ranges(count: int) -> tuple[int, int]:
+    """Two runs of ``count`` consecutive free ports (cluster up numbers ports from a base)."""
+    for _ in range(50):
+        base = free_ports(1)[0]
+        if base + 2 * count >= 65535:
+            continue
+        candidates = list(range(base, base + 2 * count))
+        sockets: list[socket.socket] = []
+        try:
+            for port in candidates:
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", port))
+                sockets.append(sock)
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return base, base + count
+    raise AssertionError("no run of free ports found")

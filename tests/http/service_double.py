@@ -1,0 +1,116 @@
+"""A single-node ``KVService`` for HTTP tests, built on the real StateMachine.
+
+It is the runtime minus replication: ``propose`` wraps the command in a real log batch at the
+next offset and applies it at once, so every answer the routes map comes from the real
+state machine (versions, compares, history, horizon). Waits are real waits on a condition,
+bounded by the caller's timeout, never sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from app.service import Consistency, NodeHeaders, NotReadyError, VersionWaitTimeoutError
+from raft.types import Batch
+from storage.commands import Command, encode_command
+from storage.state_machine import ApplyResult, StateMachine
+
+
+class InProcessService:
+    """One node that is always the leader of epoch 1 and always ready."""
+
+    node_id = 1
+    epoch = 1
+
+    def __init__(self, db_path: str, snapshot_dir: str, *, max_value_bytes: int | None = None) -> None:
+        self.state = StateMachine(db_path)
+        self.snapshot_dir = snapshot_dir
+        self.metrics = CollectorRegistry()
+        self.proposals = 0
+        self.waiting = 0  # requests parked in wait_readable / wait_for_change right now
+        if max_value_bytes is not None:
+            self.max_value_bytes = max_value_bytes
+        self._changed: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        # Created lazily: the condition must belong to the loop that serves requests.
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    def headers(self) -> NodeHeaders:
+        return NodeHeaders(self.state.applied_version, self.node_id, self.node_id, self.epoch, 0)
+
+    async def propose(self, command: Command) -> ApplyResult:
+        batch = Batch(base_offset=self.state.applied_version, epoch=self.epoch,
+                      timestamp_ms=int(time.time() * 1000), control=False, records=(encode_command(command),))
+        [result] = self.state.apply([batch])
+        self.proposals += 1
+        condition = self._condition()
+        async with condition:
+            condition.notify_all()
+        return result
+
+    async def _wait_until(self, predicate: Any, timeout_ms: int) -> bool:
+        condition = self._condition()
+        self.waiting += 1
+        try:
+            async with condition:
+                try:
+                    await asyncio.wait_for(condition.wait_for(predicate), timeout_ms / 1000)
+                except TimeoutError:
+                    return predicate()
+            return True
+        finally:
+            self.waiting -= 1
+
+    async def until_waiting(self, count: int = 1, max_steps: int = 10_000) -> None:
+        """Tests: yield to the loop until ``count`` requests are parked (bounded by steps, not time)."""
+        for _ in range(max_steps):
+            if self.waiting >= count:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"{count} waiting requests expected, {self.waiting} found")
+
+    async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
+        if min_version is None or self.state.applied_version >= min_version:
+            return
+        if not await self._wait_until(lambda: self.state.applied_version >= min_version, wait_ms):
+            raise VersionWaitTimeoutError(self.state.applied_version)
+
+    async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
+        await self._wait_until(lambda: self.state.applied_version > since_version, timeout_ms)
+        return self.state.applied_version
+
+    def is_ready(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, Any]:
+        version = self.state.applied_version
+        return {"node_id": self.node_id, "role": "leader", "epoch": self.epoch, "leader": self.node_id,
+                "log_start_offset": 0, "log_end_offset": version, "high_watermark": version,
+                "applied_version": version, "dirty_offset": 0, "tombstone_horizon": 0,
+                "oldest_version": self.state.oldest_version, "snapshot_id": None, "ready": True}
+
+    def quorum(self) -> dict[str, Any]:
+        version = self.state.applied_version
+        return {"leader": self.node_id, "epoch": self.epoch, "high_watermark": version,
+                "voters": [{"node_id": self.node_id, "log_end_offset": version, "lag": 0,
+                            "last_fetch_ms": 0, "last_caught_up_ms": 0}],
+                "observers": []}
+
+    async def take_snapshot(self) -> dict[str, Any]:
+        if self.state.applied_version == 0:  # as the runtime answers: nothing to snapshot yet
+            raise NotReadyError("nothing applied yet: there is no state to snapshot")
+        snapshot_id = self.state.create_snapshot(self.snapshot_dir, self.epoch)
+        return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
+
+    async def resign(self) -> dict[str, Any]:
+        return {"resigned": True, "epoch": self.epoch}
+
+    def close(self) -> None:
+        self.state.close()

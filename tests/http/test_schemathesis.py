@@ -1,0 +1,30 @@
+"""A schemathesis run against the served app's /openapi.json finds nothing.
+
+The app is served by uvicorn on a loopback port over the in-process node on the real
+StateMachine; the fuzzer is the schemathesis CLI (every check).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.http import HttpSettings, create_app
+from tests.http.schemathesis_run import run_schemathesis
+from tests.http.served import serve_in_thread
+from tests.http.service_double import InProcessService
+
+# Small waits so the fuzzer's huge wait_ms / timeout_ms values (clamped) keep the run short.
+FUZZ_SETTINGS = HttpSettings(max_value_bytes=64 * 1024, max_wait_ms=20, max_watch_timeout_ms=20, sse_keepalive_ms=10)
+
+
+def test_schemathesis_finds_no_server_errors_and_no_undocumented_behaviour(tmp_path: Path) -> None:
+    service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
+    try:
+        with serve_in_thread(create_app(service, FUZZ_SETTINGS)) as base_url:
+            result = run_schemathesis(base_url, tmp_path, max_examples=5)
+    finally:
+        service.close()
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report[-12000:]
+    assert "14 selected / 14 total" in report
+    assert service.proposals > 0  # the fuzzer's writes reached the state machine
