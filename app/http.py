@@ -85,6 +85,7 @@ WATCH_EVENTS_MAX = 1000  # events per long-poll answer or per SSE read
 DEFAULT_WAIT_MS = 5000
 DEFAULT_WATCH_TIMEOUT_MS = 30_000
 RETRY_AFTER_SECONDS = 1
+WAIT_EARLY_RETURN_S = 0.005  # a change wait ending this long before its deadline was cut short
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_PREFIX = "urn:metakv:problem:"
 LATENCY_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -612,6 +613,10 @@ def _txn_command(body: TxnRequest, max_value_bytes: int) -> Command:
                    tuple(op(o) for o in body.failure))
 
 
+def _describe(error: dict[str, str]) -> str:
+    return f"{error['location']}: {error['message']}" if error["location"] else error["message"]
+
+
 def _validation_errors(exc: ValidationError | RequestValidationError) -> list[dict[str, str]]:
     """Location and message of each error; never the offending input, which may be huge or binary."""
     return [{"location": ".".join(str(part) for part in error.get("loc", ())), "message": str(error.get("msg", ""))}
@@ -804,7 +809,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         errors = _validation_errors(exc) if isinstance(exc, RequestValidationError) else []
-        detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors) or "invalid request"
+        detail = "; ".join(_describe(e) for e in errors) or "invalid request"
         return _problem_response(request, 400, "invalid-parameter", "Invalid parameter", detail, errors=errors)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -938,7 +943,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
             body = TxnRequest.model_validate_json(raw)
         except ValidationError as exc:
             errors = _validation_errors(exc)
-            detail = "; ".join(f"{e['location']}: {e['message']}" for e in errors[:10]) or "invalid txn body"
+            detail = "; ".join(_describe(e) for e in errors[:10]) or "invalid txn body"
             raise ProblemError(422, "invalid-body", "Invalid txn body", detail, errors=errors) from exc
         result = await service.propose(_txn_command(body, settings.max_value_bytes))
         return JSONResponse({
@@ -949,14 +954,19 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
 
     # ---- watch ------------------------------------------------------------------------------
 
-    async def _changes_after(prefix: str, since: int, deadline_s: float) -> tuple[int, list[Any]]:
-        """Events under ``prefix`` newer than ``since``, waiting for one until the deadline."""
+    async def _changes_after(prefix: str, since: int, deadline_s: float) -> tuple[int, list[Any], bool]:
+        """Events under ``prefix`` newer than ``since``, waiting for one until the deadline.
+        The flag says the service stopped waiting well before the deadline without a new
+        version (the node is closing): callers answer instead of asking again in a busy loop."""
         while True:
             version, events = state.changes(prefix, since, settings.watch_events_max)
             remaining_ms = int((deadline_s - time.monotonic()) * 1000)
             if events or remaining_ms <= 0:
-                return version, list(events)
-            await service.wait_for_change(max(version, since), remaining_ms)
+                return version, list(events), False
+            waited_on = max(version, since)
+            if await service.wait_for_change(waited_on, remaining_ms) <= waited_on:
+                stopped_early = deadline_s - time.monotonic() > WAIT_EARLY_RETURN_S
+                return version, [], stopped_early
 
     async def _sse(prefix: str, since: int, timeout_ms: int) -> AsyncIterator[bytes]:
         """Events as Server-Sent Events; the id of the last event of each read is a version
@@ -968,7 +978,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         while time.monotonic() < stream_end_s:
             deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
             try:
-                version, events = await _changes_after(prefix, since, deadline_s)
+                version, events, stopped_early = await _changes_after(prefix, since, deadline_s)
             except VersionCompactedError as exc:
                 # The horizon passed ``since`` mid-stream: the status is sent already, so the
                 # 410 problem document travels as an event and the stream ends.
@@ -978,6 +988,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                                         {"oldest_version": oldest})
                 yield b"event: error\ndata: " + problem + b"\n\n"
                 return
+            if stopped_early:
+                return  # the node stopped waiting (shutting down): end the stream, clients reconnect
             if not events:
                 yield b": keepalive\n\n"
                 continue
@@ -1018,7 +1030,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
             return StreamingResponse(_sse(prefix, since, timeout_ms), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         if not events:
-            version, events = await _changes_after(prefix, since, time.monotonic() + timeout_ms / 1000)
+            version, events, _ = await _changes_after(prefix, since, time.monotonic() + timeout_ms / 1000)
         return JSONResponse({"version": version, "events": [_render_event(e) for e in events]})
 
     # ---- cluster ----------------------------------------------------------------------------
@@ -1080,6 +1092,9 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
     app.openapi = openapi  # type: ignore[method-assign]
 
     def route_label(scope: Scope) -> str:
+        matched = scope.get("route")  # set by the router on the shared scope when a route served it
+        if matched is not None and hasattr(matched, "path"):
+            return str(matched.path)
         for route in app.router.routes:
             match, _ = route.matches(scope)
             if match != Match.NONE:

@@ -32,8 +32,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from raft.types import Batch, check
-from storage.commands import Command, CommandDecodeError, Op, OpKind, encode_command
-from storage.state_machine import CompactCommand, Entry, _evaluate, decode_compact
+from storage.commands import Command, CommandDecodeError, Op, OpKind, decode_command, encode_command
+from storage.state_machine import Entry, evaluate_commands
 
 EMPTY_COMMAND = encode_command(Command((), (), ()))
 
@@ -77,7 +77,7 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
 
     slots: dict[int, _Slot] = {}
     control_records: dict[int, bytes] = {}
-    commands: list[tuple[int, CompactCommand | str]] = []
+    commands: list[tuple[int, Command | str]] = []
     keys: set[str] = set()
     records_in = 0
     for batch in in_range:
@@ -89,17 +89,16 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
                 control_records[offset] = record
                 continue
             try:
-                command = decode_compact(record)
+                command = decode_command(record)
             except CommandDecodeError as exc:
                 commands.append((offset, f"record does not decode: {exc}"))
                 continue
             commands.append((offset, command))
-            compares, success, failure = command
-            keys.update(compare[0] for compare in compares)
-            keys.update(op[1] for op in (*success, *failure))
+            keys.update(compare.key for compare in command.compare)
+            keys.update(op.key for op in (*command.success, *command.failure))
 
     state: dict[str, Entry | None] = dict.fromkeys(keys)
-    results, _, _ = _evaluate(commands, state)
+    results = evaluate_commands(commands, state)
 
     # The newest effect on each key: (offset, PUT entry or None for a delete).
     newest: dict[str, tuple[int, Entry | None]] = {}

@@ -17,7 +17,9 @@ import re
 import struct
 import threading
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import crc32c
 
@@ -50,14 +52,14 @@ def parse_snapshot_file_name(name: str) -> SnapshotId | None:
     return SnapshotId(int(match.group(1)), int(match.group(2)))
 
 
-def _read_trailer(path: str, file_size: int, handle: object) -> tuple[int, int]:
+def _read_trailer(path: str, file_size: int, handle: BinaryIO) -> tuple[int, int]:
     """(crc, db length) from the trailer; raises CorruptSnapshotError naming the offset."""
     if file_size < TRAILER_BYTES:
         raise CorruptSnapshotError(
             f"{path}: {file_size} bytes, shorter than the {TRAILER_BYTES}-byte trailer")
     trailer_offset = file_size - TRAILER_BYTES
-    handle.seek(trailer_offset)  # type: ignore[attr-defined]
-    magic, crc, db_length = TRAILER.unpack(handle.read(TRAILER_BYTES))  # type: ignore[attr-defined]
+    handle.seek(trailer_offset)
+    magic, crc, db_length = TRAILER.unpack(handle.read(TRAILER_BYTES))
     if magic != TRAILER_MAGIC:
         raise CorruptSnapshotError(f"{path}: bad trailer magic {magic!r} at byte offset {trailer_offset}")
     if db_length != trailer_offset:
@@ -68,29 +70,31 @@ def _read_trailer(path: str, file_size: int, handle: object) -> tuple[int, int]:
 
 def _copy_checked(path: str, destination: str | None) -> int:
     """Stream the database bytes of a snapshot file (to ``destination`` if given) and check
-    them against the trailer. Returns the database length."""
-    with open(path, "rb") as source:
-        crc_expected, db_length = _read_trailer(path, os.fstat(source.fileno()).st_size, source)
-        source.seek(0)
-        crc = 0
-        remaining = db_length
-        target = open(destination, "wb") if destination is not None else None
-        try:
-            while remaining:
-                chunk = source.read(min(COPY_CHUNK_BYTES, remaining))
-                check(len(chunk) > 0, f"{path}: file shrank while reading")
-                crc = crc32c.crc32c(chunk, crc)
-                if target is not None:
-                    target.write(chunk)
-                remaining -= len(chunk)
-        finally:
-            if target is not None:
-                target.close()
-    if crc != crc_expected:
-        if destination is not None:
+    them against the trailer. Returns the database length; on any failure no destination
+    file is left behind."""
+    try:
+        with open(path, "rb") as source:
+            crc_expected, db_length = _read_trailer(path, os.fstat(source.fileno()).st_size, source)
+            source.seek(0)
+            crc = 0
+            remaining = db_length
+            with (open(destination, "wb") if destination is not None else nullcontext()) as target:
+                while remaining:
+                    chunk = source.read(min(COPY_CHUNK_BYTES, remaining))
+                    if not chunk:
+                        raise CorruptSnapshotError(
+                            f"{path}: ends at byte offset {db_length - remaining} while reading")
+                    crc = crc32c.crc32c(chunk, crc)
+                    if target is not None:
+                        target.write(chunk)
+                    remaining -= len(chunk)
+        if crc != crc_expected:
+            raise CorruptSnapshotError(
+                f"{path}: CRC32C of bytes 0..{db_length} is {crc:#010x}, trailer says {crc_expected:#010x}")
+    except BaseException:
+        if destination is not None and os.path.exists(destination):
             os.unlink(destination)
-        raise CorruptSnapshotError(
-            f"{path}: CRC32C of bytes 0..{db_length} is {crc:#010x}, trailer says {crc_expected:#010x}")
+        raise
     return db_length
 
 

@@ -43,6 +43,7 @@ from raft.snapshots import CorruptSnapshotError
 from raft.types import Batch, SnapshotId, check
 from storage.commands import (
     COMMAND_VERSION,
+    Command,
     CommandDecodeError,
     CompareKind,
     OpKind,
@@ -384,7 +385,7 @@ class StateMachine:
             try:
                 with self._write_transaction():
                     current = self._load_entries(writer_cursor, keys)
-                    results, changes, history_rows = _evaluate(commands, current)
+                    results, changes, history_rows = _evaluate_compact(commands, current)
                     if changes.deletes:
                         writer_cursor.executemany(self._sql_delete, changes.deletes)
                     if changes.updates:
@@ -714,7 +715,7 @@ class _Checkpointer(threading.Thread):
 # The state machine's working form of a command: plain tuples, cheaper to build and read
 # than the Command dataclasses, with the same content:
 #   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type, create_version), ...) x 2)
-# create_version is 0 except in records the cleaner rewrote (storage/cleaner.py).
+# (create_version is 0 except in a PUT the cleaner rewrote, see storage/commands.py)
 CompactOp = tuple[int, str, bytes, str, int]
 CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
 _OP_KINDS = {int(kind): kind for kind in OpKind}
@@ -741,7 +742,10 @@ def decode_compact(record: bytes) -> CompactCommand:
         if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] in _SIMPLE_OP_KINDS
                 and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
             return (), ((op[0], op[1], op[2], op[3], 0),), ()
-    command = decode_command(record)
+    return compact_command(decode_command(record))
+
+
+def compact_command(command: Command) -> CompactCommand:
     return (
         tuple((c.key, int(c.kind), c.target) for c in command.compare),
         tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.success),
@@ -779,7 +783,18 @@ class RowChanges:
     deletes: list[tuple[str]]  # keys that existed and no longer do
 
 
-def _evaluate(
+def evaluate_commands(
+    commands: Sequence[tuple[int, Command | str]], state: dict[str, Entry | None]
+) -> list[ApplyResult]:
+    """The apply evaluator on its own: run ``(offset, command or decode error)`` pairs against
+    ``state`` (key -> Entry or None, holding every key the commands name; updated in place)
+    exactly as apply does, without touching a database. Used by the cleaner."""
+    return _evaluate_compact(
+        [(offset, command if isinstance(command, str) else compact_command(command))
+         for offset, command in commands], state)[0]
+
+
+def _evaluate_compact(
     commands: list[tuple[int, CompactCommand | str]], state: dict[str, Entry | None]
 ) -> tuple[list[ApplyResult], RowChanges, list[HistoryRow]]:
     """Run the commands against ``state`` (updated in place); pure and deterministic.
@@ -804,11 +819,11 @@ def _evaluate(
                 (key, 0 if state[key] is None else state[key].mod_version)  # type: ignore[union-attr]
                 for key, kind, target in compares if not _compare_holds(kind, target, state[key]))
         op_results: list[OpResult] = []
-        for kind, key, value, content_type, restored_create_version in failure if failed else success:
+        for kind, key, value, content_type, op_create_version in failure if failed else success:
             previous = state[key]
             if kind == _PUT:
                 # A cleaned record restores the create_version of the records it replaced.
-                create_version = restored_create_version or (
+                create_version = op_create_version or (
                     version if previous is None else previous.create_version)
                 entry = Entry(key, value, content_type, version, create_version)
                 state[key] = entry

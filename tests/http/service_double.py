@@ -45,10 +45,15 @@ class InProcessService:
     def headers(self) -> NodeHeaders:
         return NodeHeaders(self.state.applied_version, self.node_id, self.node_id, self.epoch, 0)
 
-    async def propose(self, command: Command) -> ApplyResult:
+    def apply_now(self, command: Command) -> ApplyResult:
+        """Commit ``command`` as the next log record, outside any event loop (test setup)."""
         batch = Batch(base_offset=self.state.applied_version, epoch=self.epoch,
                       timestamp_ms=int(time.time() * 1000), control=False, records=(encode_command(command),))
         [result] = self.state.apply([batch])
+        return result
+
+    async def propose(self, command: Command) -> ApplyResult:
+        result = self.apply_now(command)
         self.proposals += 1
         condition = self._condition()
         async with condition:

@@ -201,7 +201,9 @@ async def test_metrics_count_requests_by_route_and_status_in_the_service_registr
     await client.get("/v1/kv/a")
     await client.get("/v1/kv/missing")
     await client.get("/v1/kv/missing")
+    await client.get("/no/such/route")
     text = (await client.get("/metrics")).text
+    assert 'metakv_http_requests_total{method="GET",route="unmatched",status="404"} 1.0' in text
     assert 'metakv_http_requests_total{method="GET",route="/v1/kv/{key:path}",status="404"} 2.0' in text
     assert 'metakv_http_requests_total{method="PUT",route="/v1/kv/{key:path}",status="200"} 1.0' in text
     assert 'metakv_http_request_duration_seconds_count{method="GET",route="/v1/kv/{key:path}"} 3.0' in text
@@ -274,3 +276,43 @@ async def test_openapi_documents_every_route_status_and_problem_schema(faulty_cl
     assert put_headers == {"If-Match", "If-None-Match"}
     assert document["paths"]["/v1/txn"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/TxnRequest"}
+
+
+class ClosingService(InProcessService):
+    """A node shutting down: wait_for_change returns at once without a new version."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.change_waits = 0
+
+    async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
+        self.change_waits += 1
+        return self.state.applied_version
+
+
+async def test_watch_answers_at_once_when_the_node_stops_waiting(tmp_path: Path) -> None:
+    node = ClosingService(str(tmp_path / "s.db"), str(tmp_path / "snap"))
+    try:
+        transport = httpx.ASGITransport(app=create_app(node, TEST_SETTINGS))
+        async with httpx.AsyncClient(transport=transport, base_url="http://node1") as http:
+            response = await http.get("/v1/watch", params={"since": 0, "timeout_ms": 2000})
+        assert response.json() == {"version": 0, "events": []}
+        assert node.change_waits == 1
+    finally:
+        node.close()
+
+
+async def test_sse_stream_ends_when_the_node_stops_waiting(tmp_path: Path) -> None:
+    node = ClosingService(str(tmp_path / "s.db"), str(tmp_path / "snap"))
+    try:
+        # Long waits, so only a node that stopped waiting (not a slow machine) ends it early.
+        settings = HttpSettings(sse_keepalive_ms=60_000, max_watch_timeout_ms=120_000)
+        transport = httpx.ASGITransport(app=create_app(node, settings))
+        async with httpx.AsyncClient(transport=transport, base_url="http://node1") as http:
+            response = await http.get("/v1/watch", params={"since": 0, "timeout_ms": 120_000},
+                                      headers={"accept": "text/event-stream"})
+        assert response.status_code == 200
+        assert "keepalive" not in response.text
+        assert node.change_waits == 1
+    finally:
+        node.close()

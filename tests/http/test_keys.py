@@ -8,6 +8,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from app.http import create_app
 from tests.http.conftest import TEST_SETTINGS
 from tests.http.service_double import InProcessService
 
@@ -257,3 +258,13 @@ async def test_content_type_must_be_a_media_type(client: httpx.AsyncClient, cont
     response = await client.put("/v1/kv/ct", content=b"x", headers={"content-type": content_type})
     assert_problem(response, 400)
     assert (await client.get("/v1/kv/ct")).status_code == 404
+
+
+async def test_default_value_limit_is_one_mebibyte(service: InProcessService) -> None:
+    transport = httpx.ASGITransport(app=create_app(service))
+    async with httpx.AsyncClient(transport=transport, base_url="http://node1") as http:
+        one_mib = 1024 * 1024
+        assert (await http.put("/v1/kv/big", content=b"m" * one_mib)).status_code == 200
+        assert_problem(await http.put("/v1/kv/big", content=b"m" * (one_mib + 1)), 413)
+        got = await http.get("/v1/kv/big")
+        assert len(got.content) == one_mib

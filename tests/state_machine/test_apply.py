@@ -93,7 +93,7 @@ def test_failed_apply_rolls_back_everything(state, monkeypatch):
     def broken(*_args):
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr("storage.state_machine._evaluate", broken)
+    monkeypatch.setattr("storage.state_machine._evaluate_compact", broken)
     with pytest.raises(sqlite3.OperationalError):
         state.apply([data_batch(1, [put("b", b"1")])])
     monkeypatch.undo()
@@ -197,3 +197,12 @@ def test_close_leaves_no_wal_behind(tmp_path):
     with StateMachine(path) as state:
         state.apply([data_batch(0, [put("a", b"1")])])
     assert not os.path.exists(path + "-wal") or os.path.getsize(path + "-wal") == 0
+
+
+def test_a_cleaned_put_restores_its_create_version(state):
+    """The cleaner rewrites a key's newest record as a PUT carrying its create_version."""
+    cleaned = Command((), (Op(OpKind.PUT, "k", b"v", "text/plain", create_version=3),))
+    result = state.apply([data_batch(0, [put("other", b"1")]), data_batch(9, [cleaned])])
+    assert result[-1].ops[0].entry == Entry("k", b"v", "text/plain", 10, 3)
+    assert state.get("k")[1].create_version == 3
+    assert state.applied_version == 10

@@ -16,7 +16,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(0, 3
 shapes = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5), max_leaves=12)
 # Near-misses of a one-op command: every position may hold a wrong type.
 near_commands = st.lists(
-    st.one_of(st.just(1), scalars, st.just([]), st.lists(st.lists(scalars, min_size=4, max_size=4), max_size=2)),
+    st.one_of(st.just(1), scalars, st.just([]), st.lists(st.lists(scalars, min_size=4, max_size=5), max_size=2)),
     min_size=4, max_size=4)
 
 
@@ -48,6 +48,9 @@ def test_decode_compact_agrees_with_decode_command(record):
 
 def test_one_op_shortcut_and_its_near_misses():
     assert compact(msgpack.packb([1, [], [[1, "k", b"v", "t"]], []])) == ((), ((1, "k", b"v", "t", 0),), ())
+    # A cleaned PUT carries the key's create_version (a fifth op element).
+    cleaned = msgpack.packb([1, [], [[1, "k", b"v", "t", 7]], []], use_bin_type=True)
+    assert compact(cleaned) == expected(cleaned) == ((), ((1, "k", b"v", "t", 7),), ())
     for record in ([1, [], [[9, "k", b"v", "t"]], []], [2, [], [[1, "k", b"v", "t"]], []],
                    [1, [], [[1, "k", "not bytes", "t"]], []], [True, [], [[1, "k", b"v", "t"]], []]):
         packed = msgpack.packb(record, use_bin_type=True)
