@@ -547,8 +547,11 @@ class NodeRuntime:
         reached the last dirty offset learned from a leader in this run (before hearing from
         one, this replica cannot know, e.g. after being down while tombstones were dropped)."""
         node = self.node
+        log = self.log
         return (self._started and not self._closing and not self._installing_snapshot
-                and node.dirty_offset_known and self.log.end_offset() >= node.dirty_offset)
+                and node.dirty_offset_known and log.end_offset() >= node.dirty_offset
+                # states applied from inside a copied cleaned prefix are not real versions
+                and self._applied_version >= min(node.dirty_offset, log.cleaned_end()))
 
     def status(self) -> dict[str, Any]:
         node = self.node
@@ -637,7 +640,12 @@ class NodeRuntime:
         if wanted > 0 and self._snapshot_end >= wanted:
             self.node.snapshot_wanted_offset = 0
         if due and self._applied_version > self._snapshot_end:
-            self._snapshot_now()
+            try:
+                self._snapshot_now()
+            except (OSError, ValueError, RuntimeError) as exc:  # retried at the next due point
+                logger.error("node %d: snapshot at version %d failed: %s", self.node_id, self._applied_version, exc)
+                self._snapshot_end = self._applied_version
+                return
             if self._snapshot_end >= wanted:
                 self.node.snapshot_wanted_offset = 0
 
