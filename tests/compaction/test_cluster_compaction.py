@@ -126,9 +126,12 @@ def test_kip595_observer_rebootstraps_and_never_serves_the_deleted_key(tmp_path:
         assert status["ready"] is True
         assert status["log_start_offset"] > tombstone_version, "the observer did not re-bootstrap from a snapshot"
         assert status["snapshot_id"]["end_offset"] >= status["log_start_offset"]
+        leader = cluster.wait_for_leader()
+        version = _status(cluster, leader)["applied_version"]
         for index in range(20):
             expected = cluster.client().get(f"{leader.url}/v1/kv/f{index}").content
-            assert cluster.client().get(f"{observer.url}/v1/kv/f{index}").content == expected
+            got = cluster.client().get(f"{observer.url}/v1/kv/f{index}?min_version={version}&wait_ms=10000")
+            assert got.content == expected
 
 
 def _answers(cluster: Cluster, node: Node) -> bool:
@@ -166,7 +169,6 @@ def test_churn_log_stays_bounded_with_cleaning_and_grows_without(tmp_path: Path)
         cluster.wait_for_leader()
         _churn(cluster, writes, keys, value_bytes)
         live_bytes = keys * (value_bytes + 4)
-        leader = cluster.wait_for_leader()
         cleaners = [node for node in cluster.voters if node is not never_cleans]
 
         def all_cleaned_alike() -> bool:
@@ -199,7 +201,8 @@ def test_churn_log_stays_bounded_with_cleaning_and_grows_without(tmp_path: Path)
         assert raw >= 20 * live_bytes, (sizes, live_bytes)
         # Same answers everywhere, cleaned or not.
         for index in range(keys):
-            expected = cluster.client().get(f"{leader.url}/v1/kv/k{index}?consistency=linearizable")
+            expected = cluster.client().get(f"{cluster.wait_for_leader().url}/v1/kv/k{index}?consistency=linearizable",
+                                            follow_redirects=True)
             for node in cluster.nodes.values():
                 got = cluster.client().get(f"{node.url}/v1/kv/k{index}?min_version="
                                            f"{expected.headers['X-Metadata-Version']}&wait_ms=10000")
