@@ -72,3 +72,11 @@ bench-pipeline: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# Compaction: more simulator seeds than make test runs, and the benchmark (docs/compaction.md).
+.PHONY: sim-compaction bench-compaction
+sim-compaction: $(STAMP)
+	$(PY) -m tests.sim.compaction --seeds 100
+
+bench-compaction: $(STAMP)
+	$(PY) -m loadtest.bench_compaction

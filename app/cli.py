@@ -56,6 +56,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 SERVE_HELP = {
+    "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
+    "cleaner_min_dirty_ratio": "clean only when uncleaned bytes below the dirty offset are at least this fraction of the log (0..1)",
+    "tombstone_retention_records": "keep tombstones this many offsets below the cleaned end (same on every node)",
+    "snapshot_every_records": "take a snapshot after this many applied offsets (0 = only on demand)",
     "node_id": "this node's id (an integer)",
     "data_dir": "directory holding the log, quorum state, snapshots and state.db",
     "listen_http": "HOST:PORT for the HTTP API",

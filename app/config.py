@@ -62,6 +62,12 @@ class NodeConfig:
     commit_timeout_ms: int = 5000
     shutdown_grace_ms: int = 5000
     log_level: str = "info"
+    # Compaction (docs/compaction.md). tombstone_retention_records must be equal on every
+    # node: it is part of what makes cleaned prefixes byte-identical.
+    cleaner_interval_ms: int = 10_000
+    cleaner_min_dirty_ratio: float = 0.5
+    tombstone_retention_records: int = 0
+    snapshot_every_records: int = 100_000
 
     @property
     def peers(self) -> dict[int, HostPort]:
@@ -137,6 +143,19 @@ def parse_log_level(name: str, raw: Any) -> str:
     return text
 
 
+def parse_ratio(name: str, raw: Any) -> float:
+    """A fraction in [0, 1]."""
+    if isinstance(raw, bool):
+        raise ConfigError(f"{name}: expected a number in [0, 1], got {raw!r}")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a number in [0, 1], got {raw!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name}: must be in [0, 1], got {raw!r}")
+    return value
+
+
 def _ms(minimum: int = 0) -> Callable[[str, Any], int]:
     return lambda name, raw: parse_int(name, raw, minimum, 24 * 3600 * 1000)
 
@@ -170,6 +189,10 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "commit_timeout_ms": _ms(10),
     "shutdown_grace_ms": _ms(0),
     "log_level": parse_log_level,
+    "cleaner_interval_ms": _ms(0),
+    "cleaner_min_dirty_ratio": parse_ratio,
+    "tombstone_retention_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
+    "snapshot_every_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 

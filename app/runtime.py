@@ -50,7 +50,8 @@ from app.transport import RaftTransport
 from raft.messages import Envelope
 from raft.node import NotLeaderError as RaftNotLeaderError
 from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
-from raft.types import Batch, ProtocolInvariantError, SnapshotId
+from raft.types import Batch, ProtocolInvariantError, SnapshotId, check
+from storage.cleaner import CleanResult, clean_prefix, prefix_digest
 from storage.commands import Command, encode_command
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import SegmentLog
@@ -117,6 +118,14 @@ class NodeRuntime:
         self._applied_changed = asyncio.Event()
         self._applied_version = 0
         self._installing_snapshot = False
+        # Compaction (docs/compaction.md): one cleaning at a time, on its own thread.
+        self._clean_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cleaner-{config.node_id}")
+        self._clean_task: asyncio.Task[dict[str, Any]] | None = None
+        self._cleaner_timer: asyncio.TimerHandle | None = None
+        self._prefix_digest: tuple[int, str] = (0, prefix_digest([], 0))  # (end offset, sha256)
+        self.last_clean: dict[str, Any] | None = None
+        self.tombstones_dropped_total = 0  # by this process's cleanings
+        self._snapshot_end = 0  # end offset of the newest local snapshot
         self._started = False
         self._closing = False
         self._closed = False
@@ -157,7 +166,12 @@ class NodeRuntime:
             cfg.listen_raft.port, {i: (a.host, a.port) for i, a in cfg.peers.items()}, self._on_message,
         )
         await self.transport.start()
+        latest = self.snapshots.latest_id()
+        self._snapshot_end = latest.end_offset if latest is not None else 0
+        self._prefix_digest = await asyncio.get_running_loop().run_in_executor(
+            self._clean_executor, self._read_prefix_digest)
         self._started = True
+        self._schedule_cleaner()
         self._drive()
         logger.info("node %d started: log [%d, %d), applied version %d, epoch %d, raft port %d",
                     self.node_id, self.log.start_offset(), self.log.end_offset(),
@@ -207,12 +221,18 @@ class NodeRuntime:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._cleaner_timer is not None:
+            self._cleaner_timer.cancel()
+            self._cleaner_timer = None
+        if self._clean_task is not None:
+            await asyncio.gather(self._clean_task, return_exceptions=True)
         await self.transport.stop()
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
         self._flush_executor.shutdown(wait=True)
+        self._clean_executor.shutdown(wait=True)
         self._close_storage()
         logger.info("node %d stopped", self.node_id)
 
@@ -281,6 +301,7 @@ class NodeRuntime:
                 self._on_role_changed()
             if ready.snapshot_to_install is not None:
                 self._install_snapshot(ready.snapshot_to_install)
+            self._maybe_snapshot()
         except Exception as exc:
             self._fatal(exc)
             return
@@ -522,8 +543,15 @@ class NodeRuntime:
         return self._applied_version
 
     def is_ready(self) -> bool:
+        """DESIGN sec. 3 consistency rule: the state is a real version only once the log end
+        reached the last dirty offset learned from a leader in this run (before hearing from
+        one, this replica cannot know, e.g. after being down while tombstones were dropped)."""
+        node = self.node
+        log = self.log
         return (self._started and not self._closing and not self._installing_snapshot
-                and self.log.end_offset() >= self.node.dirty_offset)
+                and node.dirty_offset_known and log.end_offset() >= node.dirty_offset
+                # states applied from inside a copied cleaned prefix are not real versions
+                and self._applied_version >= min(node.dirty_offset, log.cleaned_end()))
 
     def status(self) -> dict[str, Any]:
         node = self.node
@@ -542,6 +570,12 @@ class NodeRuntime:
             "applied_version": self._applied_version,
             "dirty_offset": node.dirty_offset,
             "tombstone_horizon": node.tombstone_horizon,
+            "cleaned_end": self.log.cleaned_end(),
+            "prefix_digest": {"end_offset": self._prefix_digest[0], "sha256": self._prefix_digest[1]},
+            "oldest_version": self.state.oldest_version,
+            "log_size_bytes": self.log.size_bytes(),
+            "last_clean": self.last_clean,
+            "tombstones_dropped_total": self.tombstones_dropped_total,
             "snapshot_id": None if snapshot_id is None else
             {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch},
             "last_contact_ms": node.last_contact_ms(monotonic_ms()),
@@ -582,9 +616,154 @@ class NodeRuntime:
             raise WriteRejectedError("node is shutting down")
         if self._applied_version == 0:
             raise NotReadyError("nothing applied yet: there is no state to snapshot")
-        snapshot_id = self.state.create_snapshot(str(self.snapshots_dir))
-        self.log.record_snapshot(snapshot_id)
+        snapshot_id = self._snapshot_now()
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
+
+    def _snapshot_now(self) -> SnapshotId:
+        snapshot_id = self.state.create_snapshot(self.snapshots)
+        if snapshot_id.end_offset >= self.log.start_offset():
+            self.log.record_snapshot(snapshot_id)
+        self._snapshot_end = max(self._snapshot_end, snapshot_id.end_offset)
+        logger.info("node %d took snapshot %s", self.node_id, snapshot_id)
+        return snapshot_id
+
+    def _maybe_snapshot(self) -> None:
+        """Periodic snapshots (snapshot_every_records), and the one the core asks for when a
+        fetcher must re-bootstrap above the tombstone horizon and no snapshot reaches it."""
+        if self._installing_snapshot or self._closing or self._applied_version == 0:
+            return
+        wanted = self.node.snapshot_wanted_offset
+        every = self.config.snapshot_every_records
+        due = every > 0 and self._applied_version - self._snapshot_end >= every
+        if wanted > 0 and self._applied_version >= wanted and self._snapshot_end < wanted:
+            due = True
+        if wanted > 0 and self._snapshot_end >= wanted:
+            self.node.snapshot_wanted_offset = 0
+        if due and self._applied_version > self._snapshot_end:
+            try:
+                self._snapshot_now()
+            except (OSError, ValueError, RuntimeError) as exc:  # retried at the next due point
+                logger.error("node %d: snapshot at version %d failed: %s", self.node_id, self._applied_version, exc)
+                self._snapshot_end = self._applied_version
+                return
+            if self._snapshot_end >= wanted:
+                self.node.snapshot_wanted_offset = 0
+
+    # ------------------------------------------------------------------ compaction
+
+    async def compact(self) -> dict[str, Any]:
+        """POST /v1/admin/compact: the leader cleans its log now, up to the dirty offset it
+        announces (followers clean to the same offset on their own schedule)."""
+        self._require_leader()
+        return await self._clean(force=True)
+
+    def _schedule_cleaner(self) -> None:
+        interval_ms = self.config.cleaner_interval_ms
+        if interval_ms <= 0 or self._loop is None or self._closing:
+            return
+        self._cleaner_timer = self._loop.call_later(interval_ms / 1000, self._on_cleaner_timer)
+
+    def _on_cleaner_timer(self) -> None:
+        self._cleaner_timer = None
+        if self._closing or self._closed:
+            return
+        task = asyncio.ensure_future(self._clean(force=False))
+        task.add_done_callback(lambda _: self._schedule_cleaner())
+
+    def clean_target(self) -> tuple[int, int]:
+        """(dirty offset, tombstone horizon) to clean with now: the announced values, never
+        past what this replica applied and flushed."""
+        node = self.node
+        dirty = min(node.dirty_offset, self._applied_version, self.log.flushed_offset())
+        return dirty, node.tombstone_horizon
+
+    async def _clean(self, force: bool) -> dict[str, Any]:
+        if self._clean_task is not None:  # one at a time: join the running one
+            return await asyncio.shield(self._clean_task)
+        dirty, horizon = self.clean_target()
+        self._clean_task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(
+            self._clean_executor, self._clean_blocking, dirty, horizon, force))
+        try:
+            report = await asyncio.shield(self._clean_task)
+        except Exception as exc:
+            if self.log.failed():  # a failed write: the log refuses writes, fail-stop
+                self._fatal(exc)
+            raise
+        finally:
+            self._clean_task = None
+        if report.get("cleaned"):
+            self.state.prune_history(self.node.dirty_offset)
+            self._wake_waiters()
+        return report
+
+    def _clean_blocking(self, dirty: int, horizon: int, force: bool) -> dict[str, Any]:
+        """Runs on the cleaner thread: read the prefix, clean it, install it. The log's lock
+        makes replace_prefix atomic against the loop's appends and the flush thread."""
+        log = self.log
+        start = log.start_offset()
+        cleaned_before = log.cleaned_end()
+        report: dict[str, Any] = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
+                                  "cleaned_end": cleaned_before}
+        if start > 0 or dirty <= cleaned_before:
+            # A log whose prefix was replaced by a snapshot is cleaned from the snapshot on
+            # by nobody: its prefix is gone; nothing new below the dirty offset either.
+            report["reason"] = "log starts at a snapshot" if start > 0 else "nothing new below the dirty offset"
+            return report
+        batches: list[Batch] = []
+        prefix_bytes = dirty_bytes = 0
+        for batch in log.iter_batches(0):
+            if batch.next_offset > dirty:
+                break
+            batches.append(batch)
+            size = batch.size_bytes()
+            prefix_bytes += size
+            if batch.base_offset >= cleaned_before:
+                dirty_bytes += size
+        total_bytes = max(1, log.size_bytes())
+        report["dirty_ratio"] = round(dirty_bytes / total_bytes, 4)
+        if not batches or (not force and dirty_bytes / total_bytes < self.config.cleaner_min_dirty_ratio):
+            report["reason"] = "dirty ratio below cleaner_min_dirty_ratio"
+            return report
+        started_s = time.perf_counter()
+        clean_end_guess = batches[-1].next_offset
+        # Deterministic on every replica: tombstones go below the cleaned end minus the
+        # retention (always <= the announced horizon, which never trails the dirty offset).
+        effective_horizon = min(horizon, max(0, clean_end_guess - self.config.tombstone_retention_records))
+        result: CleanResult = clean_prefix(batches, dirty, effective_horizon)
+        check(result.clean_end == clean_end_guess, "cleaner stopped at another batch boundary")
+        if result.clean_end <= cleaned_before or not result.batches:
+            report["reason"] = "nothing new below the dirty offset"
+            return report
+        if log.start_offset() != start:
+            report["reason"] = "the log was replaced by a snapshot meanwhile"
+            return report
+        log.replace_prefix(result.batches, result.clean_end)
+        digest = prefix_digest(result.batches, result.clean_end)
+        self._prefix_digest = (result.clean_end, digest)
+        elapsed_s = time.perf_counter() - started_s
+        report.update(cleaned=True, cleaned_end=result.clean_end, records_in=result.records_in,
+                      records_out=result.records_out, tombstones_dropped=result.tombstones_dropped,
+                      tombstone_horizon_used=effective_horizon, bytes_in=prefix_bytes,
+                      bytes_out=sum(b.size_bytes() for b in result.batches),
+                      prefix_digest=digest, duration_ms=round(elapsed_s * 1000, 1))
+        self.tombstones_dropped_total += result.tombstones_dropped
+        self.last_clean = report
+        logger.info("node %d cleaned log below %d: %d -> %d records, %d tombstones dropped",
+                    self.node_id, result.clean_end, result.records_in, result.records_out,
+                    result.tombstones_dropped)
+        return report
+
+    def _read_prefix_digest(self) -> tuple[int, str]:
+        """The digest of the log below cleaned_end as it is on disk (after a restart)."""
+        end = self.log.cleaned_end()
+        if end <= 0 or self.log.start_offset() > 0:
+            return (0, prefix_digest([], 0))
+        batches: list[Batch] = []
+        for batch in self.log.iter_batches(0):
+            if batch.next_offset > end:
+                break
+            batches.append(batch)
+        return (end, prefix_digest(batches, end))
 
     async def resign(self) -> dict[str, Any]:
         self._require_leader()

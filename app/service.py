@@ -98,7 +98,8 @@ class KVService(Protocol):
 
     def status(self) -> dict[str, Any]:
         """GET /v1/status: id, role, epoch, leader, log start/end, high watermark, applied
-        version, dirty offset, tombstone horizon, snapshot id, ready."""
+        version, dirty offset, tombstone horizon, snapshot id, ready; the runtime adds the
+        compaction fields of docs/compaction.md (cleaned_end, prefix_digest, ...)."""
 
     def quorum(self) -> dict[str, Any]:
         """GET /v1/quorum (leader only, else NotLeaderError)."""
@@ -107,7 +108,8 @@ class KVService(Protocol):
         """POST /v1/admin/snapshot: returns {"snapshot_id": {"end_offset", "epoch"}}."""
 
     async def compact(self) -> dict[str, Any]:
-        """POST /v1/admin/compact (leader only, else NotLeaderError)."""
+        """POST /v1/admin/compact (leader only, else NotLeaderError): clean the log now up to
+        the announced dirty offset; returns the cleaning report (docs/compaction.md)."""
 
     async def resign(self) -> dict[str, Any]:
         """POST /v1/admin/resign (leader only, else NotLeaderError)."""

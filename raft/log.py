@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,6 +62,18 @@ class RaftLog(Protocol):
     def reset_to_snapshot(self, snapshot_id: SnapshotId) -> None:
         """Replace the whole log by a snapshot: start = end = snapshot_id.end_offset."""
 
+    def cleaned_end(self) -> int:
+        """Offsets below this were compacted (replace_prefix) or copied from a compacted
+        log: offsets may jump there. 0 for a log never cleaned."""
+
+    def allow_gaps_below(self, offset: int) -> None:
+        """Durably let appends below ``offset`` skip offsets (a follower copying the
+        leader's cleaned prefix). Raises cleaned_end(); never lowers it."""
+
+    def replace_prefix(self, batches: Sequence[Batch], clean_end: int) -> None:
+        """Replace every batch below ``clean_end`` (a batch boundary) by ``batches``, a
+        compacted copy of that prefix (storage/cleaner.py); durable when it returns."""
+
 
 class MemoryLog:
     """An in-memory ``RaftLog``; ``reopen()`` returns what survives a crash."""
@@ -70,6 +83,7 @@ class MemoryLog:
         self._start_offset = 0
         self._flushed_offset = 0
         self._snapshot_id: SnapshotId | None = None
+        self._cleaned_end = 0  # offsets below may jump (compacted prefix)
         # Durable copy of what was flushed, kept separately so a crash after a
         # truncation followed by appends cannot resurrect or invent records.
         self._durable_batches: list[Batch] = []
@@ -89,7 +103,9 @@ class MemoryLog:
         return self._snapshot_id.epoch if self._snapshot_id else 0
 
     def append(self, batch: Batch) -> None:
-        check(batch.base_offset == self.end_offset(), f"append at {batch.base_offset}, end is {self.end_offset()}")
+        end = self.end_offset()
+        check(batch.base_offset == end or end < batch.base_offset < batch.next_offset <= self._cleaned_end,
+              f"append at {batch.base_offset}, end is {end}")
         check(batch.epoch >= self.last_epoch(), f"append epoch {batch.epoch} below {self.last_epoch()}")
         check(len(batch.records) > 0, "empty batch")
         self._batches.append(batch)
@@ -117,16 +133,20 @@ class MemoryLog:
         return result
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        # The end of an epoch is where the next epoch starts (not the last record held of
+        # it: a cleaned prefix may have dropped that record, never the next epoch's first).
         if epoch >= self.last_epoch():
             return self.last_epoch(), self.end_offset()
         best: tuple[int, int] = (0, 0)
         if self._snapshot_id and self._snapshot_id.epoch <= epoch:
             best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)
+        found = False
         for batch in self._batches:
             if batch.epoch <= epoch:
                 best = (batch.epoch, batch.next_offset)
+                found = True
             else:
-                break
+                return (best[0], batch.base_offset) if found else best
         return best
 
     def flush(self) -> int:
@@ -144,11 +164,48 @@ class MemoryLog:
         self._start_offset = snapshot_id.end_offset
         self._flushed_offset = snapshot_id.end_offset
 
+    def cleaned_end(self) -> int:
+        return self._cleaned_end
+
+    def allow_gaps_below(self, offset: int) -> None:
+        self._cleaned_end = max(self._cleaned_end, offset)
+
+    def replace_prefix(self, batches: Sequence[Batch], clean_end: int) -> None:
+        """SegmentLog.replace_prefix's contract: ``batches`` keep their offsets, lie in
+        [start_offset, clean_end) and end exactly at ``clean_end``, a batch boundary at or
+        below the flushed offset; the swap is atomic and durable (in memory: one step)."""
+        check(self._start_offset < clean_end <= self._flushed_offset,
+              f"clean_end {clean_end} outside ({self._start_offset}, {self._flushed_offset}]")
+        check(bool(batches) and batches[-1].next_offset == clean_end,
+              f"the cleaned batches must end at clean_end {clean_end}")
+        check(any(b.next_offset == clean_end for b in self._batches), f"{clean_end} is not a batch boundary")
+        previous_end = self._start_offset
+        for batch in batches:
+            check(batch.base_offset >= previous_end and len(batch.records) > 0,
+                  f"cleaned batch at {batch.base_offset} overlaps the one before or is empty")
+            previous_end = batch.next_offset
+        self._batches = list(batches) + [b for b in self._batches if b.base_offset >= clean_end]
+        self._durable_batches = list(batches) + [b for b in self._durable_batches if b.base_offset >= clean_end]
+        self._cleaned_end = max(self._cleaned_end, clean_end)
+
+    def record_snapshot(self, snapshot_id: SnapshotId) -> None:
+        """Remember a snapshot taken locally (SegmentLog.record_snapshot's twin), so the
+        leader can name it to fetchers."""
+        check(snapshot_id.end_offset >= self._start_offset,
+              f"snapshot end {snapshot_id.end_offset} below log start {self._start_offset}")
+        if self._snapshot_id is None or snapshot_id.end_offset > self._snapshot_id.end_offset:
+            self._snapshot_id = snapshot_id
+
+    def batches(self) -> list[Batch]:
+        """Every batch held, in order (the simulator's cleaner reads the prefix)."""
+        return list(self._batches)
+
     def reopen(self) -> MemoryLog:
         """What a restarted node finds: the flushed prefix, nothing else."""
         log = MemoryLog()
         log._start_offset = self._start_offset
         log._snapshot_id = self._snapshot_id
+        log._cleaned_end = self._cleaned_end
         log._batches = list(self._durable_batches)
         log._durable_batches = list(self._durable_batches)
         log._flushed_offset = log.end_offset()

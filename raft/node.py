@@ -158,6 +158,12 @@ class RaftNode:
         self.high_watermark = log.start_offset()
         self.dirty_offset = 0
         self.tombstone_horizon = 0
+        # True once a leader's dirty offset was learned in this run (a Fetch answer), or
+        # while leading: before that this replica cannot know whether its state is real.
+        self.dirty_offset_known = False
+        # Leader: a fetcher needed a snapshot at or above this offset and none exists; the
+        # runtime takes one (then resets this to 0).
+        self.snapshot_wanted_offset = 0
         self.peer_endpoints: dict[int, str] = {}
         self._persisted = persisted or QuorumStateRecord(0, -1, -1)
         self._state: RoleState
@@ -213,6 +219,12 @@ class RaftNode:
         if isinstance(state, FollowerState) and state.fetched_ms >= 0:
             return max(0, now_ms - state.fetched_ms)
         return max(0, now_ms - self._last_fetched_ms)
+
+    def tombstone_unsafe_below(self) -> int:
+        """A fetcher with 0 < fetch offset < this may have missed a dropped tombstone: the
+        leader sends it a snapshot. Tombstones are dropped only below both the tombstone
+        horizon and the log's cleaned end."""
+        return min(self.tombstone_horizon, self._log.cleaned_end())
 
     def describe_quorum(self, now_ms: int) -> DescribeQuorumResponse:
         state = self._state
@@ -504,6 +516,7 @@ class RaftNode:
         others = {v: ReplicaProgress(v, self.peer_endpoints.get(v, "")) for v in self._voters if v != self._id}
         state = LeaderState(epoch, start, now_ms, others)
         state.begin_quorum_pending = set(others)
+        self.dirty_offset_known = True
         self._state = state
         record = encode_control_record(CONTROL_LEADER_CHANGE, leader_id=self._id, epoch=epoch, voters=sorted(self._voters))
         log.append(Batch(start, epoch, now_ms, True, (record,)))
@@ -727,6 +740,18 @@ class RaftNode:
         state.parked.pop(src, None)
         if request.fetch_offset < log.start_offset():
             self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
+            return
+        unsafe_below = self.tombstone_unsafe_below()
+        if 0 < request.fetch_offset < unsafe_below:
+            # DESIGN sec. 3: tombstones at or above this fetcher's offset may have been
+            # dropped from our cleaned prefix; it may hold keys whose deletes it will never
+            # see. Only a snapshot at or above that point may replace its state.
+            snapshot_id = log.latest_snapshot_id()
+            if snapshot_id is None or snapshot_id.end_offset < unsafe_below:
+                self.snapshot_wanted_offset = max(self.snapshot_wanted_offset, unsafe_below)
+                self._send(src, self._error_fetch_response(request, ErrorCode.SNAPSHOT_NOT_FOUND))
+            else:
+                self._send(src, self._fetch_response(request, state, snapshot_id=snapshot_id))
             return
         if request.fetch_offset > 0 or request.last_fetched_epoch > 0:
             epoch, end_offset = log.end_offset_for_epoch(request.last_fetched_epoch)
@@ -979,6 +1004,7 @@ class RaftNode:
             self.peer_endpoints[src] = response.leader_endpoint
         self.dirty_offset = max(self.dirty_offset, response.dirty_offset)
         self.tombstone_horizon = max(self.tombstone_horizon, response.tombstone_horizon)
+        self.dirty_offset_known = True
         if response.snapshot_id is not None:
             self._follower_start_snapshot(now_ms, state, response.snapshot_id)
             return
@@ -1001,12 +1027,25 @@ class RaftNode:
 
     def _follower_append(self, response: FetchResponse) -> None:
         log = self._log
+        # Offsets may jump only inside the leader's cleaned prefix, which lies below the
+        # dirty offset it announced (every replica cleans to at most that offset).
+        gap_end = 0
+        end = log.end_offset()
+        for batch in response.records:
+            if batch.next_offset > response.dirty_offset:
+                break
+            if batch.base_offset > end:
+                gap_end = batch.next_offset
+            end = max(end, batch.next_offset)
+        if gap_end > log.cleaned_end():
+            log.allow_gaps_below(gap_end)
         for batch in response.records:
             end = log.end_offset()
             if batch.next_offset <= end:
                 continue
-            if batch.base_offset > end or batch.epoch > response.epoch or batch.epoch < log.last_epoch():
-                break  # a gap or an epoch out of order: drop the rest, fetch again
+            if ((batch.base_offset > end and batch.next_offset > log.cleaned_end())
+                    or batch.epoch > response.epoch or batch.epoch < log.last_epoch()):
+                break  # a gap outside a cleaned prefix or an epoch out of order: fetch again
             if batch.base_offset < end:
                 batch = Batch(end, batch.epoch, batch.timestamp_ms, batch.control, batch.records[end - batch.base_offset:])
             log.append(batch)

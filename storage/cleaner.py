@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from raft.types import Batch, check
 from storage.commands import Command, CommandDecodeError, Op, OpKind, decode_command, encode_command
-from storage.state_machine import Entry, _evaluate
+from storage.state_machine import Entry, evaluate_commands
 
 EMPTY_COMMAND = encode_command(Command((), (), ()))
 
@@ -94,11 +94,11 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
                 commands.append((offset, f"record does not decode: {exc}"))
                 continue
             commands.append((offset, command))
-            keys.update(c.key for c in command.compare)
+            keys.update(compare.key for compare in command.compare)
             keys.update(op.key for op in (*command.success, *command.failure))
 
     state: dict[str, Entry | None] = dict.fromkeys(keys)
-    results, _, _, _ = _evaluate(commands, state)
+    results = evaluate_commands(commands, state)
 
     # The newest effect on each key: (offset, PUT entry or None for a delete).
     newest: dict[str, tuple[int, Entry | None]] = {}

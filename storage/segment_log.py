@@ -519,7 +519,9 @@ class SegmentLog:
         with self._lock:
             self._check_writable()
             end_offset = self._end_offset()
-            check(batch.base_offset == end_offset, f"append at {batch.base_offset}, end is {end_offset}")
+            check(batch.base_offset == end_offset
+                  or end_offset < batch.base_offset < batch.next_offset <= self._cleaned_end,
+                  f"append at {batch.base_offset}, end is {end_offset}")
             check(batch.epoch >= self._last_epoch(), f"append epoch {batch.epoch} below {self._last_epoch()}")
             check(len(batch.records) > 0, "empty batch")
             data = encode_batch(batch)
@@ -632,6 +634,24 @@ class SegmentLog:
             self._start_offset = new_start
             self._snapshot_id = snapshot_id
             self._flushed_offset = new_start
+
+    def cleaned_end(self) -> int:
+        with self._lock:
+            return self._cleaned_end
+
+    def allow_gaps_below(self, offset: int) -> None:
+        """Durably raise cleaned_end to ``offset`` before appending batches copied from the
+        leader's cleaned prefix (offsets jump there), so recovery accepts those gaps."""
+        with self._lock:
+            self._check_writable()
+            if offset <= self._cleaned_end:
+                return
+            try:
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
+                    self._start_offset, self._snapshot_id, offset))
+            except OSError as exc:
+                raise self._fail(exc) from exc
+            self._cleaned_end = offset
 
     # ------------------------------------------------------------------ beyond the protocol
 

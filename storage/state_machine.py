@@ -810,19 +810,6 @@ def evaluate_commands(
          for offset, command in commands], state)[0]
 
 
-def _evaluate(
-    commands: Sequence[tuple[int, Command | str]], state: dict[str, Entry | None]
-) -> tuple[list[ApplyResult], list[tuple[Any, ...]], list[tuple[str]], list[HistoryRow]]:
-    """Earlier form of ``evaluate_commands`` (storage/cleaner.py imports it): returns the
-    results, the rows to write ``(key, value, content_type, mod_version, create_version)``,
-    the keys to delete, and the history rows."""
-    results, changes, history_rows = _evaluate_compact(
-        [(offset, command if isinstance(command, str) else compact_command(command))
-         for offset, command in commands], state)
-    written = changes.inserts + [(row[4], *row[:4]) for row in changes.updates]
-    return results, sorted(written), changes.deletes, history_rows
-
-
 def _evaluate_compact(
     commands: list[tuple[int, CompactCommand | str]], state: dict[str, Entry | None]
 ) -> tuple[list[ApplyResult], RowChanges, list[HistoryRow]]:

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from raft.log import MemoryLog, QuorumStateRecord
 from raft.messages import Envelope
-from raft.node import NotLeaderError, Proposal, ProposalRejectedError, RaftConfig, RaftNode, Role
+from raft.node import (
+    NotLeaderError,
+    Proposal,
+    ProposalRejectedError,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+)
 from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch
 
@@ -105,6 +113,12 @@ class Cluster:
         self.reads_hook: Callable[[int, int, int], None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()  # what the run exercised
         self.on_elected: Callable[[SimNode], None] | None = None  # a fault plan's hook
+        # Runs after each Ready is performed, before a downloaded snapshot is reported
+        # installed: the compaction simulation applies to its state model here.
+        self.after_ready: Callable[[SimNode, Ready], None] | None = None
+        # Offsets below this were cleaned on some replica: a replica may receive them in
+        # cleaned form (the compaction simulation checks them with a state model instead).
+        self.compacted_below = 0
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -158,6 +172,8 @@ class Cluster:
                 self.reads_done.append((node.node_id, token, offset))
             if self.reads_hook is not None:
                 self.reads_hook(node.node_id, token, offset)
+        if self.after_ready is not None:
+            self.after_ready(node, ready)
         if ready.snapshot_to_install is not None:
             self.stats["snapshot_installs"] += 1
             core.on_snapshot_installed(self.now_ms, ready.snapshot_to_install)
@@ -335,10 +351,11 @@ class Cluster:
     def _record_committed(self, node: SimNode, hw: int) -> None:
         """Compare every newly committed record with what other nodes committed there."""
         offset = max(node.checked_offset, node.log.start_offset())
+        cleaned_end = max(node.log.cleaned_end(), self.compacted_below)  # compacted: not comparable
         for batch in node.log.read(offset, 1 << 30):
             for index, record in enumerate(batch.records):
                 at = batch.base_offset + index
-                if at < offset or at >= hw:
+                if at < offset or at >= hw or at < cleaned_end:
                     continue
                 entry = (batch.epoch, batch.control, record)
                 known = self.committed.setdefault(at, entry)

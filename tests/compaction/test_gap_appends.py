@@ -1,0 +1,45 @@
+"""A follower copying the leader's cleaned prefix appends batches whose offsets jump; only
+below cleaned_end, durably announced first, so recovery accepts the gaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raft.log import MemoryLog
+from raft.types import Batch, ProtocolInvariantError
+from storage.segment_log import SegmentLog
+
+
+def _batch(base: int, epoch: int, count: int = 1) -> Batch:
+    return Batch(base, epoch, 0, False, tuple(b"r%d" % (base + i) for i in range(count)))
+
+
+def test_segment_log_gap_appends_survive_reopen(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path / "log")
+    with pytest.raises(ProtocolInvariantError):
+        log.append(_batch(3, 1))  # no cleaned prefix announced: a gap is refused
+    log.allow_gaps_below(10)
+    log.append(_batch(3, 1))
+    log.append(_batch(7, 2, 3))  # ends at 10 = cleaned_end
+    with pytest.raises(ProtocolInvariantError):
+        log.append(_batch(12, 2))  # past cleaned_end offsets must be contiguous again
+    log.append(_batch(10, 2))
+    log.flush()
+    log.close()
+    reopened = SegmentLog(tmp_path / "log")
+    assert reopened.cleaned_end() == 10 and reopened.end_offset() == 11
+    assert [b.base_offset for b in reopened.read(0, 1 << 20)] == [3, 7, 10]
+    assert reopened.end_offset_for_epoch(1) == (1, 7)  # epoch 1 ends where epoch 2 starts
+    reopened.close()
+
+
+def test_memory_log_gap_appends_and_epoch_ends() -> None:
+    log = MemoryLog()
+    log.allow_gaps_below(10)
+    log.append(_batch(3, 1))
+    log.append(_batch(7, 2, 3))
+    assert log.end_offset() == 10
+    assert log.end_offset_for_epoch(1) == (1, 7)
+    assert log.reopen().cleaned_end() == 10

@@ -1,0 +1,318 @@
+"""The simulator with compaction: every replica cleans its MemoryLog to the dirty offset and
+tombstone horizon it learned, at seeded times; leaders take snapshots (periodically and when
+a fetcher must re-bootstrap); every node applies to a pure key-value model of the state
+machine (storage.state_machine.evaluate_commands, the evaluator the real one uses).
+
+Invariants, on top of tests/sim/cluster.py's (checked after every event):
+
+- cleaned prefixes are identical (same digest) on every replica that cleaned to one offset;
+- a state a replica exposes as real (DESIGN sec. 3: its log end and applied version reached
+  the dirty offset it learned from a leader in this run) equals the state every committed
+  record up to that version produces, so no two replicas expose different states at one
+  version, and a key deleted at a committed version never reappears later.
+
+Run: ``python -m tests.sim.compaction --seeds N [--seed S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from raft.log import MemoryLog
+from raft.node import Ready, Role
+from raft.snapshots import MemorySnapshotStore
+from raft.types import SnapshotId
+from storage.cleaner import clean_prefix, prefix_digest
+from storage.commands import (
+    Command,
+    CommandDecodeError,
+    Compare,
+    CompareKind,
+    Op,
+    OpKind,
+    decode_command,
+    encode_command,
+)
+from storage.state_machine import Entry, evaluate_commands
+from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode
+
+KEYS = tuple(f"k{index}" for index in range(6))
+RUN_MS = 6_000  # simulated
+TOMBSTONE_RETENTION_RECORDS = 3
+
+State = dict[str, Entry | None]
+
+
+def _frozen(state: State) -> tuple[tuple[str, bytes, int, int], ...]:
+    return tuple(sorted((k, e.value, e.mod_version, e.create_version) for k, e in state.items() if e is not None))
+
+
+@dataclass
+class _Model:
+    """One node's state machine: applied version and key -> entry."""
+
+    incarnation: int
+    applied: int = 0
+    state: State = field(default_factory=lambda: dict.fromkeys(KEYS))
+    exposed: int = -1  # the last version checked as real
+
+
+@dataclass
+class CompactionRun:
+    seed: int
+    events: int
+    stats: dict[str, int]
+
+
+class CompactionSim:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed ^ 0x5EED)
+        faults = NetworkFaults(drop_probability=0.03, duplicate_probability=0.02, delay_min_ms=1, delay_max_ms=8)
+        self.cluster = Cluster(seed, voters=3, observers=1, faults=faults)
+        self.models: dict[int, _Model] = {}
+        self.digests: dict[int, tuple[int, str]] = {}  # clean_end -> (first node, digest)
+        self.reference: list[tuple[tuple[str, bytes, int, int], ...]] = [()]  # version -> state
+        self._reference_state: State = dict.fromkeys(KEYS)
+        self.pending_checks: dict[int, tuple[int, tuple[tuple[str, bytes, int, int], ...]]] = {}
+        self.cluster.after_ready = self._after_ready
+        for node in self.cluster.nodes.values():  # nodes started before the hook existed
+            self._after_ready(node, Ready())
+
+    # ------------------------------------------------------------------ the state model
+
+    def _model(self, node: SimNode) -> _Model:
+        model = self.models.get(node.node_id)
+        if model is None or model.incarnation != node.incarnation:
+            model = _Model(node.incarnation)  # a restart: SQLite is gone in this model
+            if node.log.start_offset() > 0:
+                snapshot_id = node.log.latest_snapshot_id()
+                if snapshot_id is None:
+                    raise InvariantViolation(f"node {node.node_id}: log starts at {node.log.start_offset()} "
+                                             "without a snapshot")
+                self._load(model, snapshot_id, node)
+            self.models[node.node_id] = model
+        return model
+
+    def _load(self, model: _Model, snapshot_id: SnapshotId, node: SimNode) -> None:
+        applied, state = pickle.loads(node.snapshots.get(snapshot_id))
+        if applied != snapshot_id.end_offset:
+            raise InvariantViolation(f"snapshot {snapshot_id} holds version {applied}")
+        model.applied, model.state = applied, dict(state)
+
+    def _after_ready(self, node: SimNode, ready: Ready) -> None:
+        core = node.core
+        if core is None:
+            return
+        model = self._model(node)
+        if ready.snapshot_to_install is not None:
+            self._load(model, ready.snapshot_to_install, node)
+            self.cluster.stats["sim_snapshot_installs"] += 1
+        self._apply(node, model, core.high_watermark)
+        if core.role == Role.LEADER and 0 < core.snapshot_wanted_offset <= model.applied:
+            self._snapshot(node)
+            core.snapshot_wanted_offset = 0
+        self._check_exposed(node, model)
+
+    def _apply(self, node: SimNode, model: _Model, high_watermark: int) -> None:
+        if model.applied >= high_watermark:
+            return
+        for batch in node.log.read(model.applied, 1 << 30):
+            if batch.base_offset >= high_watermark:
+                break
+            for index, record in enumerate(batch.records):
+                offset = batch.base_offset + index
+                if offset < model.applied or offset >= high_watermark or batch.control:
+                    continue
+                command: Command | str
+                try:
+                    command = decode_command(record)
+                except CommandDecodeError as exc:
+                    command = str(exc)
+                evaluate_commands([(offset, command)], model.state)
+            model.applied = max(model.applied, min(high_watermark, batch.next_offset))
+
+    def _snapshot(self, node: SimNode) -> None:
+        model = self._model(node)
+        end = model.applied
+        if end <= node.log.start_offset() or end == 0:
+            return
+        epoch = 0
+        for batch in node.log.batches():
+            if batch.base_offset > end - 1:
+                break
+            epoch = batch.epoch
+        if epoch == 0 and node.log.latest_snapshot_id() is not None:
+            epoch = node.log.latest_snapshot_id().epoch  # type: ignore[union-attr]
+        snapshot_id = SnapshotId(end, epoch)
+        node.snapshots.put(snapshot_id, pickle.dumps((end, dict(model.state))))
+        node.log.record_snapshot(snapshot_id)
+        self.cluster.stats["sim_snapshots"] += 1
+
+    # ------------------------------------------------------------------ invariants
+
+    def _advance_reference(self) -> None:
+        committed = self.cluster.committed
+        while len(self.reference) - 1 in committed:
+            offset = len(self.reference) - 1
+            _epoch, control, record = committed[offset]
+            if not control:
+                evaluate_commands([(offset, decode_command(record))], self._reference_state)
+            self.reference.append(_frozen(self._reference_state))
+
+    def _check_exposed(self, node: SimNode, model: _Model) -> None:
+        core = node.core
+        if core is None:
+            return
+        real = (core.dirty_offset_known and model.applied >= core.dirty_offset
+                and node.log.end_offset() >= core.dirty_offset)
+        if not real or model.applied == model.exposed:
+            return
+        model.exposed = model.applied
+        self.cluster.stats["sim_real_versions_checked"] += 1
+        self.pending_checks.setdefault(model.applied, (node.node_id, _frozen(model.state)))
+        first_node, first_state = self.pending_checks[model.applied]
+        if first_state != _frozen(model.state):
+            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first_node} and {node.node_id} expose "
+                                     f"different states at version {model.applied}")
+        self._advance_reference()
+        for version in [v for v in self.pending_checks if v < len(self.reference)]:
+            holder, state = self.pending_checks.pop(version)
+            expected = self.reference[version]
+            if state != expected:
+                present = {k for k, *_ in state} - {k for k, *_ in expected}
+                raise InvariantViolation(
+                    f"t={self.cluster.now_ms} node {holder} exposes at version {version} a state no committed "
+                    f"history produces" + (f"; deleted keys reappeared: {sorted(present)}" if present else ""))
+
+    # ------------------------------------------------------------------ the plan
+
+    def clean(self, node_id: int) -> None:
+        node = self.cluster.nodes[node_id]
+        core = node.core
+        if core is None:
+            return
+        model = self._model(node)
+        log = node.log
+        target = min(core.dirty_offset, model.applied, log.flushed_offset())
+        if log.start_offset() > 0 or target <= log.cleaned_end():
+            return
+        batches = [batch for batch in log.batches() if batch.next_offset <= target]
+        if not batches or batches[-1].next_offset <= log.cleaned_end():
+            return
+        clean_end = batches[-1].next_offset
+        horizon = min(core.tombstone_horizon, max(0, clean_end - TOMBSTONE_RETENTION_RECORDS))
+        result = clean_prefix(batches, target, horizon)
+        log.replace_prefix(result.batches, result.clean_end)
+        self.cluster.compacted_below = max(self.cluster.compacted_below, result.clean_end)
+        digest = prefix_digest(result.batches, result.clean_end)
+        first = self.digests.setdefault(result.clean_end, (node_id, digest))
+        if first[1] != digest:
+            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first[0]} and {node_id} cleaned to "
+                                     f"{result.clean_end} with different prefixes")
+        self.cluster.stats["sim_cleanings"] += 1
+        self.cluster.stats["sim_tombstones_dropped"] += result.tombstones_dropped
+
+    def propose(self) -> None:
+        rng = self.rng
+        key = rng.choice(KEYS)
+        roll = rng.random()
+        if roll < 0.35:
+            command = Command((), (Op(OpKind.DELETE, key),))
+        elif roll < 0.5:  # create only if absent, else delete another key (a txn)
+            command = Command((Compare(key, CompareKind.EXISTS, False),),
+                              (Op(OpKind.PUT, key, b"new"),), (Op(OpKind.DELETE, rng.choice(KEYS)),))
+        else:
+            command = Command((), (Op(OpKind.PUT, key, b"v%d" % rng.randrange(1000)),))
+        self.cluster.propose((encode_command(command),))
+
+    def run(self) -> CompactionRun:
+        cluster, rng = self.cluster, self.rng
+        observer = max(cluster.nodes)
+        for at_ms in range(20, RUN_MS, 4):
+            cluster.at(at_ms, self.propose)
+        for node_id in cluster.nodes:
+            for _ in range(12):
+                cluster.at(rng.randrange(200, RUN_MS), lambda n=node_id: self.clean(n))
+        for _ in range(3):
+            at_ms = rng.randrange(200, RUN_MS)
+            cluster.at(at_ms, lambda: [self._snapshot(n) for n in cluster.nodes.values()
+                                       if n.core is not None and n.core.role == Role.LEADER])
+        # The observer is cut off (or down) for a long stretch while tombstones are dropped.
+        down_ms = rng.randrange(500, 2000)
+        up_ms = down_ms + rng.randrange(1500, 3000)
+        roll = rng.random()
+        if roll < 0.4:
+            cluster.at(down_ms, lambda: cluster.partition({observer}, set(cluster.voter_ids)))
+            cluster.at(up_ms, cluster.heal)
+        elif roll < 0.6:  # a fresh observer: its data is gone, it reads the cleaned log from 0
+            cluster.at(down_ms, lambda: self._wipe(observer))
+            cluster.at(up_ms, lambda: cluster.restart(observer))
+        else:
+            cluster.at(down_ms, lambda: cluster.crash(observer))
+            cluster.at(up_ms, lambda: cluster.restart(observer))
+        for _ in range(2):  # voters crash and come back too
+            victim = rng.choice(sorted(cluster.voter_ids))
+            at_ms = rng.randrange(300, RUN_MS - 600)
+            cluster.at(at_ms, lambda v=victim: cluster.crash(v))
+            cluster.at(at_ms + rng.randrange(100, 500), lambda v=victim: cluster.restart(v))
+        cluster.run_for(RUN_MS + 2_000)
+        for node in cluster.nodes.values():  # the end: everyone caught up and cleaned once more
+            self.clean(node.node_id)
+        cluster.run_for(1_000)
+        self._check_caught_up()
+        return CompactionRun(self.seed, cluster.events_processed, dict(cluster.stats))
+
+    def _wipe(self, node_id: int) -> None:
+        self.cluster.crash(node_id)
+        node = self.cluster.nodes[node_id]
+        node.log, node.snapshots, node.durable_state = MemoryLog(), MemorySnapshotStore(), None
+        node.checked_offset = node.last_high_watermark = node.last_end_offset = 0
+
+    def _check_caught_up(self) -> None:
+        """Liveness: after the faults, every replica applied the leader's state."""
+        leader = self.cluster.leader()
+        if leader is None or leader.core is None:
+            raise InvariantViolation(f"seed {self.seed}: no leader at the end")
+        target = self._model(leader).applied
+        for node in self.cluster.nodes.values():
+            model = self._model(node)
+            if node.core is None or model.applied < target:
+                raise InvariantViolation(f"seed {self.seed}: node {node.node_id} at version {model.applied}, "
+                                         f"leader at {target}")
+
+
+def run_compaction_seed(seed: int) -> CompactionRun:
+    try:
+        return CompactionSim(seed).run()
+    except InvariantViolation as exc:
+        raise InvariantViolation(f"{exc} (replay: python -m tests.sim.compaction --seed {seed})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.sim.compaction", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    totals: dict[str, int] = {}
+    for seed in range(args.seed, args.seed + args.seeds):
+        try:
+            run = run_compaction_seed(seed)
+        except InvariantViolation as exc:
+            print(f"FAIL seed {seed}: {exc}", file=sys.stderr)
+            return 1
+        for name, value in run.stats.items():
+            totals[name] = totals.get(name, 0) + value
+    print(f"{args.seeds} compaction seeds ok in {time.perf_counter() - started:.1f} s")
+    print("exercised: " + ", ".join(f"{k}={v}" for k, v in sorted(totals.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
