@@ -294,13 +294,15 @@ class NodeRuntime:
             if ready.flush:
                 self._flush_wanted = True
                 self._maybe_start_flush()
+            if ready.snapshot_to_install is not None:
+                # The core already reset the log to start at the snapshot's end: load the
+                # snapshot before applying anything above it (docs/raft-core-api.md).
+                self._install_snapshot(ready.snapshot_to_install)
             if ready.high_watermark > self._applied_version:
                 self._apply_committed(ready.high_watermark)
             self._complete_reads(ready.reads_done, ready.reads_failed)
             if ready.role_changed:
                 self._on_role_changed()
-            if ready.snapshot_to_install is not None:
-                self._install_snapshot(ready.snapshot_to_install)
             self._maybe_snapshot()
         except Exception as exc:
             self._fatal(exc)

@@ -8,12 +8,32 @@ from hypothesis import strategies as st
 
 from raft.log import MemoryLog
 from raft.messages import (
-    DescribeQuorumRequest, FetchRequest, FetchResponse, MessageDecodeError, VoteRequest,
-    decode_message, encode_message,
+    DescribeQuorumRequest,
+    FetchRequest,
+    FetchResponse,
+    MessageDecodeError,
+    VoteRequest,
+    decode_message,
+    encode_message,
 )
 from raft.types import Batch, ErrorCode, SnapshotId
-from storage.batch_codec import CorruptBatchError, TruncatedBatchError, decode_batch, encode_batch, iter_batches
-from storage.commands import CommandDecodeError, Compare, CompareKind, Command, Op, OpKind, decode_command, encode_command
+from storage.batch_codec import (
+    CorruptBatchError,
+    TruncatedBatchError,
+    decode_batch,
+    encode_batch,
+    iter_batches,
+)
+from storage.commands import (
+    Command,
+    CommandDecodeError,
+    Compare,
+    CompareKind,
+    Op,
+    OpKind,
+    decode_command,
+    encode_command,
+)
 
 batches = st.builds(
     Batch,
