@@ -9,6 +9,7 @@ message is one line; the CLI prints it and exits 2.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -16,11 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raft.node import RaftConfig
+
 DEFAULT_CLUSTER_ID = "metakv-local"
 # The default secret is for a local, loopback-only cluster; any real deployment sets
 # METAKV_CLUSTER_SECRET (docs/runtime.md says so). Nodes with different secrets refuse each other.
 DEFAULT_CLUSTER_SECRET = "metakv-local-insecure-secret"
 ENV_PREFIX = "METAKV_"
+
+
+_RAFT_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RaftConfig)}
 
 
 class ConfigError(ValueError):
@@ -49,14 +55,15 @@ class NodeConfig:
     observer: bool = False
     cluster_id: str = DEFAULT_CLUSTER_ID
     cluster_secret: str = DEFAULT_CLUSTER_SECRET
-    election_timeout_ms: int = 1000
-    fetch_timeout_ms: int = 2000
-    election_backoff_max_ms: int = 1000
-    fetch_max_wait_ms: int = 500
-    request_timeout_ms: int = 2000
-    append_linger_ms: int = 0
-    max_batch_bytes: int = 8 * 1024 * 1024
-    max_pending_records: int = 10_000
+    # The core's settings default to the core's own defaults (one place to change them).
+    election_timeout_ms: int = _RAFT_DEFAULTS["election_timeout_ms"]
+    fetch_timeout_ms: int = _RAFT_DEFAULTS["fetch_timeout_ms"]
+    election_backoff_max_ms: int = _RAFT_DEFAULTS["election_backoff_max_ms"]
+    fetch_max_wait_ms: int = _RAFT_DEFAULTS["fetch_max_wait_ms"]
+    request_timeout_ms: int = _RAFT_DEFAULTS["request_timeout_ms"]
+    append_linger_ms: int = _RAFT_DEFAULTS["append_linger_ms"]
+    max_batch_bytes: int = _RAFT_DEFAULTS["max_batch_bytes"]
+    max_pending_records: int = _RAFT_DEFAULTS["max_pending_records"]
     segment_bytes: int = 64 * 1024 * 1024
     max_value_bytes: int = 1024 * 1024
     commit_timeout_ms: int = 5000
