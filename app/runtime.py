@@ -203,10 +203,14 @@ class NodeRuntime:
             return
         self._closing = True
         self._wake_waiters()
-        if self.node.role == Role.LEADER:
+        was_leader = self.node.role == Role.LEADER
+        if was_leader:
             logger.info("node %d resigning leadership of epoch %d before shutdown", self.node_id, self.node.epoch)
-            self.node.resign(monotonic_ms())
-            self._drive()
+        # Every role, not only a leader: from here on the core never starts a (pre-)vote, so a
+        # node on its way out cannot bump the epoch or win an election it would abandon.
+        self.node.begin_shutdown(monotonic_ms())
+        self._drive()
+        if was_leader and self.config.peers:  # a lone voter has nobody to hand over to
             await self._wait_for_successor(self.config.shutdown_grace_ms)
 
     async def stop(self) -> None:

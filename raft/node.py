@@ -165,6 +165,8 @@ class RaftNode:
         # runtime takes one (then resets this to 0).
         self.snapshot_wanted_offset = 0
         self.peer_endpoints: dict[int, str] = {}
+        # Rule 11: set by begin_shutdown; from then on this node never starts a (pre-)vote.
+        self._shutting_down = False
         self._persisted = persisted or QuorumStateRecord(0, -1, -1)
         self._state: RoleState
         self._restart(now_ms)
@@ -282,7 +284,7 @@ class RaftNode:
         state = self._state
         if isinstance(state, UnattachedState):
             if self.is_voter and now_ms >= state.election_deadline_ms:
-                self._become_prospective(now_ms)
+                self._campaign(now_ms, state)
             elif not self.is_voter and now_ms >= state.probe_deadline_ms:
                 self._observer_probe(now_ms, state)
         elif isinstance(state, ProspectiveState):
@@ -290,13 +292,13 @@ class RaftNode:
                 if state.leader_id != NO_LEADER:  # lost the pre-vote: try the old leader again
                     self._become_follower(now_ms, state.epoch, state.leader_id, "")
                 else:
-                    self._become_prospective(now_ms)
+                    self._campaign(now_ms, state)
         elif isinstance(state, CandidateState):
             if now_ms >= state.election_deadline_ms:
-                self._become_prospective(now_ms)
+                self._campaign(now_ms, state)
         elif isinstance(state, ResignedState):
             if now_ms >= state.election_deadline_ms:
-                self._become_prospective(now_ms)
+                self._campaign(now_ms, state)
             elif state.end_quorum_pending and now_ms >= state.end_quorum_next_ms:
                 self._send_end_quorum(now_ms, state)
         elif isinstance(state, FollowerState):
@@ -376,10 +378,26 @@ class RaftNode:
         return token
 
     def resign(self, now_ms: int) -> None:
-        """Graceful shutdown of a leader: hand over with EndQuorumEpoch."""
+        """A leader steps down (admin resign): hand over with EndQuorumEpoch. It may lead
+        again later; a node that is going away calls ``begin_shutdown`` instead."""
         state = self._state
         if isinstance(state, LeaderState):
             self._become_resigned(now_ms, state)
+
+    def begin_shutdown(self, now_ms: int) -> None:
+        """Rule 11, graceful shutdown: a leader resigns (EndQuorumEpoch), and from now on
+        this node never starts a pre-vote or vote of its own. It still answers votes, so
+        the successor it named can win; its timers only re-arm until the process exits."""
+        self._shutting_down = True
+        state = self._state
+        if isinstance(state, LeaderState):
+            self._become_resigned(now_ms, state)
+        elif isinstance(state, CandidateState):  # abandon the running election (keeps its vote)
+            self._become_unattached(now_ms, state.epoch, self._id)
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
 
     def on_snapshot_installed(self, now_ms: int, snapshot_id: SnapshotId) -> None:
         """The runtime loaded ``snapshot_id``; nothing in the core waits on it."""
@@ -473,9 +491,19 @@ class RaftNode:
         self._state = state
         self._follower_fetch_if_ready(now_ms, state)
 
+    def _campaign(self, now_ms: int, state: UnattachedState | ProspectiveState | CandidateState | ResignedState) -> None:
+        """An election timer fired: start a pre-vote round (rule 3), unless this node is
+        shutting down (rule 11): then it stays in its role and only re-arms the timer, so
+        ``next_deadline_ms`` never lies in the past."""
+        if self._shutting_down:
+            state.election_deadline_ms = now_ms + self._random_election_timeout_ms()
+            return
+        self._become_prospective(now_ms)
+
     def _become_prospective(self, now_ms: int) -> None:
         """Rule 3: pre-vote for epoch + 1; persists nothing."""
         check(self.is_voter, "observers never campaign")
+        check(not self._shutting_down, "a node shutting down never campaigns")
         old = self._state
         leader_id = old.leader_id if isinstance(old, FollowerState) else NO_LEADER
         if not isinstance(old, ProspectiveState):
@@ -634,7 +662,8 @@ class RaftNode:
                 self._become_leader(now_ms)
 
     def _prospective_maybe_done(self, now_ms: int, state: ProspectiveState) -> None:
-        if len(state.granted) >= self._majority:
+        # Rule 11: a pre-vote round that was running when shutdown began never becomes a vote.
+        if len(state.granted) >= self._majority and not self._shutting_down:
             self._become_candidate(now_ms)
 
     # ------------------------------------------------------------------ quorum epoch
@@ -927,10 +956,12 @@ class RaftNode:
 
     def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
         if now_ms - state.last_contact_ms >= self.config.fetch_timeout_ms:
-            if self.is_voter:
-                self._become_prospective(now_ms)
-            else:
+            if not self.is_voter:
                 self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
+            elif self._shutting_down:  # rule 11: no leader known any more, and no campaign
+                self._become_unattached(now_ms, state.epoch, state.voted_id)
+            else:
+                self._become_prospective(now_ms)
             return
         if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
             if now_ms - state.fetch_sent_ms >= self._fetch_request_timeout_ms():

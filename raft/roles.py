@@ -49,6 +49,11 @@ inside those methods, and only in the ways listed here.
    never count toward the high watermark.
 10. Restart: persisted leader id == self → Resigned; persisted epoch below the log's last
     epoch → Unattached at the log's epoch; a known leader → Follower; else Unattached.
+11. Shutdown (``begin_shutdown``): a node that is going away never starts a pre-vote or
+    a vote. A leader resigns (rule 8), a candidate abandons its election (Unattached, its
+    vote kept), a prospective node's round never turns into a vote; every later election
+    timer only re-arms, and a voter whose fetches time out goes Unattached. It still
+    grants votes and follows a new leader, so the successor it named can win.
 
 Transition table (from → to : trigger)
 
@@ -64,7 +69,9 @@ Transition table (from → to : trigger)
     Leader      → Resigned    : resign() or check-quorum failure
     Follower    → Prospective : fetch timeout (voters); Unattached (observers)
     Follower    → Unattached  : EndQuorumEpoch from its leader
-    Resigned    → Prospective : election timer
+    Resigned    → Prospective : election timer (never while shutting down, rule 11)
+    Candidate   → Unattached  : begin_shutdown (rule 11)
+    Follower    → Unattached  : fetch timeout while shutting down (rule 11)
     any         → Unattached/Follower at a higher epoch : rule 1
 """
 

@@ -3,6 +3,7 @@ of every node. The invariant throughout: no acknowledged write is ever lost."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from tests.cluster import Cluster, SteadyWriter
@@ -85,3 +86,18 @@ def test_acknowledged_writes_survive_sigkill_of_every_node(cluster_factory: Call
         node.start()
     leader = cluster.wait_for_leader()
     assert writer.missing_on(leader, consistency="leader") == []
+
+
+def test_sigterm_on_a_lone_leader_never_starts_another_election(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    # A lone voter has nobody to hand over to. Before the fix, the resigned node's election
+    # timer (100-200 ms here) fired during the shutdown grace period, it pre-voted itself,
+    # became candidate (epoch + 1, persisted) and leader again on its way out.
+    cluster = cluster_factory(voters=1, settings={"election_timeout_ms": 100, "shutdown_grace_ms": 3000})
+    leader = cluster.wait_for_leader()
+    epoch = cluster.status(leader)["epoch"]
+    assert cluster.put("lone/key", b"1").status_code == 200
+    assert leader.stop(timeout_s=20) == 0
+    quorum_state = json.loads((leader.data_dir / "quorum-state").read_text())
+    assert quorum_state["epoch"] == epoch, leader.log_tail()
+    assert "role CANDIDATE" not in leader.log_tail().split("resigning", 1)[-1]

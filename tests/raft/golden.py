@@ -13,6 +13,7 @@ prints what it observed, so a script with its output reads as a protocol transcr
     partition 1,2 | 3                     cut both directions between two groups
     isolate N / heal                      cut N off from everyone / undo every cut
     crash N / restart N / shutdown N      power loss / start again / graceful stop
+    begin-shutdown N                      graceful stop begun (resign), node N keeps running
     status                                role, epoch, leader, high watermark, log end per node
     log N                                 node N's batches
     messages on|off                       print every delivered message
@@ -100,8 +101,8 @@ def run_script(text: str) -> str:
             cluster.partition({victim}, set(cluster.nodes) - {victim})
         elif command == "heal":
             cluster.heal()
-        elif command in ("crash", "restart", "shutdown"):
-            getattr(cluster, command)(int(args[0]))
+        elif command in ("crash", "restart", "shutdown", "begin-shutdown"):
+            getattr(cluster, command.replace("-", "_"))(int(args[0]))
         elif command == "status":
             for node in cluster.nodes.values():
                 core = node.core

@@ -270,12 +270,19 @@ class Cluster:
         node = self.nodes[node_id]
         if node.core is None:
             return
-        if node.core.role == Role.LEADER:
-            node.core.resign(self.now_ms)
-            self._after_input(node)
+        self.begin_shutdown(node_id)
         node.log.flush()
         node.core = None
         node.incarnation += 1
+
+    def begin_shutdown(self, node_id: int) -> None:
+        """The first half of a graceful stop: a leader resigns, and the node keeps running
+        (answering votes, following) but never campaigns again, as in the real runtime
+        between SIGTERM and exit."""
+        node = self.nodes[node_id]
+        if node.core is not None:
+            node.core.begin_shutdown(self.now_ms)
+            self._after_input(node)
 
     def restart(self, node_id: int) -> None:
         node = self.nodes[node_id]
