@@ -69,6 +69,7 @@ SERVE_HELP = {
     "observer": "run as a non-voting observer (its id must not be in --voters)",
     "cluster_id": "cluster id checked in the raft handshake",
     "cluster_secret": "shared secret proving raft peers belong to the cluster (use the env var)",
+    "auth_file": "TOML token file: require Authorization: Bearer tokens on the HTTP API (docs/http.md, Auth)",
 }
 
 
@@ -101,6 +102,8 @@ def _build_parser() -> _Parser:
     status.add_argument("--url", default=os.environ.get("METAKV_URL", "http://127.0.0.1:8001"),
                         help="any node's HTTP URL [env METAKV_URL] (default http://127.0.0.1:8001)")
     status.add_argument("--timeout-ms", default="3000", help="per request (default 3000)")
+    status.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
+                        help="bearer token for a cluster with auth enabled [env METAKV_TOKEN]")
     repair = commands.add_parser("repair", help="verify a stopped node's log, or discard it from an offset on")
     repair.add_argument("--data-dir", default=os.environ.get("METAKV_DATA_DIR"),
                         help="the node's data directory [env METAKV_DATA_DIR]")
@@ -335,9 +338,16 @@ def status(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--url: expected an http:// URL, got {args.url!r}")
-    with httpx.Client(timeout=timeout_s, follow_redirects=True) as client:
+    headers = {"Authorization": f"Bearer {args.token.strip()}"} if args.token else {}
+    # Redirects are followed by _get_following: httpx drops Authorization on a redirect to
+    # another host (curl does too, without --location-trusted), and the leader is one.
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
         try:
-            quorum = client.get(f"{url}/v1/quorum")
+            quorum = _get_following(client, f"{url}/v1/quorum")
+            if quorum.status_code in (401, 403):
+                problem = "no --token (or METAKV_TOKEN) given" if not args.token else "the token was refused"
+                print(f"metakv: {url} requires auth: {problem} (HTTP {quorum.status_code})", file=sys.stderr)
+                return EXIT_FAILURE
             if quorum.status_code != 200:
                 node = client.get(f"{url}/v1/status").json()
                 print(f"metakv: no leader reachable from {url} (HTTP {quorum.status_code}); "
@@ -358,6 +368,20 @@ def status(args: argparse.Namespace) -> int:
     for row in [header, *rows]:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+STATUS_MAX_REDIRECTS = 3  # a follower redirects to the leader once; more means a loop
+
+
+def _get_following(client: Any, url: str) -> Any:
+    """GET ``url``, following 307s with the client's headers (the token) kept."""
+    response = client.get(url)
+    for _ in range(STATUS_MAX_REDIRECTS):
+        location = response.headers.get("location")
+        if response.status_code not in (301, 302, 303, 307, 308) or not location:
+            break
+        response = client.get(str(response.url.join(location)))
+    return response
 
 
 def _status_row(client: Any, kind: str, replica: dict[str, Any], table: dict[str, Any]) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.auth import AuthFileError, AuthPolicy, load_auth_policy
 from raft.node import RaftConfig
 
 DEFAULT_CLUSTER_ID = "metakv-local"
@@ -75,6 +76,10 @@ class NodeConfig:
     cleaner_min_dirty_ratio: float = 0.5
     tombstone_retention_records: int = 0
     snapshot_every_records: int = 100_000
+    # HTTP auth (app/auth.py, docs/http.md "Auth"): off unless a token file is given. The
+    # policy is read and validated with the rest of the config, so a bad file exits 2.
+    auth_file: Path | None = None
+    auth_policy: AuthPolicy | None = None
 
     @property
     def peers(self) -> dict[int, HostPort]:
@@ -200,6 +205,7 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "cleaner_min_dirty_ratio": parse_ratio,
     "tombstone_retention_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "snapshot_every_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
+    "auth_file": lambda name, raw: Path(_non_empty(name, raw)),
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 
@@ -276,4 +282,9 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
         values["advertise_http"] = f"http://{host}:{listen_http.port}"
     if values.get("fetch_timeout_ms", 2000) <= values.get("fetch_max_wait_ms", 500):
         raise ConfigError("--fetch-timeout-ms: must be greater than --fetch-max-wait-ms")
+    if values.get("auth_file") is not None:
+        try:
+            values["auth_policy"] = load_auth_policy(values["auth_file"])
+        except AuthFileError as exc:
+            raise ConfigError(f"--auth-file: {exc}") from None
     return NodeConfig(**values)

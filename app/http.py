@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.auth import install_auth
 from app.service import (
     Consistency,
     IndeterminateError,
@@ -1151,6 +1152,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                 return str(getattr(route, "path", "unmatched"))
         return "unmatched"
 
+    install_auth(app, getattr(service, "auth_policy", None), settings.max_txn_body_bytes)  # off without a token file
     app.add_middleware(_EdgeMiddleware, service=service, metrics=_http_metrics(registry), route_label=route_label)
     return app
 

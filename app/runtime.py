@@ -90,6 +90,7 @@ class NodeRuntime:
         self.config = config
         self.node_id = config.node_id
         self.max_value_bytes = config.max_value_bytes  # read by app.http.create_app
+        self.auth_policy = config.auth_policy  # read by app.http.create_app (None: auth off)
         self.data_dir = Path(config.data_dir)
         self.snapshots_dir = self.data_dir / "snapshots"
         self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")

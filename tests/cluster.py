@@ -173,13 +173,16 @@ class Cluster:
         env: Mapping[str, str] | None = None,
         cluster_secret: str = "test-cluster-secret",
         cluster_id: str | None = None,
+        token: str | None = None,
     ) -> None:
         """``settings``: extra serve settings for every node, by name (``election_timeout_ms=500``),
         passed as flags. ``env``: extra environment variables for every node.
 
         Every cluster gets its own random ``cluster_id`` unless one is given: many clusters run
         on this machine at once, and a port freed by one can be reused by another; the raft
-        handshake refuses peers of another cluster id, so nodes never join a foreign cluster."""
+        handshake refuses peers of another cluster id, so nodes never join a foreign cluster.
+
+        ``token``: a bearer token the shared client sends (nodes started with an auth file)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         count = voters + observers
@@ -206,6 +209,7 @@ class Cluster:
                 command += ["--" + name.replace("_", "-"), str(value)]
             self.nodes[node_id] = Node(node_id, http_port, raft_port, data_dir, self.root / f"node{node_id}.log",
                                        observer=node_id > voters, command=command, env=dict(base_env))
+        self.token = token
         self._client: httpx.Client | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -252,7 +256,8 @@ class Cluster:
     def client(self) -> httpx.Client:
         """A shared keep-alive client that does not follow redirects (tests look at 307s)."""
         if self._client is None:
-            self._client = httpx.Client(timeout=10.0)
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+            self._client = httpx.Client(timeout=10.0, headers=headers)
         return self._client
 
     def status(self, node: Node, timeout_s: float = 2.0) -> dict[str, Any] | None:

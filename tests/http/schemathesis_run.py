@@ -30,7 +30,8 @@ positive_data_acceptance.expected-statuses = ["2xx", "3xx", 401, 403, 404, 409, 
 def run_schemathesis(base_url: str, work_dir: Path, *, max_examples: int, seed: int = 1,
                      phases: str = "coverage,fuzzing",
                      fixed_parameters: dict[str, int] | None = None,
-                     exclude_paths: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+                     exclude_paths: tuple[str, ...] = (),
+                     headers: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``schemathesis run`` with every check; return the finished process (exit 0 = clean).
 
     ``fixed_parameters`` (``{"query.wait_ms": 0}``) pins parameters the fuzzer would
@@ -46,5 +47,7 @@ def run_schemathesis(base_url: str, work_dir: Path, *, max_examples: int, seed: 
     ]
     for path in exclude_paths:
         command += ["--exclude-path", path]
+    for name, value in (headers or {}).items():  # sent on every request (a bearer token)
+        command += ["--header", f"{name}: {value}"]
     return subprocess.run(command, cwd=work_dir, capture_output=True, text=True, timeout=SCHEMATHESIS_TIMEOUT_S,
                           check=False)
