@@ -396,7 +396,8 @@ class AuthMiddleware:
                 return (f"token {token.name!r} lacks {requirement.access.name.lower()} access "
                         f"to every key under the prefix {requirement.target!r}")
         elif requirement.need == Need.ADMIN:
-            if token.access_to_prefix("") < Access.ADMIN:
+            # The rule on "" itself: narrower rules limit keys, not cluster operations.
+            if token.access_to_key("") < Access.ADMIN:
                 return f"token {token.name!r} lacks admin access (a rule \"\" = \"admin\")"
         return ""
 
@@ -503,6 +504,7 @@ def _document_route(route: APIRoute, open_paths: frozenset[str]) -> None:
         route.openapi_extra = {**(route.openapi_extra or {}), "security": []}
         return
     route.openapi_extra = {**(route.openapi_extra or {}), "security": [{SECURITY_SCHEME: []}]}
+    route.responses = dict(route.responses)  # routes may share one responses dict
     route.responses[401] = {
         "description": "no valid bearer token (missing, malformed or unknown)",
         "content": _PROBLEM_CONTENT,

@@ -1152,9 +1152,19 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                 return str(getattr(route, "path", "unmatched"))
         return "unmatched"
 
+    _keys_may_hold_newlines(app)
     install_auth(app, getattr(service, "auth_policy", None), settings.max_txn_body_bytes)  # off without a token file
     app.add_middleware(_EdgeMiddleware, service=service, metrics=_http_metrics(registry), route_label=route_label)
     return app
+
+
+def _keys_may_hold_newlines(app: FastAPI) -> None:
+    """Starlette's path convertor is ``.*`` without DOTALL, so a key holding a newline
+    (``%0A``: valid, only NUL is not) matched no route and answered an undocumented 404."""
+    for route in app.router.routes:
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and "{key:path}" in str(getattr(route, "path", "")):
+            route.path_regex = re.compile(regex.pattern, re.DOTALL)  # type: ignore[attr-defined]
 
 
 def _hoist(model: type[BaseModel], components: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.auth import hash_token
+from app.auth import Access, hash_token, load_auth_policy, txn_keys
 from app.cli import main
 from tests.cluster import REPO_ROOT, Cluster, Node
 
@@ -28,6 +28,7 @@ SECRETS = {
     "app-writer": "app-writer-secret-1b9e",
     "no-secrets": "no-secrets-secret-5d20",
     "mixed": "mixed-secret-a6e4",
+    "ops": "ops-secret-c3d8",
 }
 RULES = {
     "root": {"": "admin"},
@@ -35,6 +36,7 @@ RULES = {
     "app-writer": {"app/": "write"},
     "no-secrets": {"": "read", "secret/": "deny"},
     "mixed": {"": "read", "app/": "write"},
+    "ops": {"": "admin", "secret/": "deny"},
 }
 
 
@@ -216,6 +218,11 @@ def test_admin_routes_need_admin(cluster: Cluster, http: httpx.Client) -> None:
     response = http.post(f"{leader.url}/v1/admin/snapshot", headers=bearer("root"))
     assert response.status_code == 200, response.text
     assert "snapshot_id" in response.json()
+    # Admin comes from the rule on "": narrower rules limit the keys, not the admin routes.
+    assert http.post(f"{leader.url}/v1/admin/snapshot", headers=bearer("ops")).status_code == 200
+    put_as_root(cluster, "secret/ops", b"x")
+    assert_problem(http.get(f"{leader.url}/v1/kv/secret/ops", headers=bearer("ops")), 403)
+    assert http.put(f"{leader.url}/v1/kv/app/ops", content=b"x", headers=bearer("ops")).status_code == 200
 
 
 def test_health_metrics_and_openapi_are_open_and_cluster_views_need_any_token(
@@ -339,3 +346,37 @@ def test_the_token_file_is_read_from_the_environment_and_the_config_file(tmp_pat
     by_config = subprocess.run([sys.executable, "-m", "app.cli", *SERVE, "--config", str(config)],
                                capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=60)
     assert by_config.returncode == 2 and str(missing) in by_config.stderr
+
+
+# ---------------------------------------------------------------------------- rules, in process
+
+
+def test_the_longest_prefix_wins_and_prefix_reads_need_every_key(tmp_path: Path) -> None:
+    token = load_token(tmp_path, {"": "read", "apps/": "write", "apps/secret/": "deny"})
+    assert token.access_to_key("config/x") == Access.READ
+    assert token.access_to_key("apps/web") == Access.WRITE
+    assert token.access_to_key("apps/secret/key") == Access.DENY
+    assert token.access_to_prefix("apps/web/") == Access.WRITE
+    assert token.access_to_prefix("apps/") == Access.DENY  # apps/secret/ is inside
+    assert token.access_to_prefix("config/") == Access.READ
+    assert load_token(tmp_path, {"apps/": "write"}).access_to_key("other") == Access.DENY  # no rule: denied
+
+
+def test_txn_keys_names_every_key_of_both_branches() -> None:
+    body = json.dumps({"compare": [{"key": "c", "exists": True}],
+                       "success": [{"op": "put", "key": "p", "value": "1"}, {"op": "get", "key": "g"}],
+                       "failure": [{"op": "delete", "key": "d"}]}).encode()
+    assert txn_keys(body) == [("c", Access.READ), ("p", Access.WRITE), ("g", Access.READ), ("d", Access.WRITE)]
+    # Duplicate members: the last one counts, as in the route's parser.
+    assert txn_keys(b'{"success": [{"op": "put", "key": "a"}], "success": [{"op": "put", "key": "b"}]}') == [
+        ("b", Access.WRITE)]
+
+
+def load_token(tmp_path: Path, rules: dict[str, str]) -> Any:
+    """The one token of a token file with these rules and the secret "t"."""
+    path = tmp_path / "rules.toml"
+    text = ", ".join(f"{json.dumps(prefix)} = {json.dumps(access)}" for prefix, access in rules.items())
+    path.write_text(f'[[tokens]]\nname = "t"\nsha256 = "{GOOD_HASH}"\nrules = {{ {text} }}\n')
+    policy = load_auth_policy(path)
+    assert policy.authenticate(b"t") is policy.tokens[0] and policy.authenticate(b"u") is None
+    return policy.tokens[0]

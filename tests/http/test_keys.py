@@ -159,6 +159,16 @@ async def test_keys_with_slashes_and_unicode_round_trip(client: httpx.AsyncClien
     assert [item["key"] for item in listed.json()["items"]] == [key]
 
 
+async def test_keys_with_newlines_round_trip(client: httpx.AsyncClient) -> None:
+    # Only NUL is forbidden in a key; a newline (and CR) must reach the key routes, not 404.
+    key = "lines/a\nb\r\nc\n"
+    put = await client.put("/v1/kv/" + quote(key, safe="/"), content=b"v")
+    assert put.status_code == 200 and put.json()["key"] == key
+    got = await client.get("/v1/kv/" + quote(key, safe="/"))
+    assert got.status_code == 200 and got.content == b"v"
+    assert (await client.delete("/v1/kv/" + quote(key, safe="/"))).json()["deleted"] is True
+
+
 @pytest.mark.parametrize("raw_key", ["", "a%00b", "%FF%FE", "%ED%A0%80"])
 async def test_invalid_keys_are_400(client: httpx.AsyncClient, raw_key: str) -> None:
     assert_problem(await client.put("/v1/kv/" + raw_key, content=b"x"), 400)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.auth import Access, AuthPolicy, Token, hash_token
 from app.http import HttpSettings, create_app
 from storage.commands import put
 from tests.http.schemathesis_run import run_schemathesis
@@ -32,3 +33,24 @@ def test_schemathesis_finds_no_server_errors_and_no_undocumented_behaviour(tmp_p
     assert result.returncode == 0, report[-12000:]
     assert "14 selected / 14 total" in report
     assert service.proposals > 0  # the fuzzer's writes reached the state machine
+
+
+def test_schemathesis_with_auth_on_finds_only_documented_401_and_403(tmp_path: Path) -> None:
+    """Auth on (app/auth.py), fuzzing with a token that may write every key except those
+    starting with "a" (read only) and is no admin: its 403s and (from the ignored_auth
+    check's token-less requests) 401s must all be documented, and nothing may answer 2xx
+    without a token. Fuzzing phase only: the coverage phase is the other test's job."""
+    secret = "fuzz-token"
+    service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
+    service.apply_now(put("seed", b"x"))
+    service.auth_policy = AuthPolicy("inline", (Token("fuzzer", hash_token(secret), (
+        ("a", Access.READ), ("", Access.WRITE))),))
+    try:
+        with serve_in_thread(create_app(service, FUZZ_SETTINGS)) as base_url:
+            result = run_schemathesis(base_url, tmp_path, max_examples=10, phases="fuzzing",
+                                      headers={"Authorization": f"Bearer {secret}"})
+    finally:
+        service.close()
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report[-12000:]
+    assert "14 selected / 14 total" in report
