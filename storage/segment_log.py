@@ -820,8 +820,8 @@ class SegmentLog:
         active.next_offset = batch.next_offset
         # The active segment's index lives in memory until the segment is sealed: recovery
         # rebuilds it by scanning the last segment anyway, and a write to a second file here
-        # would make every fsync also commit that file's metadata and data (ext4
-        # data=ordered), which measured as up to 1.35x the raw fsync floor (docs/storage.md).
+        # costs a syscall and most likely makes the fsync commit that file's growth too
+        # (ext4 data=ordered); batches of 100+ records wrote one every append (docs/storage.md).
         active.add_index_entry(batch.base_offset, position, self._index_interval_bytes)
         if not self._epoch_entries or batch.epoch > self._epoch_entries[-1][0]:
             self._epoch_entries.append((batch.epoch, batch.base_offset))
