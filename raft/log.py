@@ -196,6 +196,25 @@ class MemoryLog:
         if self._snapshot_id is None or snapshot_id.end_offset > self._snapshot_id.end_offset:
             self._snapshot_id = snapshot_id
 
+    def delete_before(self, offset: int) -> int:
+        """Start the log at ``offset``, dropping every batch below it; durable when it returns.
+
+        SegmentLog.delete_before's twin. The real log drops whole segments, so it moves the
+        start to a segment boundary at or below the offset it is asked for; the model is given
+        that boundary: a batch boundary at or below both the flushed offset and the recorded
+        snapshot's end (the snapshot holds the state of everything dropped)."""
+        snapshot_end = self._snapshot_id.end_offset if self._snapshot_id is not None else 0
+        check(self._start_offset <= offset <= min(snapshot_end, self._flushed_offset),
+              f"delete_before({offset}) outside [{self._start_offset}, "
+              f"min(snapshot end {snapshot_end}, flushed {self._flushed_offset})]")
+        check(offset in (self._start_offset, self.end_offset())
+              or any(b.base_offset == offset for b in self._batches),
+              f"delete_before({offset}) is not a batch boundary")
+        self._batches = [b for b in self._batches if b.base_offset >= offset]
+        self._durable_batches = [b for b in self._durable_batches if b.base_offset >= offset]
+        self._start_offset = offset
+        return offset
+
     def batches(self) -> list[Batch]:
         """Every batch held, in order (the simulator's cleaner reads the prefix)."""
         return list(self._batches)

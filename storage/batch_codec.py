@@ -58,12 +58,18 @@ class BatchHeader:
     control: bool
 
 
+_PREFIX = struct.Struct(">IBI")  # length, magic, crc
+_FIELDS = struct.Struct(">qiiqB")  # base_offset, epoch, count, timestamp, flags
+
+
 def encode_batch(batch: Batch) -> bytes:
+    # The CRC runs over the fields and the body in two steps and the parts are joined once,
+    # so a large body is copied once (this is on the append+fsync path).
     body = msgpack.packb(list(batch.records), use_bin_type=True)
     flags = FLAG_CONTROL if batch.control else 0
-    rest = struct.pack(">qiiqB", batch.base_offset, batch.epoch, len(batch.records), batch.timestamp_ms, flags) + body
-    crc = crc32c.crc32c(rest)
-    return struct.pack(">IBI", len(rest) + 5, FORMAT_VERSION, crc) + rest
+    fields = _FIELDS.pack(batch.base_offset, batch.epoch, len(batch.records), batch.timestamp_ms, flags)
+    crc = crc32c.crc32c(body, crc32c.crc32c(fields))
+    return b"".join((_PREFIX.pack(len(fields) + len(body) + 5, FORMAT_VERSION, crc), fields, body))
 
 
 def decode_header(buffer: bytes | memoryview, position: int = 0) -> BatchHeader:

@@ -124,7 +124,6 @@ class _Segment:
     index_positions: array = field(default_factory=lambda: array("Q"))
     last_indexed_position: int = -1
     durable_bytes: int = 0  # size at the last fsync: what a power loss cannot take away
-    index_fd: int = -1  # open for appending entries while this segment is active
 
     @property
     def index_path(self) -> Path:
@@ -819,11 +818,11 @@ class SegmentLog:
         position = active.size_bytes
         active.size_bytes += len(data)
         active.next_offset = batch.next_offset
-        if active.add_index_entry(batch.base_offset, position, self._index_interval_bytes):
-            try:
-                _write_all(active.index_fd, INDEX_ENTRY.pack(batch.base_offset, position))
-            except OSError as exc:
-                raise self._fail(exc) from exc
+        # The active segment's index lives in memory until the segment is sealed: recovery
+        # rebuilds it by scanning the last segment anyway, and a write to a second file here
+        # costs a syscall and most likely makes the fsync commit that file's growth too
+        # (ext4 data=ordered); batches of 100+ records wrote one every append (docs/storage.md).
+        active.add_index_entry(batch.base_offset, position, self._index_interval_bytes)
         if not self._epoch_entries or batch.epoch > self._epoch_entries[-1][0]:
             self._epoch_entries.append((batch.epoch, batch.base_offset))
             self._epoch_checkpoint_dirty = True
@@ -848,9 +847,6 @@ class SegmentLog:
         except OSError as exc:
             raise self._fail(exc) from exc
         self._directory_dirty = False
-        if old.index_fd >= 0:
-            os.close(old.index_fd)
-            old.index_fd = -1
         # Everything below the old segment's end is now durable, truncations included.
         self._flushed_offset = max(self._flushed_offset, old.next_offset)
 
@@ -864,12 +860,17 @@ class SegmentLog:
             os.close(fd)
 
     def _rewrite_active_index(self, segment: _Segment) -> None:
-        """Rewrite the active segment's index from memory and keep it open for appending."""
-        if segment.index_fd >= 0:
-            os.close(segment.index_fd)
-        fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        segment.index_fd = fd
-        _write_all(fd, _encode_index(segment.index_offsets, segment.index_positions, None))
+        """Write the index entries known now for the segment becoming active (no end marker).
+
+        Appends do not extend this file (see _append_encoded); it is written whole, with
+        its end marker, when the segment is sealed, and rebuilt by the scan on every open.
+        Any prefix of batch starts is a valid index, so the file is never wrong, only short.
+        """
+        fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, _encode_index(segment.index_offsets, segment.index_positions, None))
+        finally:
+            os.close(fd)
 
     def _create_segment(self, base_offset: int) -> _Segment:
         path = _segment_path(self._log_dir, base_offset)
@@ -884,9 +885,7 @@ class SegmentLog:
     def _delete_segments(self, doomed: list[_Segment]) -> None:
         for segment in doomed:
             os.close(segment.fd)
-            if segment.index_fd >= 0:
-                os.close(segment.index_fd)
-            segment.fd = segment.index_fd = -1
+            segment.fd = -1
             segment.path.unlink(missing_ok=True)
             segment.index_path.unlink(missing_ok=True)
         if doomed:
@@ -1007,13 +1006,12 @@ class SegmentLog:
 
     def _close_files(self) -> None:
         for segment in self._segments:
-            for fd in (segment.fd, segment.index_fd):
-                if fd >= 0:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            segment.fd = segment.index_fd = -1
+            if segment.fd >= 0:
+                try:
+                    os.close(segment.fd)
+                except OSError:
+                    pass
+            segment.fd = -1
 
     def _replace_prefix_locked(self, batches: Sequence[Batch], clean_end: int) -> None:
         slot = bisect.bisect_right(self._segment_bases, clean_end - 1) - 1
@@ -1032,10 +1030,9 @@ class SegmentLog:
                               json.dumps({"old": old_bases, "new": new_bases}).encode())
         self._failpoints.hit("segment.before_swap")
         for segment in self._segments[: slot + 1]:
-            for fd in (segment.fd, segment.index_fd):
-                if fd >= 0:
-                    os.close(fd)
-            segment.fd = segment.index_fd = -1
+            if segment.fd >= 0:
+                os.close(segment.fd)
+            segment.fd = -1
         _swap_files(self._log_dir, old_bases, new_bases)
         self._failpoints.hit("segment.after_swap")
         (self._log_dir / SWAP_MARKER_NAME).unlink()

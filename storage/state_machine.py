@@ -389,8 +389,7 @@ class StateMachine:
             if end_version == self._applied_version:
                 return []
             commands = self._decode(plan)
-            keys = {key for _offset, command in commands if not isinstance(command, str)
-                    for key in _command_keys(command)}
+            keys = _keys_of(commands)
             writer_cursor = self._writer.connection.driver_connection.cursor()
             try:
                 with self._write_transaction():
@@ -462,7 +461,7 @@ class StateMachine:
             chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
             sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * len(chunk)))
             for row in cursor.execute(sql, chunk):
-                found[row[0]] = Entry(row[0], row[1], row[2], row[3], row[4])
+                found[row[0]] = Entry(*row)
         return found
 
     def _retention_horizon(self, applied_version: int) -> int | None:
@@ -769,6 +768,21 @@ def compact_command(command: Command) -> CompactCommand:
     )
 
 
+def _keys_of(commands: list[tuple[int, CompactCommand | str]]) -> set[str]:
+    """Every key the commands may read or write (the common one-op command directly)."""
+    keys: set[str] = set()
+    add = keys.add
+    for _offset, command in commands:
+        if type(command) is str:
+            continue
+        compares, success, failure = command
+        if not compares and not failure and len(success) == 1:
+            add(success[0][1])
+        else:
+            keys.update(_command_keys(command))
+    return keys
+
+
 def _command_keys(command: CompactCommand) -> Iterator[str]:
     compares, success, failure = command
     for compare in compares:
@@ -829,6 +843,18 @@ def _evaluate_compact(
             append_result(ApplyResult(offset, version, False, (), (), command))
             continue
         compares, success, failure = command
+        if not compares and len(success) == 1 and success[0][0] == _PUT:
+            # The common record, one unconditional PUT: the loop below without its branches.
+            _kind, key, value, content_type, op_create_version = success[0]
+            previous = state[key]
+            create_version = op_create_version or (
+                version if previous is None else previous.create_version)
+            entry = Entry(key, value, content_type, version, create_version)
+            state[key] = entry
+            append_history((version, 0, key, HISTORY_OP_PUT, value, content_type, create_version))
+            append_result(ApplyResult(offset, version, True,
+                                      (OpResult(OpKind.PUT, key, previous is None, False, entry),), ()))
+            continue
         failed: tuple[tuple[str, int], ...] = ()
         if compares:
             failed = tuple(
