@@ -121,7 +121,9 @@ def bench_cleaner(work: Path, keys: int, records: int, value_bytes: int, seed: i
         step = _clean(log)
         passes.append({"bytes_in": step["bytes_in"], "dirty_bytes_in": step["dirty_bytes_in"],
                        "records_in": step["records_in"], "evaluated_from": step["evaluated_from"],
-                       "cleaned_before": step["cleaned_before"], "total_s": round(step["total_s"], 3),
+                       "cleaned_before": step["cleaned_before"],
+                       "breakdown_s": {k: round(step[k], 3) for k in ("read_s", "clean_s", "install_s", "total_s")},
+                       "total_s": round(step["total_s"], 3),
                        "mb_per_s": round(step["mb_per_s"], 1),
                        "dirty_mb_per_s": round(step["dirty_bytes_in"] / step["total_s"] / 1e6, 1)})
     log.close()
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{(step['bytes_in'] - step['dirty_bytes_in']) / 1e6:.1f} MB cleaned before, "
                   f"evaluated from offset {step['evaluated_from']} (cleaned end was {step['cleaned_before']}): "
                   f"{step['total_s']} s, {step['mb_per_s']} MB/s of log, {step['dirty_mb_per_s']} MB/s of new "
-                  "records", flush=True)
+                  f"records; breakdown {step['breakdown_s']}", flush=True)
         churn = bench_churn(work, 5_000, args.churn_rounds, args.churn_records, args.value_bytes, args.seed)
         final = churn["final"]
         print(f"churn: after {final['records']} records over {churn['keys']} keys: cleaned log "

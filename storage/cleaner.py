@@ -198,7 +198,7 @@ def _state_independent_ops(record: bytes) -> list[Any] | None:
         return None
     ops = value[2]
     for op in ops:
-        if type(op) is not list or type(op[1] if op else None) is not str:
+        if type(op) is not list or len(op) not in (4, 5) or type(op[1]) is not str:
             return None
         kind = op[0]
         if kind == _PUT:

@@ -225,3 +225,22 @@ def test_base_state_is_asked_only_for_keys_the_log_does_not_name() -> None:
     assert result.evaluated_from == 11
     survivor = decode_command(result.batches[-1].records[-1])
     assert survivor.success == (Op(OpKind.PUT, "c", b"both", DEFAULT_CONTENT_TYPE, 12),)
+
+
+def test_records_that_do_not_decode_are_no_ops_in_any_position(tmp_path: Path) -> None:
+    """Malformed records (the state machine applies them as no-ops) neither stop the cleaner
+    nor change what survives, before or after the first record it must evaluate."""
+    import msgpack
+
+    garbage = (b"\xc1 not msgpack", msgpack.packb([1, [], [[1]], []]), msgpack.packb([1, [], [[2, "k"]], []]),
+               msgpack.packb([1, 0, [], []]))
+    batches = [
+        Batch(0, 1, 1, False, (*garbage, encode_command(Command((), (Op(OpKind.PUT, "a", b"1", "text/plain", 4),))))),
+        Batch(5, 1, 2, False, (encode_command(put("b", b"2")), *garbage, encode_command(delete("a")))),
+    ]
+    result = clean_prefix(batches, 11, 0)
+    assert result.evaluated_from == 5 and result.records_in == 11
+    assert rows(result.batches, tmp_path, "cleaned") == rows(batches, tmp_path, "raw") == [
+        ("b", b"2", DEFAULT_CONTENT_TYPE, 6, 6)]
+    assert [decode_command(record) for batch in result.batches for record in batch.records] == [
+        Command((), (Op(OpKind.PUT, "b", b"2", DEFAULT_CONTENT_TYPE, 6),)), delete("a")]
