@@ -90,11 +90,11 @@ def test_kip595_observer_rebootstraps_and_never_serves_the_deleted_key(tmp_path:
         assert 390 <= tombstone_version <= 410
         _write_until(cluster, 620, 20, "d")
 
-        def cleaned_past_500() -> bool:  # on every voter: whichever leads later has cleaned
-            _compact(cluster)
+        def cleaned_past_600() -> bool:  # on every voter: whichever leads later has cleaned
+            _compact(cluster)  # (600: the tombstone must lie 100 records below the cleaned end)
             statuses = [_status(cluster, voter) for voter in cluster.voters]
-            return all(s["cleaned_end"] > 500 and s["dirty_offset"] > 500 for s in statuses)
-        cluster.wait_until(cleaned_past_500, WAIT_S, "voters cleaned past 500")
+            return all(s["cleaned_end"] > 600 and s["dirty_offset"] > 600 for s in statuses)
+        cluster.wait_until(cleaned_past_600, WAIT_S, "voters cleaned past 600")
         leader = cluster.wait_for_leader()
         for voter in cluster.voters:  # the tombstone is physically gone everywhere
             status = _status(cluster, voter)
