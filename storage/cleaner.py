@@ -59,8 +59,8 @@ from storage.commands import (
 from storage.state_machine import (
     CompactCommand,
     Entry,
-    _command_keys,
-    _compare_holds,
+    command_keys,
+    compare_holds,
     decode_compact,
 )
 
@@ -156,7 +156,7 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
             if not compares and len(success) == 1 and not failure:
                 pending_keys.add(success[0][1])
             else:
-                pending_keys.update(_command_keys(command))
+                pending_keys.update(command_keys(command))
 
     evaluated_from = pending[0][0] if pending else clean_end
     if pending:
@@ -249,7 +249,7 @@ def _evaluate(pending: list[tuple[int, CompactCommand]], state: dict[str, _Row |
         ops = success
         for key, kind, target in compares:
             row = state[key]
-            if not _compare_holds(kind, target, None if row is None else Entry(*row)):
+            if not compare_holds(kind, target, None if row is None else Entry(*row)):
                 ops = failure
                 break
         version = offset + 1

@@ -69,10 +69,10 @@ def _compact(cluster: Cluster) -> dict[str, Any]:
 
 
 def test_kip595_observer_rebootstraps_and_never_serves_the_deleted_key(tmp_path: Path) -> None:
-    # Tombstones stay 100 offsets below the cleaned end, so an observer a few records behind
+    # Tombstones stay 250 offsets below the cleaned end, so an observer some records behind
     # the voters (observers do not hold the horizon back) continues without a snapshot.
     settings = {**FAST, "cleaner_interval_ms": 200, "cleaner_min_dirty_ratio": 0, "snapshot_every_records": 0,
-                "tombstone_retention_records": 100}
+                "tombstone_retention_records": 250}
     with Cluster(tmp_path, voters=3, observers=1, settings=settings) as cluster:
         observer = cluster.observers[0]
         cluster.wait_for_leader()
@@ -88,13 +88,13 @@ def test_kip595_observer_rebootstraps_and_never_serves_the_deleted_key(tmp_path:
         _write_until(cluster, 399, 20, "c")
         tombstone_version = _write(cluster, "DELETE", "victim")
         assert 390 <= tombstone_version <= 410
-        _write_until(cluster, 620, 20, "d")
+        _write_until(cluster, 760, 20, "d")
 
-        def cleaned_past_600() -> bool:  # on every voter: whichever leads later has cleaned
-            _compact(cluster)  # (600: the tombstone must lie 100 records below the cleaned end)
+        def cleaned_past_700() -> bool:  # on every voter: whichever leads later has cleaned
+            _compact(cluster)  # (700: the tombstone must lie 250 records below the cleaned end)
             statuses = [_status(cluster, voter) for voter in cluster.voters]
-            return all(s["cleaned_end"] > 600 and s["dirty_offset"] > 600 for s in statuses)
-        cluster.wait_until(cleaned_past_600, WAIT_S, "voters cleaned past 600")
+            return all(s["cleaned_end"] > 700 and s["dirty_offset"] > 700 for s in statuses)
+        cluster.wait_until(cleaned_past_700, WAIT_S, "voters cleaned past 700")
         leader = cluster.wait_for_leader()
         for voter in cluster.voters:  # the tombstone is physically gone everywhere
             status = _status(cluster, voter)
