@@ -51,12 +51,12 @@ from raft.messages import Envelope
 from raft.node import NotLeaderError as RaftNotLeaderError
 from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
 from raft.types import Batch, ProtocolInvariantError, SnapshotId, check
-from storage.cleaner import CleanResult, clean_prefix, prefix_digest
+from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix_digest
 from storage.commands import Command, encode_command
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import SegmentLog
 from storage.snapshot_store import SnapshotStore
-from storage.state_machine import StateMachine
+from storage.state_machine import StateMachine, VersionCompactedError, VersionNotAppliedError
 
 logger = logging.getLogger("metakv.runtime")
 
@@ -123,10 +123,14 @@ class NodeRuntime:
         self._clean_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cleaner-{config.node_id}")
         self._clean_task: asyncio.Task[dict[str, Any]] | None = None
         self._cleaner_timer: asyncio.TimerHandle | None = None
-        self._prefix_digest: tuple[int, str] = (0, prefix_digest([], 0))  # (end offset, sha256)
+        # (log start, end offset, sha256) of the cleaned range [log start, end offset)
+        self._prefix_digest: tuple[int, int, str] = (0, 0, prefix_digest([], 0))
         self.last_clean: dict[str, Any] | None = None
         self.tombstones_dropped_total = 0  # by this process's cleanings
         self._snapshot_end = 0  # end offset of the newest local snapshot
+        # Snapshots (VACUUM INTO) run one at a time on their own thread.
+        self._snapshot_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{config.node_id}")
+        self._snapshot_task: asyncio.Task[SnapshotId] | None = None
         self._started = False
         self._closing = False
         self._closed = False
@@ -159,6 +163,7 @@ class NodeRuntime:
                 append_linger_ms=cfg.append_linger_ms,
                 max_batch_bytes=cfg.max_batch_bytes,
                 max_pending_records=cfg.max_pending_records,
+                tombstone_retention_records=cfg.tombstone_retention_records,
             ),
             self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
         )
@@ -231,6 +236,8 @@ class NodeRuntime:
             self._cleaner_timer = None
         if self._clean_task is not None:
             await asyncio.gather(self._clean_task, return_exceptions=True)
+        if self._snapshot_task is not None:
+            await asyncio.gather(self._snapshot_task, return_exceptions=True)
         await self.transport.stop()
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
@@ -238,6 +245,7 @@ class NodeRuntime:
         await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
         self._flush_executor.shutdown(wait=True)
         self._clean_executor.shutdown(wait=True)
+        self._snapshot_executor.shutdown(wait=True)
         self._close_storage()
         logger.info("node %d stopped", self.node_id)
 
@@ -578,7 +586,8 @@ class NodeRuntime:
             "dirty_offset": node.dirty_offset,
             "tombstone_horizon": node.tombstone_horizon,
             "cleaned_end": self.log.cleaned_end(),
-            "prefix_digest": {"end_offset": self._prefix_digest[0], "sha256": self._prefix_digest[1]},
+            "prefix_digest": {"start_offset": self._prefix_digest[0], "end_offset": self._prefix_digest[1],
+                              "sha256": self._prefix_digest[2]},
             "oldest_version": self.state.oldest_version,
             "log_size_bytes": self.log.size_bytes(),
             "last_clean": self.last_clean,
@@ -617,27 +626,50 @@ class NodeRuntime:
         }
 
     async def take_snapshot(self) -> dict[str, Any]:
-        """Snapshot the applied state now (VACUUM INTO on the loop: the copy must be of one
-        version, and apply runs on this loop, so nothing changes underneath it)."""
+        """Snapshot the applied state now: a snapshot at or above the version applied when
+        the request arrived (joining one already running if it reaches that far)."""
         if self._closing:
             raise WriteRejectedError("node is shutting down")
-        if self._applied_version == 0:
+        wanted = self._applied_version
+        if wanted == 0:
             raise NotReadyError("nothing applied yet: there is no state to snapshot")
-        snapshot_id = self._snapshot_now()
+        while True:
+            snapshot_id = await asyncio.shield(self._start_snapshot())
+            if snapshot_id.end_offset >= wanted or self._closing:
+                break
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 
-    def _snapshot_now(self) -> SnapshotId:
-        snapshot_id = self.state.create_snapshot(self.snapshots)
-        if snapshot_id.end_offset >= self.log.start_offset():
-            self.log.record_snapshot(snapshot_id)
+    def _start_snapshot(self) -> asyncio.Task[SnapshotId]:
+        """One snapshot at a time, on its own thread: VACUUM INTO copies the database inside
+        one SQLite read transaction of that thread's connection, so apply (the loop's
+        writer) continues, the copy holds exactly one applied version, and the id is read
+        from the copy itself (StateMachine.create_snapshot)."""
+        if self._snapshot_task is None:
+            copy = asyncio.get_running_loop().run_in_executor(
+                self._snapshot_executor, self.state.create_snapshot, self.snapshots)
+            self._snapshot_task = asyncio.ensure_future(self._finish_snapshot(copy))
+        return self._snapshot_task
+
+    async def _finish_snapshot(self, copy: asyncio.Future[SnapshotId]) -> SnapshotId:
+        """Back on the loop: tell the log (so the core can offer the snapshot to fetchers)."""
+        try:
+            snapshot_id = await copy
+            if not self._closed and snapshot_id.end_offset >= self.log.start_offset():
+                self.log.record_snapshot(snapshot_id)
+        finally:
+            self._snapshot_task = None
         self._snapshot_end = max(self._snapshot_end, snapshot_id.end_offset)
+        if 0 < self.node.snapshot_wanted_offset <= self._snapshot_end:
+            self.node.snapshot_wanted_offset = 0
         logger.info("node %d took snapshot %s", self.node_id, snapshot_id)
         return snapshot_id
 
     def _maybe_snapshot(self) -> None:
         """Periodic snapshots (snapshot_every_records), and the one the core asks for when a
-        fetcher must re-bootstrap above the tombstone horizon and no snapshot reaches it."""
-        if self._installing_snapshot or self._closing or self._applied_version == 0:
+        fetcher must re-bootstrap above the tombstone horizon and no snapshot reaches it.
+        Started in the background; a failure is logged and retried at the next due point."""
+        if (self._installing_snapshot or self._closing or self._applied_version == 0
+                or self._snapshot_task is not None):
             return
         wanted = self.node.snapshot_wanted_offset
         every = self.config.snapshot_every_records
@@ -647,14 +679,19 @@ class NodeRuntime:
         if wanted > 0 and self._snapshot_end >= wanted:
             self.node.snapshot_wanted_offset = 0
         if due and self._applied_version > self._snapshot_end:
-            try:
-                self._snapshot_now()
-            except (OSError, ValueError, RuntimeError) as exc:  # retried at the next due point
-                logger.error("node %d: snapshot at version %d failed: %s", self.node_id, self._applied_version, exc)
-                self._snapshot_end = self._applied_version
-                return
-            if self._snapshot_end >= wanted:
-                self.node.snapshot_wanted_offset = 0
+            self._start_snapshot().add_done_callback(self._on_background_snapshot_done)
+
+    def _on_background_snapshot_done(self, task: asyncio.Task[SnapshotId]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        if self.log.failed():  # recording the snapshot failed to write: fail-stop
+            self._fatal(exc)
+            return
+        logger.error("node %d: snapshot at version %d failed: %s", self.node_id, self._applied_version, exc)
+        self._snapshot_end = max(self._snapshot_end, self._applied_version)  # retry at the next due point
 
     # ------------------------------------------------------------------ compaction
 
@@ -699,26 +736,30 @@ class NodeRuntime:
         finally:
             self._clean_task = None
         if report.get("cleaned"):
-            self.state.prune_history(self.node.dirty_offset)
+            # History stays readable from this replica's cleaned end: the next cleaning may
+            # ask the state machine for the state there (a log that starts at a snapshot).
+            self.state.prune_history(report["cleaned_end"])
             self._wake_waiters()
         return report
 
     def _clean_blocking(self, dirty: int, horizon: int, force: bool) -> dict[str, Any]:
-        """Runs on the cleaner thread: read the prefix, clean it, install it. The log's lock
-        makes replace_prefix atomic against the loop's appends and the flush thread."""
+        """Runs on the cleaner thread: read the log from its start, clean it, install it. The
+        log's lock makes replace_prefix atomic against the loop's appends and the flush thread.
+
+        A log that starts at a snapshot is cleaned from its start offset like a log from 0;
+        the state machine answers the state at the version where evaluation starts (the
+        cleaner needs it only for keys the records before that point do not name)."""
         log = self.log
         start = log.start_offset()
-        cleaned_before = log.cleaned_end()
+        cleaned_before = max(start, log.cleaned_end())
         report: dict[str, Any] = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
-                                  "cleaned_end": cleaned_before}
-        if start > 0 or dirty <= cleaned_before:
-            # A log whose prefix was replaced by a snapshot is cleaned from the snapshot on
-            # by nobody: its prefix is gone; nothing new below the dirty offset either.
-            report["reason"] = "log starts at a snapshot" if start > 0 else "nothing new below the dirty offset"
+                                  "cleaned_end": log.cleaned_end(), "log_start_offset": start}
+        if dirty <= cleaned_before:
+            report["reason"] = "nothing new below the dirty offset"
             return report
         batches: list[Batch] = []
         prefix_bytes = dirty_bytes = 0
-        for batch in log.iter_batches(0):
+        for batch in log.iter_batches(start):
             if batch.next_offset > dirty:
                 break
             batches.append(batch)
@@ -736,7 +777,12 @@ class NodeRuntime:
         # Deterministic on every replica: tombstones go below the cleaned end minus the
         # retention (always <= the announced horizon, which never trails the dirty offset).
         effective_horizon = min(horizon, max(0, clean_end_guess - self.config.tombstone_retention_records))
-        result: CleanResult = clean_prefix(batches, dirty, effective_horizon)
+        try:
+            result: CleanResult = clean_prefix(batches, dirty, effective_horizon, start_offset=start,
+                                               base_state=self.state.entries_at)
+        except (CleanerInputError, VersionCompactedError, VersionNotAppliedError) as exc:
+            report["reason"] = f"no base state to clean from: {exc}"
+            return report
         check(result.clean_end == clean_end_guess, "cleaner stopped at another batch boundary")
         if result.clean_end <= cleaned_before or not result.batches:
             report["reason"] = "nothing new below the dirty offset"
@@ -746,31 +792,34 @@ class NodeRuntime:
             return report
         log.replace_prefix(result.batches, result.clean_end)
         digest = prefix_digest(result.batches, result.clean_end)
-        self._prefix_digest = (result.clean_end, digest)
+        self._prefix_digest = (start, result.clean_end, digest)
         elapsed_s = time.perf_counter() - started_s
         report.update(cleaned=True, cleaned_end=result.clean_end, records_in=result.records_in,
                       records_out=result.records_out, tombstones_dropped=result.tombstones_dropped,
                       tombstone_horizon_used=effective_horizon, bytes_in=prefix_bytes,
                       bytes_out=sum(b.size_bytes() for b in result.batches),
+                      evaluated_from=result.evaluated_from,
                       prefix_digest=digest, duration_ms=round(elapsed_s * 1000, 1))
         self.tombstones_dropped_total += result.tombstones_dropped
         self.last_clean = report
-        logger.info("node %d cleaned log below %d: %d -> %d records, %d tombstones dropped",
-                    self.node_id, result.clean_end, result.records_in, result.records_out,
-                    result.tombstones_dropped)
+        logger.info("node %d cleaned log [%d, %d): %d -> %d records, %d tombstones dropped, evaluated from %d",
+                    self.node_id, start, result.clean_end, result.records_in, result.records_out,
+                    result.tombstones_dropped, result.evaluated_from)
         return report
 
-    def _read_prefix_digest(self) -> tuple[int, str]:
-        """The digest of the log below cleaned_end as it is on disk (after a restart)."""
+    def _read_prefix_digest(self) -> tuple[int, int, str]:
+        """The digest of the cleaned range [log start, cleaned_end) as it is on disk (after a
+        restart): (log start, cleaned end, sha256)."""
+        start = self.log.start_offset()
         end = self.log.cleaned_end()
-        if end <= 0 or self.log.start_offset() > 0:
-            return (0, prefix_digest([], 0))
+        if end <= start:
+            return (start, start, prefix_digest([], 0))
         batches: list[Batch] = []
-        for batch in self.log.iter_batches(0):
+        for batch in self.log.iter_batches(start):
             if batch.next_offset > end:
                 break
             batches.append(batch)
-        return (end, prefix_digest(batches, end))
+        return (start, end, prefix_digest(batches, end))
 
     async def resign(self) -> dict[str, Any]:
         self._require_leader()

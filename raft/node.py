@@ -89,6 +89,9 @@ class RaftConfig:
     max_pending_reads: int = 10_000  # read_index calls waiting for confirmation
     max_observers: int = 256  # observers the leader tracks for describe_quorum
     snapshot_chunk_bytes: int = 1024 * 1024  # per FetchSnapshot response
+    # The cleaners keep tombstones this many offsets below their cleaned end (equal on every
+    # node); the re-bootstrap rule needs it to know below which offset they may be gone.
+    tombstone_retention_records: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +227,12 @@ class RaftNode:
 
     def tombstone_unsafe_below(self) -> int:
         """A fetcher with 0 < fetch offset < this may have missed a dropped tombstone: the
-        leader sends it a snapshot. Tombstones are dropped only below both the tombstone
-        horizon and the log's cleaned end."""
-        return min(self.tombstone_horizon, self._log.cleaned_end())
+        leader sends it a snapshot. Every cleaning drops tombstones only below the tombstone
+        horizon and its cleaned end minus tombstone_retention_records (docs/compaction.md);
+        both only rise, so this bound covers every cleaning that went into this log. A
+        fetcher inside the retention window still finds its tombstones and continues."""
+        retained_from = max(0, self._log.cleaned_end() - self.config.tombstone_retention_records)
+        return min(self.tombstone_horizon, retained_from)
 
     def describe_quorum(self, now_ms: int) -> DescribeQuorumResponse:
         state = self._state

@@ -524,6 +524,21 @@ class StateMachine:
         finally:
             cursor.execute("COMMIT")
 
+    def entries_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
+        """Every key's entry (None: absent) as of ``version``, in one read transaction.
+
+        The cleaner uses it as its base state on a log that starts at a snapshot. Raises
+        VersionCompactedError / VersionNotAppliedError when ``version`` is not readable.
+        """
+        cursor = self._reader_cursor()
+        cursor.execute("BEGIN")
+        try:
+            applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
+            _check_version(version, applied_version, oldest_version)
+            return {key: self._entry_at(cursor, key, version) for key in keys}
+        finally:
+            cursor.execute("COMMIT")
+
     def _check_readable(self, connection: Connection, version: int | None) -> int:
         """The applied version of this read transaction, after checking ``version`` (if
         given) is readable in it."""
@@ -800,6 +815,10 @@ def _compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) -
         return (entry is not None) == target
     return entry is not None and entry.value == target
 
+
+# The cleaner (storage/cleaner.py) evaluates with these, so it and apply agree on every record.
+compare_holds = _compare_holds
+command_keys = _command_keys
 
 HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
 

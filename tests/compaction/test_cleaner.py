@@ -12,8 +12,19 @@ from hypothesis import strategies as st
 from raft.types import Batch, encode_control_record
 from storage.batch_codec import encode_batch
 from storage.cleaner import clean_prefix, prefix_digest
-from storage.commands import Command, Compare, CompareKind, Op, OpKind, delete, encode_command, put
-from storage.state_machine import StateMachine
+from storage.commands import (
+    DEFAULT_CONTENT_TYPE,
+    Command,
+    Compare,
+    CompareKind,
+    Op,
+    OpKind,
+    decode_command,
+    delete,
+    encode_command,
+    put,
+)
+from storage.state_machine import Entry, StateMachine
 
 KEYS = ["a", "b", "c", "d"]
 
@@ -146,3 +157,90 @@ def test_leader_changes_survive_and_the_last_offset_is_held() -> None:
     offsets = [(b.base_offset, b.control, len(b.records)) for b in result.batches]
     assert offsets == [(1, False, 1), (2, True, 1), (3, False, 1)]  # failed create-only kept as an empty command
     assert result.batches[1].records == (leader_change,)
+
+
+@st.composite
+def logs_with_start(draw: st.DrawFn) -> tuple[list[Batch], int]:
+    """A log and a batch boundary where a replica's log starts (it re-bootstrapped there)."""
+    batches = draw(logs())
+    start = draw(st.sampled_from([b.base_offset for b in batches]))
+    return batches, start
+
+
+@SETTINGS
+@given(logs_with_start(), st.data())
+def test_a_log_that_starts_at_a_snapshot_cleans_deterministically(
+        drawn: tuple[list[Batch], int], data: st.DataObject) -> None:
+    """A replica whose log starts at a snapshot (offset ``start`` > 0 or not) cleans
+    [start, dirty) with the state machine as its base state: cleaning to an earlier offset
+    first, or cleaning an already cleaned copy, gives the same bytes as cleaning once, and
+    the snapshot's rows plus the cleaned log replay to the raw log's rows."""
+    batches, start = drawn
+    end = batches[-1].next_offset
+    dirty_first = data.draw(st.integers(start, end))
+    dirty = data.draw(st.integers(dirty_first, end))
+    horizon_first = data.draw(st.integers(0, dirty_first))
+    horizon = data.draw(st.integers(horizon_first, dirty))
+    from_start = [b for b in batches if b.base_offset >= start]
+    with tempfile.TemporaryDirectory() as directory:
+        machine = StateMachine(str(Path(directory) / "full.db"))
+        try:
+            machine.apply(batches)  # every version stays readable: the base state at any offset
+            clean = lambda log, d, h: clean_prefix(  # noqa: E731
+                log, d, h, start_offset=start, base_state=machine.entries_at)
+            one_shot = clean(from_start, dirty, horizon)
+            first = clean(from_start, dirty_first, horizon_first)
+            incremental = clean(first.batches + tail(from_start, first.clean_end), dirty, horizon)
+            again = clean(one_shot.batches + tail(from_start, one_shot.clean_end), dirty, horizon)
+            kept = clean(from_start, dirty, start)
+        finally:
+            machine.close()
+        encode = lambda result: [encode_batch(b) for b in result.batches]  # noqa: E731
+        assert encode(incremental) == encode(one_shot) == encode(again)
+        assert all(b.base_offset >= start for b in one_shot.batches)
+        # With no tombstone dropped at or above the log start, the snapshot at ``start``
+        # followed by the cleaned log reaches the raw log's rows.
+        below = [b for b in batches if b.next_offset <= start]
+        assert rows(below + kept.batches + tail(from_start, kept.clean_end), Path(directory), "snap") == \
+            rows(batches, Path(directory), "raw")
+
+
+def test_base_state_is_asked_only_for_keys_the_log_does_not_name() -> None:
+    """From the first record whose effect depends on the state, the cleaner evaluates; keys a
+    cleaned record before it names come from that record, others from the base state."""
+    batches = [
+        Batch(10, 1, 1, False, (encode_command(Command((), (Op(OpKind.PUT, "a", b"1", "text/plain", 3),))),)),
+        Batch(11, 1, 2, False, (encode_command(Command(
+            (Compare("a", CompareKind.EXISTS, True), Compare("b", CompareKind.EXISTS, True)),
+            (Op(OpKind.PUT, "c", b"both"),), (Op(OpKind.PUT, "c", b"not both"),))),)),
+    ]
+    asked: list[tuple[list[str], int]] = []
+
+    def base_state(keys: list[str], version: int) -> dict[str, Entry | None]:
+        asked.append((list(keys), version))
+        return {key: Entry(key, b"old", "text/plain", 5, 2) if key == "b" else None for key in keys}
+
+    result = clean_prefix(batches, 12, 0, start_offset=10, base_state=base_state)
+    assert asked == [(["b", "c"], 11)]
+    assert result.evaluated_from == 11
+    survivor = decode_command(result.batches[-1].records[-1])
+    assert survivor.success == (Op(OpKind.PUT, "c", b"both", DEFAULT_CONTENT_TYPE, 12),)
+
+
+def test_records_that_do_not_decode_are_no_ops_in_any_position(tmp_path: Path) -> None:
+    """Malformed records (the state machine applies them as no-ops) neither stop the cleaner
+    nor change what survives, before or after the first record it must evaluate."""
+    import msgpack
+
+    garbage = (b"\xc1 not msgpack", msgpack.packb([1, [], [[1]], []]), msgpack.packb([1, [], [[2, "k"]], []]),
+               msgpack.packb([1, 0, [], []]))
+    batches = [
+        Batch(0, 1, 1, False, (*garbage, encode_command(Command((), (Op(OpKind.PUT, "a", b"1", "text/plain", 4),))))),
+        Batch(5, 1, 2, False, (encode_command(put("b", b"2")), *garbage, encode_command(delete("a")))),
+    ]
+    result = clean_prefix(batches, 11, 0)
+    assert result.evaluated_from == 5 and result.records_in == 11
+    assert rows(result.batches, tmp_path, "cleaned") == rows(batches, tmp_path, "raw") == [
+        ("b", b"2", DEFAULT_CONTENT_TYPE, 6, 6)]
+    assert [decode_command(record) for batch in result.batches for record in batch.records] == [
+        Command((), (Op(OpKind.PUT, "b", b"2", DEFAULT_CONTENT_TYPE, 6),)), delete("a")]

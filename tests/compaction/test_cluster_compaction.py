@@ -1,7 +1,8 @@
 """Compaction with real ``metakv serve`` processes (tests/cluster.py).
 
 - The KIP-595 scenario: an observer that was down while a tombstone was dropped must
-  re-bootstrap from a snapshot, never serve the deleted key, and answer 503 until consistent.
+  re-bootstrap from a snapshot, never serve the deleted key, and answer 503 until consistent;
+  then, under churn, it cleans its log from the snapshot on and keeps it bounded.
 - Churn over a fixed key set: cleaned replicas keep the log within a small factor of the live
   data; a replica that never cleans grows with the history. Cleaned prefixes are identical.
 - A crash before and after the cleaner's swap recovers to a valid log whose cleaned prefix is
@@ -68,7 +69,10 @@ def _compact(cluster: Cluster) -> dict[str, Any]:
 
 
 def test_kip595_observer_rebootstraps_and_never_serves_the_deleted_key(tmp_path: Path) -> None:
-    settings = {**FAST, "cleaner_interval_ms": 200, "cleaner_min_dirty_ratio": 0, "snapshot_every_records": 0}
+    # Tombstones stay 250 offsets below the cleaned end, so an observer some records behind
+    # the voters (observers do not hold the horizon back) continues without a snapshot.
+    settings = {**FAST, "cleaner_interval_ms": 200, "cleaner_min_dirty_ratio": 0, "snapshot_every_records": 0,
+                "tombstone_retention_records": 250}
     with Cluster(tmp_path, voters=3, observers=1, settings=settings) as cluster:
         observer = cluster.observers[0]
         cluster.wait_for_leader()
@@ -84,13 +88,13 @@ def test_kip595_observer_rebootstraps_and_never_serves_the_deleted_key(tmp_path:
         _write_until(cluster, 399, 20, "c")
         tombstone_version = _write(cluster, "DELETE", "victim")
         assert 390 <= tombstone_version <= 410
-        _write_until(cluster, 620, 20, "d")
+        _write_until(cluster, 760, 20, "d")
 
-        def cleaned_past_500() -> bool:  # on every voter: whichever leads later has cleaned
-            _compact(cluster)
+        def cleaned_past_700() -> bool:  # on every voter: whichever leads later has cleaned
+            _compact(cluster)  # (700: the tombstone must lie 250 records below the cleaned end)
             statuses = [_status(cluster, voter) for voter in cluster.voters]
-            return all(s["cleaned_end"] > 500 and s["dirty_offset"] > 500 for s in statuses)
-        cluster.wait_until(cleaned_past_500, WAIT_S, "voters cleaned past 500")
+            return all(s["cleaned_end"] > 700 and s["dirty_offset"] > 700 for s in statuses)
+        cluster.wait_until(cleaned_past_700, WAIT_S, "voters cleaned past 700")
         leader = cluster.wait_for_leader()
         for voter in cluster.voters:  # the tombstone is physically gone everywhere
             status = _status(cluster, voter)
@@ -132,6 +136,37 @@ def test_kip595_observer_rebootstraps_and_never_serves_the_deleted_key(tmp_path:
             expected = cluster.client().get(f"{leader.url}/v1/kv/f{index}").content
             got = cluster.client().get(f"{observer.url}/v1/kv/f{index}?min_version={version}&wait_ms=10000")
             assert got.content == expected
+
+        # The re-bootstrapped observer's log starts at the snapshot: it cleans from there, so
+        # churn leaves its log bounded by the live data (it used to grow without bound).
+        log_start = status["log_start_offset"]
+        keys, value_bytes, writes = 10, 1024, 600
+        _churn(cluster, writes, keys, value_bytes)
+        last_version = _status(cluster, cluster.wait_for_leader())["applied_version"]
+
+        def observer_cleaned_to_the_end() -> bool:
+            _compact(cluster)
+            observed = _status(cluster, observer)
+            return observed["cleaned_end"] >= last_version and observed["applied_version"] >= last_version
+        cluster.wait_until(observer_cleaned_to_the_end, WAIT_S, "observer cleaned from its snapshot to the end")
+        status = _status(cluster, observer)
+        assert status["log_start_offset"] >= log_start > 0
+        # It kept its log across most of the churn (not a fresh snapshot at the end) ...
+        assert status["log_end_offset"] - status["log_start_offset"] >= writes // 2, status
+        assert status["last_clean"]["log_start_offset"] == status["log_start_offset"]
+        assert status["prefix_digest"]["start_offset"] == status["log_start_offset"]
+        assert status["prefix_digest"]["end_offset"] == status["cleaned_end"]
+        # ... and that log stays within a small factor of the live data, where the records
+        # it holds would take at least 20 times as much uncleaned.
+        live_bytes = keys * (value_bytes + 4) + 20 * 16  # the churned keys and f0..f19
+        assert (writes // 2) * (6 / 7) * value_bytes >= 20 * live_bytes
+        assert status["log_size_bytes"] <= 3 * live_bytes, (status["log_size_bytes"], live_bytes)
+        for index in range(keys):
+            expected = cluster.client().get(
+                f"{cluster.wait_for_leader().url}/v1/kv/k{index}?min_version={last_version}&wait_ms=10000",
+                follow_redirects=True)
+            got = cluster.client().get(f"{observer.url}/v1/kv/k{index}?min_version={last_version}&wait_ms=10000")
+            assert (got.status_code, got.content) == (expected.status_code, expected.content)
 
 
 def _answers(cluster: Cluster, node: Node) -> bool:

@@ -161,8 +161,9 @@ def test_read_index_fails_without_a_quorum() -> None:
 
 
 def _node(voters: frozenset[int], node_id: int = 1, log: MemoryLog | None = None,
-          persisted: QuorumStateRecord | None = None) -> RaftNode:
-    config = RaftConfig(node_id=node_id, voters=voters, endpoint=f"http://n{node_id}")
+          persisted: QuorumStateRecord | None = None, tombstone_retention_records: int = 0) -> RaftNode:
+    config = RaftConfig(node_id=node_id, voters=voters, endpoint=f"http://n{node_id}",
+                        tombstone_retention_records=tombstone_retention_records)
     return RaftNode(config, log or MemoryLog(), persisted, random.Random(1), MemorySnapshotStore(), 0)
 
 
@@ -229,10 +230,10 @@ def test_bad_input_is_answered_or_dropped_and_changes_nothing(message: object) -
         assert getattr(envelope.message, "error", ErrorCode.NONE) != ErrorCode.NONE
 
 
-def _leader_of_three() -> tuple[RaftNode, MemoryLog]:
+def _leader_of_three(tombstone_retention_records: int = 0) -> tuple[RaftNode, MemoryLog]:
     """Node 1 elected by node 2's (pre-)votes, its LeaderChange record flushed and acked."""
     log = MemoryLog()
-    node = _node(frozenset({1, 2, 3}), log=log)
+    node = _node(frozenset({1, 2, 3}), log=log, tombstone_retention_records=tombstone_retention_records)
     node.tick(node.next_deadline_ms())
     assert node.role == Role.PROSPECTIVE
     node.handle(2_000, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 0, -1, True, True)))
@@ -275,6 +276,34 @@ def test_leader_computes_dirty_offset_and_tombstone_horizon() -> None:
     assert (node.dirty_offset, node.tombstone_horizon) == (1, 1)  # min over voters: voter 3 at 1
     answers = [e.message for e in ready.messages if isinstance(e.message, FetchResponse)]
     assert answers and answers[-1].dirty_offset == 1 and answers[-1].tombstone_horizon == 1
+
+
+@pytest.mark.parametrize("retention", [0, 4])
+def test_rebootstrap_rule_spares_fetchers_inside_the_tombstone_retention(retention: int) -> None:
+    """DESIGN sec. 3 with tombstone_retention_records: the cleaners drop tombstones only below
+    min(horizon, cleaned end - retention), so a fetcher at or above that bound continues
+    incrementally; one below it (past zero) is sent a snapshot (none exists yet: the leader
+    answers SNAPSHOT_NOT_FOUND and asks the runtime for one)."""
+    node, log = _leader_of_three(tombstone_retention_records=retention)
+    node.propose(2_020, [b"r%d" % index for index in range(10)])
+    log.flush()
+    node.on_flushed(2_021)
+    for voter in (2, 3):
+        node.handle(2_022, Envelope(voter, 1, FetchRequest(1, voter, 11, 1, 1, 0, "")))
+    assert (node.high_watermark, node.dirty_offset, node.tombstone_horizon) == (11, 11, 11)
+    log.replace_prefix(log.batches(), 11)  # cleaned below 11 (content unchanged)
+    node.take_ready()
+    bound = 11 - retention
+    for fetch_offset in (1, bound - 1, bound):
+        node.handle(2_030, Envelope(9, 1, FetchRequest(1, 9, fetch_offset, 1, 1, 0, "")))
+        answer = node.take_ready().messages[-1].message
+        assert isinstance(answer, FetchResponse)
+        if fetch_offset < bound:
+            assert answer.error == ErrorCode.SNAPSHOT_NOT_FOUND, fetch_offset
+            assert node.snapshot_wanted_offset == bound
+        else:
+            assert answer.error == ErrorCode.NONE and answer.snapshot_id is None, fetch_offset
+            assert fetch_offset == 11 or answer.records[0].next_offset > fetch_offset
 
 
 def test_high_watermark_waits_for_an_entry_of_the_leaders_own_epoch() -> None:

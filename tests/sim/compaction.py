@@ -5,7 +5,8 @@ machine (storage.state_machine.evaluate_commands, the evaluator the real one use
 
 Invariants, on top of tests/sim/cluster.py's (checked after every event):
 
-- cleaned prefixes are identical (same digest) on every replica that cleaned to one offset;
+- cleaned ranges are identical (same digest) on every replica that cleaned [log start, end)
+  for one log start and end (logs that start at a snapshot clean too);
 - a state a replica exposes as real (DESIGN sec. 3: its log end and applied version reached
   the dirty offset it learned from a leader in this run) equals the state every committed
   record up to that version produces, so no two replicas expose different states at one
@@ -21,6 +22,7 @@ import pickle
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from raft.log import MemoryLog
@@ -29,6 +31,7 @@ from raft.snapshots import MemorySnapshotStore
 from raft.types import SnapshotId
 from storage.cleaner import clean_prefix, prefix_digest
 from storage.commands import (
+    DEFAULT_CONTENT_TYPE,
     Command,
     CommandDecodeError,
     Compare,
@@ -74,9 +77,10 @@ class CompactionSim:
         self.seed = seed
         self.rng = random.Random(seed ^ 0x5EED)
         faults = NetworkFaults(drop_probability=0.03, duplicate_probability=0.02, delay_min_ms=1, delay_max_ms=8)
-        self.cluster = Cluster(seed, voters=3, observers=1, faults=faults)
+        self.cluster = Cluster(seed, voters=3, observers=1, faults=faults,
+                               config_overrides={"tombstone_retention_records": TOMBSTONE_RETENTION_RECORDS})
         self.models: dict[int, _Model] = {}
-        self.digests: dict[int, tuple[int, str]] = {}  # clean_end -> (first node, digest)
+        self.digests: dict[tuple[int, int], tuple[int, str]] = {}  # (start, clean_end) -> (node, digest)
         self.reference: list[tuple[tuple[str, bytes, int, int], ...]] = [()]  # version -> state
         self._reference_state: State = dict.fromkeys(KEYS)
         self.pending_checks: dict[int, tuple[int, tuple[tuple[str, bytes, int, int], ...]]] = {}
@@ -193,30 +197,44 @@ class CompactionSim:
     # ------------------------------------------------------------------ the plan
 
     def clean(self, node_id: int) -> None:
+        """Clean one replica's log from its start offset (0, or a snapshot's end) to the
+        dirty offset it learned; a log that starts at a snapshot takes its base state from
+        the committed history (the real runtime asks its state machine)."""
         node = self.cluster.nodes[node_id]
         core = node.core
         if core is None:
             return
         model = self._model(node)
         log = node.log
+        start = log.start_offset()
         target = min(core.dirty_offset, model.applied, log.flushed_offset())
-        if log.start_offset() > 0 or target <= log.cleaned_end():
+        if target <= max(start, log.cleaned_end()):
             return
         batches = [batch for batch in log.batches() if batch.next_offset <= target]
-        if not batches or batches[-1].next_offset <= log.cleaned_end():
+        if not batches or batches[-1].next_offset <= max(start, log.cleaned_end()):
             return
         clean_end = batches[-1].next_offset
         horizon = min(core.tombstone_horizon, max(0, clean_end - TOMBSTONE_RETENTION_RECORDS))
-        result = clean_prefix(batches, target, horizon)
+        result = clean_prefix(batches, target, horizon, start_offset=start, base_state=self._committed_state_at)
         log.replace_prefix(result.batches, result.clean_end)
         self.cluster.compacted_below = max(self.cluster.compacted_below, result.clean_end)
         digest = prefix_digest(result.batches, result.clean_end)
-        first = self.digests.setdefault(result.clean_end, (node_id, digest))
+        first = self.digests.setdefault((start, result.clean_end), (node_id, digest))
         if first[1] != digest:
-            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first[0]} and {node_id} cleaned to "
-                                     f"{result.clean_end} with different prefixes")
+            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first[0]} and {node_id} cleaned "
+                                     f"[{start}, {result.clean_end}) to different bytes")
         self.cluster.stats["sim_cleanings"] += 1
+        if start > 0:
+            self.cluster.stats["sim_cleanings_from_snapshot"] += 1
         self.cluster.stats["sim_tombstones_dropped"] += result.tombstones_dropped
+
+    def _committed_state_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
+        self._advance_reference()
+        if version >= len(self.reference):
+            raise InvariantViolation(f"cleaner asked for version {version}, committed only {len(self.reference) - 1}")
+        rows = {key: Entry(key, value, DEFAULT_CONTENT_TYPE, mod_version, create_version)
+                for key, value, mod_version, create_version in self.reference[version]}
+        return {key: rows.get(key) for key in keys}
 
     def propose(self) -> None:
         rng = self.rng
