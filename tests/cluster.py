@@ -271,14 +271,18 @@ class Cluster:
         return response.json() if response.status_code == 200 else None
 
     def wait_for_leader(self, timeout_s: float = DEFAULT_WAIT_S, exclude: Sequence[int] = ()) -> Node:
-        """The node that reports itself leader, with every other answering running voter
-        agreeing on it (so a write sent to it is not redirected elsewhere)."""
+        """The node that reports itself leader, with a majority of the answering voters
+        agreeing on it (so a write sent to it is not redirected elsewhere), once every running,
+        unpaused node answers HTTP (a node still starting on a loaded machine would refuse the
+        test's next request)."""
         deadline = time.monotonic() + timeout_s
         while True:
             statuses = {node.node_id: self.status(node) for node in self.nodes.values()
                         if node.node_id not in exclude}
+            starting = [node_id for node_id, s in statuses.items()
+                        if s is None and self.nodes[node_id].running() and not self.nodes[node_id].paused]
             leaders = [s for s in statuses.values() if s is not None and s.get("role") == "leader"]
-            if leaders:
+            if leaders and not starting:
                 leader = max(leaders, key=lambda s: s["epoch"])
                 agreeing = [s for s in statuses.values() if s is not None and s.get("leader_id") == leader["node_id"]]
                 if len(agreeing) >= len(self.voters) // 2 + 1 or len(agreeing) == len(
