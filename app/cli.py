@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -165,6 +166,12 @@ async def _serve(config: NodeConfig) -> int:
         print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     app = create_app(runtime)
+    # Everything built so far (modules, FastAPI app, pydantic schemas, SQLAlchemy metadata)
+    # lives as long as the process: move it out of the collector's reach, so a full
+    # collection no longer scans ~85,000 startup objects on the event loop (a 10-250 ms
+    # stall, measured; one shows up in every p99).
+    gc.collect()
+    gc.freeze()
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
         http="httptools", lifespan="off", access_log=False, log_level="warning",
