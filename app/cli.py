@@ -156,6 +156,7 @@ def serve(config: NodeConfig) -> int:
 
 async def _serve(config: NodeConfig) -> int:
     from app.http import create_app
+    from app.http_protocol import CoalescingHttpToolsProtocol
     from app.runtime import NodeRuntime
 
     runtime = NodeRuntime(config)
@@ -174,7 +175,7 @@ async def _serve(config: NodeConfig) -> int:
     gc.freeze()
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
-        http="httptools", lifespan="off", access_log=False, log_level="warning",
+        http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
     ))
     loop = asyncio.get_running_loop()
