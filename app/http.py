@@ -1049,6 +1049,15 @@ class MetakvApp(FastAPI):
 
     key_routes: ASGIApp | None = None
 
+    def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
+        """Refused once the key routes are installed: FastAPI middleware would never see
+        /v1/kv/ requests (auth would silently not apply to them). Wrap the app instead:
+        ``app = SomeMiddleware(create_app(service))``."""
+        if self.key_routes is not None:
+            raise RuntimeError("MetakvApp serves /v1/kv/ ahead of FastAPI's middleware stack: "
+                               "wrap the ASGI app create_app returns instead of add_middleware")
+        super().add_middleware(middleware_class, *args, **kwargs)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.key_routes is not None and scope["type"] == "http" and scope["path"].startswith(KEY_PATH_PREFIX):
             await self.key_routes(scope, receive, send)
