@@ -26,7 +26,7 @@ import hmac
 import json
 import os
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -465,13 +465,15 @@ class AuthMiddleware:
 # Installing it, and documenting it in /openapi.json
 
 
-def install_auth(app: FastAPI, policy: AuthPolicy | None, max_txn_body_bytes: int) -> None:
+def install_auth(app: FastAPI, policy: AuthPolicy | None,
+                 max_txn_body_bytes: int) -> Callable[[ASGIApp], ASGIApp]:
     """Enforce ``policy`` on ``app`` and describe it in its OpenAPI document; no policy
     (auth disabled, the default) installs nothing. Call after every route is defined and
     before the edge middleware, so 401/403 answers still carry the node headers and count
-    in the request metrics."""
+    in the request metrics. Returns the wrapper to put around any ASGI handler that app
+    serves ahead of its middleware stack (the key routes), so auth applies to them too."""
     if policy is None:
-        return
+        return lambda handler: handler
     open_paths = _OPEN_PATHS | frozenset(
         path for path in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if path)
     for route in app.routes:
@@ -493,6 +495,7 @@ def install_auth(app: FastAPI, policy: AuthPolicy | None, max_txn_body_bytes: in
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(AuthMiddleware, policy=policy, max_txn_body_bytes=max_txn_body_bytes,
                        open_paths=open_paths)
+    return lambda handler: AuthMiddleware(handler, policy, max_txn_body_bytes, open_paths)
 
 
 _PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}

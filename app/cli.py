@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -158,6 +159,7 @@ def serve(config: NodeConfig) -> int:
 
 async def _serve(config: NodeConfig) -> int:
     from app.http import create_app
+    from app.http_protocol import CoalescingHttpToolsProtocol
     from app.runtime import NodeRuntime
 
     runtime = NodeRuntime(config)
@@ -168,9 +170,15 @@ async def _serve(config: NodeConfig) -> int:
         print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     app = create_app(runtime)
+    # Everything built so far (modules, FastAPI app, pydantic schemas, SQLAlchemy metadata)
+    # lives as long as the process: move it out of the collector's reach, so a full
+    # collection no longer scans ~85,000 startup objects on the event loop (a 10-250 ms
+    # stall, measured; one shows up in every p99).
+    gc.collect()
+    gc.freeze()
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
-        http="httptools", lifespan="off", access_log=False, log_level="warning",
+        http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
     ))
     loop = asyncio.get_running_loop()

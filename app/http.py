@@ -13,6 +13,7 @@ response, requests-by-route-and-status counters and the latency histogram, and t
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import logging
 import re
@@ -20,10 +21,11 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
-from urllib.parse import unquote_to_bytes
+from typing import Annotated, Any, Literal, get_type_hints
+from urllib.parse import parse_qsl, unquote_to_bytes
 
-from fastapi import FastAPI, Header, Path, Query, Request
+import orjson
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -43,10 +45,11 @@ from pydantic import (
     Field,
     StrictBool,
     Tag,
+    TypeAdapter,
     ValidationError,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import install_auth
@@ -86,8 +89,12 @@ WATCH_EVENTS_MAX = 1000  # events per long-poll answer or per SSE read
 DEFAULT_WAIT_MS = 5000
 DEFAULT_WATCH_TIMEOUT_MS = 30_000
 RETRY_AFTER_SECONDS = 1
+EDGE_LABEL_CACHE_MAX = 1024  # labelled metric children an edge layer keeps at hand
 WAIT_EARLY_RETURN_S = 0.005  # a change wait ending this long before its deadline was cut short
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+KEY_PATH_PREFIX = "/v1/kv/"  # every path under it is a key route (_KeyRoutes)
+KEY_PATH_PREFIX_BYTES = KEY_PATH_PREFIX.encode()
+KEY_ROUTE_TEMPLATE = "/v1/kv/{key:path}"  # the route label of the key routes in metrics
 PROBLEM_TYPE_PREFIX = "urn:metakv:problem:"
 LATENCY_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -160,14 +167,85 @@ def _problem_body(status: int, slug: str, title: str, detail: str, extras: dict[
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _problem_response(request: Request | None, status: int, slug: str, title: str, detail: str,
-                      headers: dict[str, str] | None = None, **extras: Any) -> Response:
-    body = _problem_body(status, slug, title, detail, extras)
-    response_headers = dict(headers or {})
-    if request is not None and request.method == "HEAD":
-        response_headers["content-length"] = str(len(body))
-        body = b""
-    return Response(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=response_headers)
+@dataclass(slots=True)
+class _Answer:
+    """A response as its two ASGI messages carry it: what the key routes send directly, and
+    what every problem document is rendered to (FastAPI's routes wrap it in a Response)."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    async def send(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def _problem_answer(problem: ProblemError, head: bool) -> _Answer:
+    """The problem document of ``problem``; a HEAD answer keeps the document's length only."""
+    body = _problem_body(problem.status, problem.slug, problem.title, problem.detail, problem.extras)
+    headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in problem.headers.items()]
+    headers.append((b"content-length", str(len(body)).encode()))
+    headers.append((b"content-type", PROBLEM_MEDIA_TYPE.encode()))
+    return _Answer(problem.status, headers, b"" if head else body)
+
+
+def _problem_response(request: Request, problem: ProblemError) -> Response:
+    answer = _problem_answer(problem, request.method == "HEAD")
+    response = Response(answer.body, status_code=answer.status)
+    response.raw_headers = answer.headers
+    return response
+
+
+def _not_leader_problem(exc: NotLeaderError, scope: Scope) -> ProblemError:
+    """307 to the same path and query on the leader, or 503 when no leader is known."""
+    leader = exc.leader_id if exc.leader_id >= 0 else None
+    if not exc.leader_url:
+        return ProblemError(503, "no-leader", "No leader", "no leader is known right now; retry",
+                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)}, leader=leader)
+    # Raw bytes of path and query, latin-1 both ways, so the Location repeats them exactly.
+    # (httpx's ASGI transport puts the query into raw_path too: cut it there.)
+    raw_path: bytes = (scope.get("raw_path") or scope["path"].encode()).split(b"?", 1)[0]
+    location = exc.leader_url.rstrip("/") + raw_path.decode("latin-1")
+    query: bytes = scope.get("query_string", b"")
+    if query:
+        location += "?" + query.decode("latin-1")
+    return ProblemError(307, "not-leader", "Not the leader",
+                        f"this node is not the leader; send the request to {exc.leader_url}",
+                        headers={"Location": location}, leader=leader, leader_url=exc.leader_url)
+
+
+def _as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
+    """The problem document a route's exception answers with (shared/API.md); None for an
+    exception nobody expected, which the edge turns into a logged 500."""
+    retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    if isinstance(exc, ProblemError):
+        return exc
+    if isinstance(exc, NotLeaderError):
+        return _not_leader_problem(exc, scope)
+    if isinstance(exc, WriteRejectedError):
+        return ProblemError(503, "write-rejected", "Write rejected", f"the write did not happen: {exc}", headers=retry)
+    if isinstance(exc, IndeterminateError):
+        return ProblemError(504, "indeterminate", "Outcome unknown",
+                            f"the write may or may not have happened: {exc}", indeterminate=True)
+    if isinstance(exc, NotReadyError):
+        return ProblemError(503, "not-ready", "Not ready", f"this node cannot serve consistent reads yet: {exc}",
+                            headers=retry)
+    if isinstance(exc, VersionWaitTimeoutError):
+        return ProblemError(504, "version-not-reached", "Version not reached",
+                            f"this node is still at version {exc.current_version}",
+                            current_version=exc.current_version)
+    if isinstance(exc, VersionCompactedError):
+        oldest = int(getattr(exc, "oldest_version", 0))
+        return ProblemError(410, "version-compacted", "Version compacted",
+                            f"versions below {oldest} are no longer retained; re-list, then watch from the list's version",
+                            oldest_version=oldest)
+    if isinstance(exc, VersionNotAppliedError):
+        # wait_readable should have waited for the version; answer as its timeout would.
+        current = int(getattr(exc, "applied_version", 0))
+        return ProblemError(504, "version-not-reached", "Version not reached",
+                            f"this node is still at version {current}", current_version=current)
+    return None
 
 
 def _problem_content() -> dict[str, Any]:
@@ -553,15 +631,14 @@ def _render_op_result(result: Any) -> dict[str, Any]:
 # Request parsing helpers
 
 
-def _key_from_request(request: Request) -> str:
+def _key_from_scope(scope: Scope) -> str:
     """The key as the client sent it: from the raw path, so that percent-encoded bytes that
     are not UTF-8 are refused rather than silently replaced with U+FFFD."""
-    raw_path: bytes | None = request.scope.get("raw_path")
-    prefix = b"/v1/kv/"
-    if raw_path and raw_path.startswith(prefix):
-        raw_key = unquote_to_bytes(raw_path[len(prefix):].split(b"?", 1)[0])
+    raw_path: bytes | None = scope.get("raw_path")
+    if raw_path and raw_path.startswith(KEY_PATH_PREFIX_BYTES):
+        raw_key = unquote_to_bytes(raw_path[len(KEY_PATH_PREFIX_BYTES):].split(b"?", 1)[0])
     else:
-        raw_key = str(request.path_params.get("key", "")).encode("utf-8", "surrogatepass")
+        raw_key = scope["path"][len(KEY_PATH_PREFIX):].encode("utf-8", "surrogatepass")
     if not raw_key:
         raise ProblemError(400, "invalid-key", "Invalid key", "the key must not be empty")
     if len(raw_key) > KEY_MAX_BYTES:
@@ -578,7 +655,7 @@ def _key_from_request(request: Request) -> str:
 async def _read_body_bounded(request: Request, limit_bytes: int, what: str, slug: str) -> bytes:
     """Read the body, refusing it (413) from Content-Length before reading and while reading,
     so a client cannot make this node buffer more than ``limit_bytes``."""
-    declared = request.headers.get("content-length")
+    declared = _header(request.scope, b"content-length")
     if declared is not None:
         try:
             declared_bytes = int(declared)
@@ -713,10 +790,14 @@ class _EdgeMiddleware:
         self.service = service
         self.metrics = metrics
         self.route_label = route_label
+        # Labelled children, looked up once per label set instead of per request (labels()
+        # takes a lock and validates); bounded, since the method label comes from clients.
+        self._counters: dict[tuple[str, str, int], Any] = {}
+        self._histograms: dict[tuple[str, str], Any] = {}
 
     def _node_headers(self) -> list[tuple[bytes, bytes]]:
         try:
-            return [(name.lower().encode(), value.encode()) for name, value in self.service.headers().as_dict().items()]
+            return self.service.headers().as_raw()
         except Exception:
             log.exception("service.headers() failed; answering without node headers")
             return []
@@ -750,10 +831,22 @@ class _EdgeMiddleware:
                                                      (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
         finally:
-            route = self.route_label(scope)
-            method = str(scope.get("method", ""))
-            self.metrics.requests.labels(route, method, str(status_code)).inc()
-            self.metrics.latency.labels(route, method).observe(time.perf_counter() - started_s)
+            self._record(self.route_label(scope), str(scope.get("method", "")), status_code,
+                         time.perf_counter() - started_s)
+
+    def _record(self, route: str, method: str, status_code: int, elapsed_s: float) -> None:
+        counter = self._counters.get((route, method, status_code))
+        if counter is None:
+            counter = self.metrics.requests.labels(route, method, str(status_code))
+            if len(self._counters) < EDGE_LABEL_CACHE_MAX:
+                self._counters[(route, method, status_code)] = counter
+        counter.inc()
+        histogram = self._histograms.get((route, method))
+        if histogram is None:
+            histogram = self.metrics.latency.labels(route, method)
+            if len(self._histograms) < EDGE_LABEL_CACHE_MAX:
+                self._histograms[(route, method)] = histogram
+        histogram.observe(elapsed_s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -788,6 +881,160 @@ _COMMON_HEADERS = {
 }
 
 
+def _invalid_parameters(errors: list[dict[str, str]]) -> ProblemError:
+    detail = "; ".join(_describe(e) for e in errors) or "invalid request"
+    return ProblemError(400, "invalid-parameter", "Invalid parameter", detail, errors=errors)
+
+
+async def _wait_readable(service: KVService, settings: HttpSettings, consistency: Consistency,
+                         min_version: int | None, wait_ms: int, at_version: int | None) -> None:
+    """Wait until this node may answer a read (at_version implies waiting for that version)."""
+    if at_version is not None:
+        min_version = max(min_version or 0, at_version)
+    await service.wait_readable(consistency, min_version, _clamp_ms(wait_ms, settings.max_wait_ms))
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a (lower-case) request header, as Starlette's Headers.get reads it."""
+    for header_name, value in scope["headers"]:
+        if header_name == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Parameter:
+    """A query parameter or header of a key route, validated by the same annotated type
+    FastAPI documents it with, so values, defaults and error messages are FastAPI's."""
+
+    argument: str  # the endpoint's argument name
+    location: Literal["query", "header"]
+    wire_name: str  # query name, or header name as documented
+    lookup: str | bytes  # query name, or lower-case header name
+    adapter: TypeAdapter[Any]
+    default: Any
+
+
+def _parameters_of(endpoint: Callable[..., Any]) -> tuple[_Parameter, ...]:
+    """The Query and Header arguments of an endpoint, from its signature."""
+    hints = get_type_hints(endpoint, include_extras=True)
+    parameters = []
+    for name, parameter in inspect.signature(endpoint).parameters.items():
+        info = next((m for m in getattr(hints.get(name), "__metadata__", ()) if isinstance(m, params.Query | params.Header)), None)
+        if info is None:
+            continue
+        if isinstance(info, params.Header):
+            wire_name = info.alias or name
+            parameters.append(_Parameter(name, "header", wire_name, wire_name.lower().encode("latin-1"),
+                                         TypeAdapter(hints[name]), parameter.default))
+        else:
+            parameters.append(_Parameter(name, "query", name, name, TypeAdapter(hints[name]), parameter.default))
+    return tuple(parameters)
+
+
+def _parse_parameters(parameters: tuple[_Parameter, ...], scope: Scope) -> dict[str, Any]:
+    """Arguments from the query string and headers; every invalid one is listed in one 400,
+    queries before headers, as FastAPI reports them. Absent: the default, unvalidated."""
+    query_string: bytes = scope.get("query_string", b"")
+    # As Starlette's QueryParams: latin-1, blank values kept, the last of repeated names wins.
+    query = dict(parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)) if query_string else {}
+    arguments: dict[str, Any] = {}
+    errors: list[dict[str, str]] = []
+    for parameter in parameters:
+        if parameter.location == "query":
+            raw = query.get(str(parameter.lookup))
+        else:
+            raw = _header(scope, bytes(parameter.lookup))  # type: ignore[arg-type]
+        if raw is None:
+            arguments[parameter.argument] = parameter.default
+            continue
+        try:
+            arguments[parameter.argument] = parameter.adapter.validate_python(raw)
+        except ValidationError as exc:
+            errors.extend({"location": ".".join([parameter.location, parameter.wire_name, *map(str, error["loc"])]),
+                           "message": str(error.get("msg", ""))} for error in exc.errors())
+    if errors:
+        raise _invalid_parameters(errors)
+    return arguments
+
+
+def _json_answer(document: dict[str, Any]) -> _Answer:
+    body = orjson.dumps(document)  # compact, UTF-8 unescaped: the bytes FastAPI's JSONResponse wrote
+    return _Answer(200, [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")], body)
+
+
+class _KeyRoutes:
+    """GET, HEAD, PUT and DELETE /v1/kv/{key}: the hot routes, as one small ASGI app.
+
+    Why not FastAPI routes: its per-request machinery (middleware stack, routing, dependency
+    solving and validation of every parameter) cost more CPU than everything else a write
+    does on the leader (docs/http.md). This app parses exactly what shared/API.md defines and
+    calls the same endpoint methods FastAPI documents in /openapi.json (create_app registers
+    them on a documentation-only router), with the same annotated types validating each
+    parameter, and maps exceptions through the same _as_problem."""
+
+    def __init__(self, service: KVService, settings: HttpSettings) -> None:
+        self.service = service
+        self.settings = settings
+        self.state = service.state
+        read, write = _parameters_of(self.get_key), _parameters_of(self.put_key)
+        self.routes: dict[str, tuple[Callable[..., Awaitable[_Answer]], tuple[_Parameter, ...]]] = {
+            "GET": (self.get_key, read), "HEAD": (self.get_key, read),
+            "PUT": (self.put_key, write), "DELETE": (self.delete_key, _parameters_of(self.delete_key)),
+        }
+        self.allow = ", ".join(sorted(self.routes))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        try:
+            route = self.routes.get(method)
+            if route is None:
+                raise ProblemError(405, "method-not-allowed", "Method not allowed", "Method Not Allowed",
+                                   headers={"Allow": self.allow})
+            endpoint, parameters = route
+            arguments = _parse_parameters(parameters, scope)
+            answer = await endpoint(Request(scope, receive), _key_from_scope(scope), **arguments)
+        except Exception as exc:
+            problem = _as_problem(exc, scope)
+            if problem is None:
+                raise  # the edge logs it and answers 500
+            answer = _problem_answer(problem, method == "HEAD")
+        await answer.send(send)
+
+    async def get_key(self, request: Request, key: KeyPath, consistency: ConsistencyQuery = "local",
+                      min_version: MinVersionQuery = None, wait_ms: WaitMsQuery = DEFAULT_WAIT_MS,
+                      at_version: AtVersionQuery = None) -> _Answer:
+        # GET, and HEAD: the same headers, no body. (No docstring: FastAPI would publish it.)
+        await _wait_readable(self.service, self.settings, consistency, min_version, wait_ms, at_version)
+        _version, entry = self.state.get(key, at_version=at_version)
+        if entry is None:
+            raise ProblemError(404, "key-not-found", "Key not found", f"no key {key!r}")
+        content_type = entry.content_type if _CONTENT_TYPE_RE.fullmatch(entry.content_type) else DEFAULT_CONTENT_TYPE
+        headers = [(b"content-type", content_type.encode("latin-1")), (b"etag", f'"{entry.mod_version}"'.encode()),
+                   (b"x-create-version", str(entry.create_version).encode()),
+                   (b"content-length", str(len(entry.value)).encode())]
+        return _Answer(200, headers, b"" if request.method == "HEAD" else entry.value)
+
+    async def put_key(self, request: Request, key: KeyPath,
+                      if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None) -> _Answer:
+        content_type = _header(request.scope, b"content-type") or DEFAULT_CONTENT_TYPE
+        if len(content_type) > CONTENT_TYPE_MAX_BYTES or not _CONTENT_TYPE_RE.fullmatch(content_type):
+            raise ProblemError(400, "invalid-content-type", "Invalid Content-Type",
+                               f"Content-Type must be a media type (type/subtype; name=value) of at most {CONTENT_TYPE_MAX_BYTES} characters")
+        compares = _write_compares(key, if_match, if_none_match)
+        value = await _read_body_bounded(request, self.settings.max_value_bytes, "the value", "value-too-large")
+        result = await self.service.propose(put(key, value, content_type, compares))
+        _check_condition(result, key)
+        return _json_answer({"key": key, "version": result.version, "created": bool(result.ops[0].created)})
+
+    async def delete_key(self, request: Request, key: KeyPath,
+                         if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None) -> _Answer:
+        compares = _write_compares(key, if_match, if_none_match)
+        result = await self.service.propose(delete(key, compares))
+        _check_condition(result, key)
+        return _json_answer({"key": key, "version": result.version, "deleted": bool(result.ops[0].deleted)})
+
+
 def _settings_from(service: KVService) -> HttpSettings:
     """HttpSettings fields the service carries as attributes of the same name (the runtime's
     configured max_value_bytes, say) override the defaults."""
@@ -796,71 +1043,50 @@ def _settings_from(service: KVService) -> HttpSettings:
     return HttpSettings(**overrides)
 
 
-def create_app(service: KVService, settings: HttpSettings | None = None) -> FastAPI:
+class MetakvApp(FastAPI):
+    """FastAPI, except that every path under /v1/kv/ goes straight to the key routes (behind
+    their own edge layer) instead of through FastAPI's middleware stack and router. It stays
+    one ASGI app, so a middleware wrapping it (auth) sees every request."""
+
+    key_routes: ASGIApp | None = None
+
+    def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
+        """Refused once the key routes are installed: FastAPI middleware would never see
+        /v1/kv/ requests (auth would silently not apply to them). Wrap the app instead:
+        ``app = SomeMiddleware(create_app(service))``."""
+        if self.key_routes is not None:
+            raise RuntimeError("MetakvApp serves /v1/kv/ ahead of FastAPI's middleware stack: "
+                               "wrap the ASGI app create_app returns instead of add_middleware")
+        super().add_middleware(middleware_class, *args, **kwargs)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.key_routes is not None and scope["type"] == "http" and scope["path"].startswith(KEY_PATH_PREFIX):
+            await self.key_routes(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(service: KVService, settings: HttpSettings | None = None) -> MetakvApp:
     """The FastAPI application serving ``service`` per shared/API.md. Without ``settings``,
     bounds come from the service's attributes of the same names, else the defaults."""
     settings = settings or _settings_from(service)
     registry = getattr(service, "metrics", None)
     if not isinstance(registry, CollectorRegistry):
         registry = CollectorRegistry()
-    app = FastAPI(title="metakv", version="1", description="Replicated key-value metadata store (shared/API.md).")
+    app = MetakvApp(title="metakv", version="1", description="Replicated key-value metadata store (shared/API.md).")
     state = service.state
 
-    # ---- exception mapping ------------------------------------------------------------------
+    # ---- exception mapping (the key routes map through the same _as_problem) ---------------
 
-    def _redirect_or_unavailable(request: Request, exc: NotLeaderError) -> Response:
-        leader = exc.leader_id if exc.leader_id >= 0 else None
-        if exc.leader_url:
-            raw_path: bytes = request.scope.get("raw_path") or request.url.path.encode()
-            location = exc.leader_url.rstrip("/") + raw_path.decode("latin-1")
-            if request.url.query:
-                location += "?" + request.url.query
-            return _problem_response(request, 307, "not-leader", "Not the leader",
-                                     f"this node is not the leader; send the request to {exc.leader_url}",
-                                     headers={"Location": location}, leader=leader, leader_url=exc.leader_url)
-        return _problem_response(request, 503, "no-leader", "No leader", "no leader is known right now; retry",
-                                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)}, leader=leader)
-
-    async def on_problem(request: Request, exc: Exception) -> Response:
-        if not isinstance(exc, ProblemError):
+    async def on_route_error(request: Request, exc: Exception) -> Response:
+        problem = _as_problem(exc, request.scope)
+        if problem is None:
             raise exc
-        return _problem_response(request, exc.status, exc.slug, exc.title, exc.detail, exc.headers, **exc.extras)
-
-    async def on_service_error(request: Request, exc: Exception) -> Response:
-        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        if isinstance(exc, NotLeaderError):
-            return _redirect_or_unavailable(request, exc)
-        if isinstance(exc, WriteRejectedError):
-            return _problem_response(request, 503, "write-rejected", "Write rejected",
-                                     f"the write did not happen: {exc}", headers=retry)
-        if isinstance(exc, IndeterminateError):
-            return _problem_response(request, 504, "indeterminate", "Outcome unknown",
-                                     f"the write may or may not have happened: {exc}", indeterminate=True)
-        if isinstance(exc, NotReadyError):
-            return _problem_response(request, 503, "not-ready", "Not ready",
-                                     f"this node cannot serve consistent reads yet: {exc}", headers=retry)
-        if isinstance(exc, VersionWaitTimeoutError):
-            return _problem_response(request, 504, "version-not-reached", "Version not reached",
-                                     f"this node is still at version {exc.current_version}",
-                                     current_version=exc.current_version)
-        raise exc
-
-    async def on_compacted(request: Request, exc: Exception) -> Response:
-        oldest = int(getattr(exc, "oldest_version", 0))
-        return _problem_response(request, 410, "version-compacted", "Version compacted",
-                                 f"versions below {oldest} are no longer retained; re-list, then watch from the list's version",
-                                 oldest_version=oldest)
-
-    async def on_not_applied(request: Request, exc: Exception) -> Response:
-        # wait_readable should have waited for the version; answer as its timeout would.
-        current = int(getattr(exc, "applied_version", 0))
-        return _problem_response(request, 504, "version-not-reached", "Version not reached",
-                                 f"this node is still at version {current}", current_version=current)
+        return _problem_response(request, problem)
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         errors = _validation_errors(exc) if isinstance(exc, RequestValidationError) else []
-        detail = "; ".join(_describe(e) for e in errors) or "invalid request"
-        return _problem_response(request, 400, "invalid-parameter", "Invalid parameter", detail, errors=errors)
+        return _problem_response(request, _invalid_parameters(errors))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         if not isinstance(exc, StarletteHTTPException):
@@ -869,8 +1095,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(_allowed_methods(request.scope))
-        return _problem_response(request, exc.status_code, slug, slug.replace("-", " ").capitalize(),
-                                 str(exc.detail), headers=headers)
+        return _problem_response(request, ProblemError(exc.status_code, slug, slug.replace("-", " ").capitalize(),
+                                                       str(exc.detail), headers=headers))
 
     def _allowed_methods(scope: Scope) -> list[str]:
         """Every method any route serves at this path (Starlette names only the first route's)."""
@@ -881,90 +1107,47 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
                 methods |= set(getattr(route, "methods", None) or ())
         return sorted(methods)
 
-    app.add_exception_handler(ProblemError, on_problem)
-    for error_class in (NotLeaderError, WriteRejectedError, IndeterminateError, NotReadyError, VersionWaitTimeoutError):
-        app.add_exception_handler(error_class, on_service_error)
-    app.add_exception_handler(VersionCompactedError, on_compacted)
-    app.add_exception_handler(VersionNotAppliedError, on_not_applied)
+    for error_class in (ProblemError, NotLeaderError, WriteRejectedError, IndeterminateError, NotReadyError,
+                        VersionWaitTimeoutError, VersionCompactedError, VersionNotAppliedError):
+        app.add_exception_handler(error_class, on_route_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
 
-    # ---- keys -------------------------------------------------------------------------------
+    # ---- keys: served by _KeyRoutes ahead of FastAPI, documented through FastAPI -----------
 
+    key_routes = _KeyRoutes(service, settings)
+    # Never served: it only feeds /openapi.json, from the signatures of the very methods
+    # _KeyRoutes calls, so the document and the parsing cannot drift apart.
+    key_documentation = APIRouter()
     read_statuses = _problems(307, 400, 404, 410, 413, 503, 504)
     write_statuses = _problems(307, 400, 412, 413, 503, 504)
-
-    async def _wait(consistency: Consistency, min_version: int | None, wait_ms: int, at_version: int | None) -> None:
-        if at_version is not None:
-            min_version = max(min_version or 0, at_version)
-        await service.wait_readable(consistency, min_version, _clamp_ms(wait_ms, settings.max_wait_ms))
-
-    async def _read_key(request: Request, consistency: Consistency, min_version: int | None,
-                        wait_ms: int, at_version: int | None) -> Response:
-        key = _key_from_request(request)
-        await _wait(consistency, min_version, wait_ms, at_version)
-        _version, entry = state.get(key, at_version=at_version)
-        if entry is None:
-            raise ProblemError(404, "key-not-found", "Key not found", f"no key {key!r}")
-        content_type = entry.content_type if _CONTENT_TYPE_RE.fullmatch(entry.content_type) else DEFAULT_CONTENT_TYPE
-        headers = {"content-type": content_type, "ETag": f'"{entry.mod_version}"',
-                   "X-Create-Version": str(entry.create_version)}
-        if request.method == "HEAD":
-            headers["content-length"] = str(len(entry.value))
-            return Response(b"", headers=headers)
-        return Response(entry.value, headers=headers)
-
     value_response = {200: {
         "description": "the value as raw bytes with its stored Content-Type",
         "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
         "headers": {"ETag": {"schema": {"type": "string"}, "description": '"<mod_version>"'},
                     "X-Create-Version": {"schema": {"type": "integer"}}},
     }}
+    key_documentation.add_api_route(
+        KEY_ROUTE_TEMPLATE, key_routes.get_key, methods=["GET"], name="get_key", tags=["keys"],
+        summary="Read a key", response_class=Response, response_model=None,
+        responses={**value_response, **read_statuses})
+    key_documentation.add_api_route(
+        KEY_ROUTE_TEMPLATE, key_routes.get_key, methods=["HEAD"], name="head_key", tags=["keys"],
+        summary="The headers of GET", response_class=Response, response_model=None,
+        responses={200: {"description": "the headers of GET, no body", "headers": value_response[200]["headers"]},
+                   **read_statuses})
+    key_documentation.add_api_route(
+        KEY_ROUTE_TEMPLATE, key_routes.put_key, methods=["PUT"], name="put_key", tags=["keys"],
+        summary="Set a key to the request body", response_model=WriteResult, responses=write_statuses,
+        openapi_extra={"requestBody": {"required": False, "description": "the value; its Content-Type is stored",
+                                       "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                                                   "text/plain": {"schema": {"type": "string"}}}}})
+    key_documentation.add_api_route(
+        KEY_ROUTE_TEMPLATE, key_routes.delete_key, methods=["DELETE"], name="delete_key", tags=["keys"],
+        summary="Delete a key (writes a tombstone)", response_model=DeleteResult, responses=write_statuses)
 
-    @app.get("/v1/kv/{key:path}", tags=["keys"], summary="Read a key", response_class=Response,
-             responses={**value_response, **read_statuses})
-    async def get_key(request: Request, key: KeyPath, consistency: ConsistencyQuery = "local",
-                      min_version: MinVersionQuery = None, wait_ms: WaitMsQuery = DEFAULT_WAIT_MS,
-                      at_version: AtVersionQuery = None) -> Response:
-        return await _read_key(request, consistency, min_version, wait_ms, at_version)
-
-    @app.head("/v1/kv/{key:path}", tags=["keys"], summary="The headers of GET", response_class=Response,
-              responses={200: {"description": "the headers of GET, no body", "headers": value_response[200]["headers"]},
-                         **read_statuses})
-    async def head_key(request: Request, key: KeyPath, consistency: ConsistencyQuery = "local",
-                       min_version: MinVersionQuery = None, wait_ms: WaitMsQuery = DEFAULT_WAIT_MS,
-                       at_version: AtVersionQuery = None) -> Response:
-        return await _read_key(request, consistency, min_version, wait_ms, at_version)
-
-    @app.put("/v1/kv/{key:path}", tags=["keys"], summary="Set a key to the request body",
-             response_model=WriteResult, responses=write_statuses,
-             openapi_extra={"requestBody": {"required": False, "description": "the value; its Content-Type is stored",
-                                            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-                                                        "text/plain": {"schema": {"type": "string"}}}}})
-    async def put_key(request: Request, key: KeyPath,
-                      if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None,
-                      ) -> WriteResult:
-        key = _key_from_request(request)
-        content_type = request.headers.get("content-type") or DEFAULT_CONTENT_TYPE
-        if len(content_type) > CONTENT_TYPE_MAX_BYTES or not _CONTENT_TYPE_RE.fullmatch(content_type):
-            raise ProblemError(400, "invalid-content-type", "Invalid Content-Type",
-                               f"Content-Type must be a media type (type/subtype; name=value) of at most {CONTENT_TYPE_MAX_BYTES} characters")
-        compares = _write_compares(key, if_match, if_none_match)
-        value = await _read_body_bounded(request, settings.max_value_bytes, "the value", "value-too-large")
-        result = await service.propose(put(key, value, content_type, compares))
-        _check_condition(result, key)
-        return WriteResult(key=key, version=result.version, created=bool(result.ops[0].created))
-
-    @app.delete("/v1/kv/{key:path}", tags=["keys"], summary="Delete a key (writes a tombstone)",
-                response_model=DeleteResult, responses=write_statuses)
-    async def delete_key(request: Request, key: KeyPath,
-                         if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None,
-                         ) -> DeleteResult:
-        key = _key_from_request(request)
-        compares = _write_compares(key, if_match, if_none_match)
-        result = await service.propose(delete(key, compares))
-        _check_condition(result, key)
-        return DeleteResult(key=key, version=result.version, deleted=bool(result.ops[0].deleted))
+    async def _wait(consistency: Consistency, min_version: int | None, wait_ms: int, at_version: int | None) -> None:
+        await _wait_readable(service, settings, consistency, min_version, wait_ms, at_version)
 
     @app.get("/v1/kv", tags=["keys"], summary="List entries at one version", response_model=ListResponse,
              responses=_problems(307, 400, 410, 503, 504))
@@ -1137,7 +1320,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = _complete_openapi(app)
+            app.openapi_schema = _complete_openapi(app, key_documentation.routes)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -1153,8 +1336,12 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Fast
         return "unmatched"
 
     _keys_may_hold_newlines(app)
-    install_auth(app, getattr(service, "auth_policy", None), settings.max_txn_body_bytes)  # off without a token file
-    app.add_middleware(_EdgeMiddleware, service=service, metrics=_http_metrics(registry), route_label=route_label)
+    # Auth sits inside the edge layer on both paths, so 401/403 carry the node headers and
+    # count in the request metrics; it is off (an identity wrapper) without a token file.
+    with_auth = install_auth(app, getattr(service, "auth_policy", None), settings.max_txn_body_bytes)
+    edge_metrics = _http_metrics(registry)
+    app.add_middleware(_EdgeMiddleware, service=service, metrics=edge_metrics, route_label=route_label)
+    app.key_routes = _EdgeMiddleware(with_auth(key_routes), service, edge_metrics, lambda _scope: KEY_ROUTE_TEMPLATE)
     return app
 
 
@@ -1184,12 +1371,12 @@ def _drop_null_branch(parameter: dict[str, Any]) -> None:
         parameter["schema"] = {**real[0], **schema}
 
 
-def _complete_openapi(app: FastAPI) -> dict[str, Any]:
+def _complete_openapi(app: FastAPI, key_routes: list[BaseRoute]) -> dict[str, Any]:
     """FastAPI's document plus what it cannot infer: the Problem and TxnRequest schemas
     referenced by hand, the node headers on every response, and without the default 422
     validation responses (parameter errors are 400 problem documents here), and without the
     null branch of optional parameters."""
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=[*key_routes, *app.routes])
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     _hoist(Problem, components)
     _hoist(TxnRequest, components)

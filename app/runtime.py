@@ -22,6 +22,7 @@ Inputs are coalesced: many messages or proposals arriving in one loop iteration 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import random
@@ -110,7 +111,7 @@ class NodeRuntime:
         self._drive_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline_ms: int | None = None
-        self._flush_task: asyncio.Task[None] | None = None
+        self._flush_task: asyncio.Future[None] | None = None  # the flush in the flush thread
         # One flush at a time, on its own thread (the core never asks for two at once).
         self._flush_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flush-{config.node_id}")
         self._flush_wanted = False
@@ -333,21 +334,33 @@ class NodeRuntime:
         self._timer_deadline_ms = deadline_ms
 
     def _maybe_start_flush(self) -> None:
-        if self._flush_task is None and self._flush_wanted and not self._closed:
+        """Hand one fsync to the flush thread now, not on a later loop turn: the disk works
+        while this turn goes on (sending, applying), which is most of the commit latency."""
+        if self._flush_task is None and self._flush_wanted and not self._closed and self._loop is not None:
             self._flush_wanted = False
-            self._flush_task = asyncio.ensure_future(self._flush())
+            loop = self._loop
+            self._flush_task = loop.create_future()  # resolved when the flush was handled
+            started_s = time.perf_counter()
+            flushing = self._flush_executor.submit(self.log.flush)
+            flushing.add_done_callback(
+                lambda done: loop.call_soon_threadsafe(self._on_flush_done, done, started_s))
 
-    async def _flush(self) -> None:
-        """One fsync in a worker thread; the core appends meanwhile (group commit)."""
-        started_s = time.perf_counter()
+    def _on_flush_done(self, flushing: concurrent.futures.Future[None], started_s: float) -> None:
+        """The flush thread finished: tell the core (its own offset now counts toward the high
+        watermark; a follower may acknowledge it by fetching), then drive and flush again."""
+        handled, self._flush_task = self._flush_task, None
         try:
-            await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
-        except Exception as exc:  # a failed fsync cannot be retried safely: fail-stop
-            self._flush_task = None
-            self._fatal(exc)
+            self._after_flush(flushing, started_s)
+        finally:
+            if handled is not None and not handled.done():
+                handled.set_result(None)
+
+    def _after_flush(self, flushing: concurrent.futures.Future[None], started_s: float) -> None:
+        error = flushing.exception()
+        if error is not None:  # a failed fsync cannot be retried safely: fail-stop
+            self._fatal(error)
             return
         self._fsync_latency.observe(time.perf_counter() - started_s)
-        self._flush_task = None
         if self._closed:
             return
         try:

@@ -61,14 +61,15 @@ class NodeHeaders:
     epoch: int
     last_contact_ms: int
 
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "X-Metadata-Version": str(self.metadata_version),
-            "X-Node-Id": str(self.node_id),
-            "X-Raft-Leader": "" if self.leader_id < 0 else str(self.leader_id),
-            "X-Raft-Epoch": str(self.epoch),
-            "X-Last-Contact-Ms": str(self.last_contact_ms),
-        }
+    def as_raw(self) -> list[tuple[bytes, bytes]]:
+        """As ASGI response headers (lower-case names): what the HTTP edge appends."""
+        return [
+            (b"x-metadata-version", str(self.metadata_version).encode()),
+            (b"x-node-id", str(self.node_id).encode()),
+            (b"x-raft-leader", b"" if self.leader_id < 0 else str(self.leader_id).encode()),
+            (b"x-raft-epoch", str(self.epoch).encode()),
+            (b"x-last-contact-ms", str(self.last_contact_ms).encode()),
+        ]
 
 
 class KVService(Protocol):

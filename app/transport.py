@@ -294,7 +294,7 @@ class RaftTransport:
                 await self._sleep_backoff(peer_id, backoff_ms)
                 backoff_ms = min(backoff_ms * 2, self.config.reconnect_backoff_max_ms)
                 continue
-            connection = _Connection(peer_id, reader, writer)
+            connection = _Connection(peer_id, reader, writer, wakeup=self._outbound_wakeups[peer_id])
             try:
                 await asyncio.wait_for(self._client_handshake(connection), self.config.handshake_timeout_ms / 1000)
             except (TimeoutError, HandshakeError, FrameError, OSError, RuntimeError, asyncio.IncompleteReadError) as exc:
@@ -330,24 +330,27 @@ class RaftTransport:
             self.stats.frames_dropped += 1
 
     async def _drain_outbound(self, peer_id: int, connection: _Connection) -> None:
+        """Everything queued for the peer goes out in one socket write per wake-up: the
+        frames one loop turn produced (a Ready's messages, responses routed onto this
+        connection) share a syscall. The connection's wakeup is the peer's queue wakeup,
+        so one Event wait covers both queues and the close."""
         queue = self._outbound_queues[peer_id]
-        wakeup = self._outbound_wakeups[peer_id]
+        wakeup = connection.wakeup
         while not connection.closed:
+            frames: list[bytes] = []
             # Responses routed onto this connection and our own requests share the socket.
             while not connection.queue.empty():
-                connection.writer.write(connection.queue.get_nowait())
-            while queue:
-                connection.writer.write(queue.popleft())
-                self.stats.frames_sent += 1
-            await connection.writer.drain()
+                frames.append(connection.queue.get_nowait())
+            self.stats.frames_sent += len(queue)
+            frames.extend(queue)
+            queue.clear()
+            if frames:
+                connection.writer.write(b"".join(frames))
+                await connection.writer.drain()
             wakeup.clear()
-            connection.wakeup.clear()
             if queue or not connection.queue.empty() or connection.closed:
                 continue
-            waiters = {asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(connection.wakeup.wait())}
-            _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
+            await wakeup.wait()
 
     async def _client_handshake(self, connection: _Connection) -> None:
         client_nonce = os.urandom(NONCE_BYTES)
@@ -432,10 +435,10 @@ class RaftTransport:
     async def _write_loop(self, connection: _Connection) -> None:
         try:
             while not connection.closed:
-                frame = await connection.queue.get()
-                connection.writer.write(frame)
+                frames = [await connection.queue.get()]
                 while not connection.queue.empty():
-                    connection.writer.write(connection.queue.get_nowait())
+                    frames.append(connection.queue.get_nowait())
+                connection.writer.write(b"".join(frames))  # one syscall for a loop turn's frames
                 await connection.writer.drain()
         except (OSError, RuntimeError) as exc:  # RuntimeError: uvloop, after a reset
             log.info("node %d: connection from node %d lost: %r", self.node_id, connection.peer_id, exc)

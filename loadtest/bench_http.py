@@ -1,7 +1,7 @@
 """HTTP benchmark of a 3-voter metakv cluster on this machine; prints figures and writes JSON.
 
     python -m loadtest.bench_http [--duration-s 10] [--failover-trials 10] [--out results/bench_http.json]
-                                  [--profile-dir results/profile]
+                                  [--profile-dir results/profile [--profile-gil]]
 
 What it measures (the same load the etcd comparison in issue 4 used):
 - committed writes/s and p50/p99 latency at 1, 16 and 64 concurrent clients: each client is
@@ -227,7 +227,7 @@ def failover_trials(cluster: Cluster, trials: int) -> dict[str, Any]:
     }
 
 
-def start_profile(node: Node, duration_s: float, out_dir: Path) -> subprocess.Popen[bytes] | None:
+def start_profile(node: Node, duration_s: float, out_dir: Path, gil_only: bool = False) -> subprocess.Popen[bytes] | None:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         print("py-spy not found; skipping the profile", flush=True)
@@ -235,7 +235,8 @@ def start_profile(node: Node, duration_s: float, out_dir: Path) -> subprocess.Po
     out_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [py_spy, "record", "--pid", str(node.pid), "--duration", str(int(duration_s)), "--rate", "250",
-         "--format", "raw", "--nonblocking", "--output", str(out_dir / f"leader-node{node.node_id}.txt")],
+         "--format", "raw", "--nonblocking", *(["--gil"] if gil_only else []),
+         "--output", str(out_dir / f"leader-node{node.node_id}.txt")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 
@@ -279,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failover-trials", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("results/bench_http.json"))
     parser.add_argument("--profile-dir", type=Path, default=None, help="run py-spy on the leader (64 clients)")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="sample only the thread holding the GIL: the loop's CPU time, without idle waits and the fsync thread")
     parser.add_argument("--keep-data", action="store_true", help="keep the nodes' data directories")
     args = parser.parse_args(argv)
 
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         for clients in (1, 16, 64):
             profiler = None
             if clients == 64 and args.profile_dir is not None:
-                profiler = start_profile(leader, args.duration_s, args.profile_dir)
+                profiler = start_profile(leader, args.duration_s, args.profile_dir, args.profile_gil)
             writes[str(clients)] = measured(
                 cluster, lambda c=clients: closed_loop([leader.url], c, args.duration_s, "write"))
             if profiler is not None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.middleware.gzip import GZipMiddleware
 
 from app.http import HttpSettings, create_app
 from app.service import (
@@ -319,3 +320,22 @@ async def test_sse_stream_ends_when_the_node_stops_waiting(tmp_path: Path) -> No
         assert node.change_waits == 1
     finally:
         node.close()
+
+
+async def test_middleware_wraps_the_app_and_sees_key_routes(service: InProcessService) -> None:
+    """The key routes bypass FastAPI's middleware stack, so FastAPI middleware is refused
+    (it would silently miss /v1/kv/) and a wrapping ASGI middleware sees every route."""
+    app = create_app(service, TEST_SETTINGS)
+    with pytest.raises(RuntimeError, match="wrap the ASGI app"):
+        app.add_middleware(GZipMiddleware)
+    seen: list[str] = []
+
+    async def wrapper(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(f"{scope.get('method')} {scope.get('path')}")
+        await app(scope, receive, send)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=wrapper), base_url="http://node1") as http:
+        assert (await http.put("/v1/kv/a", content=b"v")).status_code == 200
+        assert (await http.get("/v1/kv/a")).content == b"v"
+        assert (await http.get("/healthz")).status_code == 200
+    assert seen == ["PUT /v1/kv/a", "GET /v1/kv/a", "GET /healthz"]
