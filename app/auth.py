@@ -34,6 +34,7 @@ from urllib.parse import unquote_to_bytes
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.datastructures import QueryParams
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 TOKENS_MAX = 10_000  # tokens per file; each request compares against all of them
@@ -465,18 +466,20 @@ class AuthMiddleware:
 # Installing it, and documenting it in /openapi.json
 
 
-def install_auth(app: FastAPI, policy: AuthPolicy | None,
-                 max_txn_body_bytes: int) -> Callable[[ASGIApp], ASGIApp]:
+def install_auth(app: FastAPI, policy: AuthPolicy | None, max_txn_body_bytes: int,
+                 served_ahead: Iterable[BaseRoute] = ()) -> Callable[[ASGIApp], ASGIApp]:
     """Enforce ``policy`` on ``app`` and describe it in its OpenAPI document; no policy
     (auth disabled, the default) installs nothing. Call after every route is defined and
     before the edge middleware, so 401/403 answers still carry the node headers and count
     in the request metrics. Returns the wrapper to put around any ASGI handler that app
-    serves ahead of its middleware stack (the key routes), so auth applies to them too."""
+    serves ahead of its middleware stack (the key routes), so auth applies to them too;
+    ``served_ahead`` are the routes that only document such a handler, to document 401/403
+    on them as well."""
     if policy is None:
         return lambda handler: handler
     open_paths = _OPEN_PATHS | frozenset(
         path for path in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if path)
-    for route in app.routes:
+    for route in [*served_ahead, *app.routes]:
         if isinstance(route, APIRoute):
             _document_route(route, open_paths)
     original_openapi = app.openapi
