@@ -8,6 +8,7 @@ the application records are storage/commands.py's.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import os
@@ -87,11 +88,13 @@ _SKIPPED_TAIL = (None,) * 11  # offset .. branch of a "skipped" row
 
 def rows_to_arrow(rows: list[EntryRow]) -> pa.RecordBatch:
     """One Arrow batch of a chunk of rows: Arrow moves it to the JVM in bulk, far cheaper
-    than pickling one Python tuple per row."""
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(ENTRY_COLUMNS)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(column, type=field.type) for column, field in zip(columns, ENTRY_ARROW_SCHEMA, strict=True)],
-        schema=ENTRY_ARROW_SCHEMA)
+    than pickling one Python tuple per row. Runs with the cyclic collector paused, like the
+    decoder (see collector_paused)."""
+    with collector_paused():
+        columns = [[row[index] for row in rows] for index in range(len(ENTRY_COLUMNS))]
+        return pa.RecordBatch.from_arrays(
+            [pa.array(column, type=field.type) for column, field in zip(columns, ENTRY_ARROW_SCHEMA, strict=True)],
+            schema=ENTRY_ARROW_SCHEMA)
 
 
 def segment_base_offset(name: str) -> int | None:
@@ -323,20 +326,27 @@ def decode_index(data: bytes) -> list[tuple[int, int]]:
     return entries
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a bulk step. Why: decoding allocates
+    millions of small acyclic containers (msgpack lists, row tuples), and every automatic
+    collection traverses every row a chunk already holds; that work grows with the chunk and
+    cost about a third of the decode time (and most of the Arrow conversion). Nothing built
+    here forms a cycle, so reference counting frees all of it anyway."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _collector_paused(chunks: Iterator[list[EntryRow]]) -> Iterator[list[EntryRow]]:
-    """Run the decoder with Python's cyclic garbage collector paused, and give it back to
-    the caller between chunks. Why: decoding allocates millions of small acyclic containers
-    (msgpack lists, row tuples), and each automatic collection traverses every row the chunk
-    already holds; that work grows with the chunk and cost about a third of the decode time.
-    Nothing decoded here forms a cycle, so reference counting frees all of it anyway."""
+    """Run the decoder with the collector paused, and give it back to the caller between chunks."""
     while True:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused():
             chunk = next(chunks, None)
-        finally:
-            if enabled:
-                gc.enable()
         if chunk is None:
             return
         yield chunk

@@ -36,10 +36,11 @@ class LogStats:
     skipped_bytes: int
 
 
-def decode_all(spark: SparkSession, nodes: list[NodeDir], skip_corrupt: bool) -> tuple[DataFrame, dict[str, LogStats]]:
+def decode_all(spark: SparkSession, nodes: list[NodeDir], skip_corrupt: bool,
+               split_bytes: int | None = None) -> tuple[DataFrame, dict[str, LogStats]]:
     """Decode every segment once (kept for the later stages) and surface any corruption now,
     before anything is written."""
-    entries = read_entries(spark, nodes, skip_corrupt).persist(StorageLevel.MEMORY_AND_DISK)
+    entries = read_entries(spark, nodes, skip_corrupt, split_bytes).persist(StorageLevel.MEMORY_AND_DISK)
     per_node = entries.groupBy("node").agg(
         F.min("offset").alias("first_offset"), F.max("offset").alias("last_offset"),
         F.count(F.when(F.col("op_index") == 0, True)).alias("records"),
@@ -87,7 +88,7 @@ def run_materialize(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS,
         raise PipelineInputError(
             f"materialize reads one node; pass --node (one of {', '.join(n.node for n in nodes)})")
     node = nodes[0]
-    entries, stats = decode_all(spark, [node], args.skip_corrupt)
+    entries, stats = decode_all(spark, [node], args.skip_corrupt, args.split_bytes)
     if args.version is not None:
         version = args.version
     else:
@@ -124,7 +125,7 @@ def run_audit(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, outpu
     if len(nodes) < 2:
         raise PipelineInputError(f"audit compares replicas: found {len(nodes)} data dir(s), need at least 2")
     layouts = {n.node: read_log_layout(fs, n) for n in nodes}
-    entries, stats = decode_all(spark, nodes, args.skip_corrupt)
+    entries, stats = decode_all(spark, nodes, args.skip_corrupt, args.split_bytes)
     if args.version is not None:
         committed = args.version
     else:
