@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.decode import ENTRY_COLUMNS, decode_segment
+from pipeline.decode import ENTRY_COLUMNS, decode_segment_chunks
 from pipeline.synthetic import workload, write_segments
 from raft.types import Batch
 
@@ -85,8 +85,8 @@ def plain_python(directory: Path) -> tuple[int, float]:
     started = time.perf_counter()
     records = 0
     for path in sorted((directory / "bench" / "log").glob("*.log")):
-        for row in decode_segment("bench", path.name, path.read_bytes(), False):
-            records += row[OP_INDEX_COLUMN] == 0  # one row per record has op_index 0
+        for chunk in decode_segment_chunks("bench", path.name, path.read_bytes(), False):
+            records += sum(1 for row in chunk if row[OP_INDEX_COLUMN] == 0)  # one row per record has op_index 0
     return records, time.perf_counter() - started
 
 
@@ -135,6 +135,15 @@ def crossover_records(plain: Measurement, spark: Measurement) -> int | None:
     return int(spark.startup_s / (plain_s_per_record - spark_s_per_record)) + 1
 
 
+def measured_crossover(measurements: list[Measurement], master: str) -> int | None:
+    """The smallest measured log size at which ``master`` (start-up plus decode) took less
+    time than the plain reader, or None."""
+    plain = {m.records: m.decode_s for m in measurements if m.reader == "python"}
+    wins = [m.records for m in measurements
+            if m.reader == master and m.records in plain and m.startup_s + m.decode_s < plain[m.records]]
+    return min(wins) if wins else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench_pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=10_000_000)
@@ -163,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 make_log(directory, size)
                 print(f"generated {size} records in {time.perf_counter() - started:.1f}s", flush=True)
             directories.append(directory)
+        load_before = os.getloadavg()
+        print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} "
+              f"({os.cpu_count()} cores)", flush=True)
         measurements: list[Measurement] = []
         for directory in directories:
             records, decode_s = plain_python(directory)
@@ -179,14 +191,20 @@ def main(argv: list[str] | None = None) -> int:
                       f"{records / decode_s:12.0f} records/s (session start-up {startup_s:.1f}s)", flush=True)
         largest = {m.reader: m for m in measurements if m.records == max(x.records for x in measurements)}
         crossover = {master: crossover_records(largest["python"], largest[master]) for master in ("local[1]", "local[2]")}
+        measured = {master: measured_crossover(measurements, master) for master in ("local[1]", "local[2]")}
         for master, records in crossover.items():
-            verdict = (f"wins from about {records} records (start-up included)" if records
+            verdict = (f"wins from about {records} records (start-up included, fitted at the largest size)" if records
                        else "does not beat the plain reader at any size on this machine")
-            print(f"{master}: {verdict}")
+            smallest = (f"smallest measured size it won at: {measured[master]}" if measured[master]
+                        else "won at no measured size")
+            print(f"{master}: {verdict}; {smallest}")
+        load_after = os.getloadavg()
+        print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
         document = {
             "benchmark": "pipeline_decode", "cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
+            "load_average_before": list(load_before), "load_average_after": list(load_after),
             "measurements": [dict(asdict(m), records_per_s=m.records_per_s) for m in measurements],
-            "crossover_records": crossover,
+            "crossover_records": crossover, "smallest_measured_win_records": measured,
         }
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-ms", type=_positive, default=60_000, help="churn: time window")
     parser.add_argument("--prefix-depth", type=_positive, default=1,
                         help="churn: how many '/'-separated key components make the prefix")
+    parser.add_argument("--split-bytes", type=_positive, default=None,
+                        help="log jobs: byte range one task decodes (default: from the input size and the "
+                             "cluster's cores, at most 16 MiB)")
     parser.add_argument("--shuffle-partitions", type=_positive, default=None)
     parser.add_argument("--show-ui", action="store_true", help="enable the Spark UI")
     parser.add_argument("--show-progress", action="store_true", help="show Spark's console progress bar")

@@ -162,7 +162,7 @@ def run_churn(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, outpu
     elif len(nodes) != 1:
         raise PipelineInputError(f"churn reads one node; pass --node (one of {', '.join(n.node for n in nodes)})")
     node = nodes[0]
-    entries, stats = decode_all(spark, [node], args.skip_corrupt)
+    entries, stats = decode_all(spark, [node], args.skip_corrupt, args.split_bytes)
     log = stats[node.node]
     if args.version is not None:
         version = args.version

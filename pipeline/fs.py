@@ -74,6 +74,19 @@ class HadoopFS:
         path, fs = self._path(uri)
         fs.mkdirs(path)
 
+    def read_bytes(self, uri: str, limit_bytes: int) -> bytes:
+        """A small file's bytes (at most ``limit_bytes``; longer raises OSError), read by the
+        driver through Hadoop: only for metadata such as a log-start checkpoint."""
+        path, fs = self._path(uri)
+        length = int(fs.getFileStatus(path).getLen())
+        if length > limit_bytes:
+            raise OSError(f"{uri}: {length} bytes, more than the {limit_bytes} expected")
+        stream = fs.open(path)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
     def write_bytes(self, uri: str, data: bytes) -> None:
         path, fs = self._path(uri)
         stream = fs.create(path, True)

@@ -14,7 +14,14 @@ from pyspark.sql.window import Window
 
 from pipeline.errors import EXIT_DIVERGED, EXIT_OK, PipelineInputError
 from pipeline.fs import HadoopFS, StagedOutput
-from pipeline.reader import NodeDir, discover, read_applied_versions, read_entries
+from pipeline.reader import (
+    LogLayout,
+    NodeDir,
+    discover,
+    read_applied_versions,
+    read_entries,
+    read_log_layout,
+)
 from pipeline.replay import effective_writes, live_entries, ops_for_plan, plan_replay
 
 
@@ -29,10 +36,11 @@ class LogStats:
     skipped_bytes: int
 
 
-def decode_all(spark: SparkSession, nodes: list[NodeDir], skip_corrupt: bool) -> tuple[DataFrame, dict[str, LogStats]]:
+def decode_all(spark: SparkSession, nodes: list[NodeDir], skip_corrupt: bool,
+               split_bytes: int | None = None) -> tuple[DataFrame, dict[str, LogStats]]:
     """Decode every segment once (kept for the later stages) and surface any corruption now,
     before anything is written."""
-    entries = read_entries(spark, nodes, skip_corrupt).persist(StorageLevel.MEMORY_AND_DISK)
+    entries = read_entries(spark, nodes, skip_corrupt, split_bytes).persist(StorageLevel.MEMORY_AND_DISK)
     per_node = entries.groupBy("node").agg(
         F.min("offset").alias("first_offset"), F.max("offset").alias("last_offset"),
         F.count(F.when(F.col("op_index") == 0, True)).alias("records"),
@@ -80,7 +88,7 @@ def run_materialize(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS,
         raise PipelineInputError(
             f"materialize reads one node; pass --node (one of {', '.join(n.node for n in nodes)})")
     node = nodes[0]
-    entries, stats = decode_all(spark, [node], args.skip_corrupt)
+    entries, stats = decode_all(spark, [node], args.skip_corrupt, args.split_bytes)
     if args.version is not None:
         version = args.version
     else:
@@ -116,7 +124,8 @@ def run_audit(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, outpu
     nodes = discover(fs, args.input)
     if len(nodes) < 2:
         raise PipelineInputError(f"audit compares replicas: found {len(nodes)} data dir(s), need at least 2")
-    entries, stats = decode_all(spark, nodes, args.skip_corrupt)
+    layouts = {n.node: read_log_layout(fs, n) for n in nodes}
+    entries, stats = decode_all(spark, nodes, args.skip_corrupt, args.split_bytes)
     if args.version is not None:
         committed = args.version
     else:
@@ -124,19 +133,22 @@ def run_audit(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, outpu
         if not known:
             raise PipelineInputError("no node has a state.db or snapshot telling the committed version; pass --version N")
         committed = max(known.values())  # committed anywhere means committed for all
-    divergences = find_divergences(entries, committed).persist(StorageLevel.MEMORY_AND_DISK)
+    divergences = find_divergences(entries, committed, layouts, spark).persist(StorageLevel.MEMORY_AND_DISK)
     divergences.sortWithinPartitions("offset", "node").write.parquet(output.path("divergences.parquet"))
     found = sorted(divergences.collect(), key=lambda r: (r.offset, r.node))
     node_rows = [{"node": n, "first_offset": s.first_offset, "last_offset": s.last_offset, "records": s.records,
-                  "skipped_regions": s.skipped_regions} for n, s in sorted(stats.items())]
+                  "skipped_regions": s.skipped_regions, "cleaned_end": layouts[n].cleaned_end}
+                 for n, s in sorted(stats.items())]
     summary: dict[str, object] = {"job": "audit", "committed_version": committed, "nodes": node_rows,
-                                  "divergent_records": len(found)}
+                                  "divergent_records": len(found), "cleaned_groups": cleaned_groups(layouts)}
     if found:
         first = found[0]
         summary["first_divergence"] = {"node": first.node, "offset": first.offset, "epoch": first.epoch,
                                        "reason": first.reason}
     write_json(fs, output, "summary.json", summary)
     fs.write_bytes(output.path("summary.md"), audit_markdown(summary).encode())
+    for line in cleaned_notes(layouts):
+        print(f"audit: {line}")
     if found:
         first = found[0]
         print(f"audit: DIVERGED: first divergence at node {first.node} offset {first.offset} "
@@ -146,29 +158,70 @@ def run_audit(args: argparse.Namespace, spark: SparkSession, fs: HadoopFS, outpu
     return EXIT_OK
 
 
-def find_divergences(entries: DataFrame, committed: int) -> DataFrame:
+def cleaned_groups(layouts: dict[str, LogLayout]) -> dict[str, list[str]]:
+    """Nodes by the offset their prefix was cleaned to (only nodes that cleaned)."""
+    groups: dict[str, list[str]] = {}
+    for node, layout in sorted(layouts.items()):
+        if layout.cleaned_end:
+            groups.setdefault(str(layout.cleaned_end), []).append(node)
+    return groups
+
+
+def cleaned_notes(layouts: dict[str, LogLayout]) -> list[str]:
+    """What the audit could not compare: a cleaned prefix no other node cleaned to the same offset."""
+    return [f"node {nodes[0]}: prefix cleaned below offset {end} compared with no other node (none cleaned "
+            "to exactly that offset)" for end, nodes in cleaned_groups(layouts).items() if len(nodes) == 1]
+
+
+RAW = -1  # comparison class of the offsets a node holds as written (not cleaned)
+
+
+def find_divergences(entries: DataFrame, committed: int, layouts: dict[str, LogLayout],
+                     spark: SparkSession) -> DataFrame:
     """Every (node, offset) below ``committed`` where a node holds a different record than
-    the majority of nodes that hold that offset, or lacks it inside the range of offsets its
-    own log spans. Columns: node, offset, epoch, reason, expected_epoch."""
+    the majority of the nodes it is compared with there, or lacks the offset inside the range
+    it is expected to hold. Columns: node, offset, epoch, reason, expected_epoch.
+
+    Who is compared with whom at an offset (docs/compaction.md): the cleaner rewrites the
+    prefix below a node's cleaned end, deterministically, so
+    - where a node holds records as written (offset >= its cleaned end), it is compared with
+      every node that also holds that offset as written: class RAW;
+    - below its cleaned end, only with nodes that cleaned to exactly the same offset, whose
+      cleaned prefixes must then be identical, holes included: class = that cleaned end.
+    A node cleaned further than another is therefore never a divergence by itself."""
     records = (entries.filter((F.col("op_index") == 0) & F.col("offset").isNotNull() & (F.col("offset") < committed))
                .select("node", "offset", "epoch", "control", "record_digest"))
-    spans = records.groupBy("node").agg(F.min("offset").alias("start"), F.max("offset").alias("end"))
-    offsets = records.select("offset").distinct()
-    expected = offsets.crossJoin(F.broadcast(spans)).filter(
-        (F.col("offset") >= F.col("start")) & (F.col("offset") <= F.col("end"))).select("node", "offset")
-    held = expected.join(records, ["node", "offset"], "left").withColumn(
+    layout_rows = [(node, layout.start_offset, layout.cleaned_end) for node, layout in layouts.items()]
+    layout_frame = spark.createDataFrame(layout_rows, "node string, log_start long, cleaned_end long")
+    held_span = records.groupBy("node").agg(F.min("offset").alias("first"), F.max("offset").alias("last"))
+    nodes = F.broadcast(held_span.join(layout_frame, "node"))
+    raw_spans = nodes.select("node", F.lit(RAW).cast("long").alias("class"),
+                             F.greatest("first", "cleaned_end").alias("start"), F.col("last").alias("end"))
+    cleaned_spans = nodes.filter(F.col("cleaned_end") > 0).select(
+        "node", F.col("cleaned_end").alias("class"), F.greatest("log_start", F.lit(0)).alias("start"),
+        F.least(F.col("cleaned_end") - 1, F.col("last")).alias("end"))
+    spans = F.broadcast(raw_spans.unionByName(cleaned_spans).filter(F.col("start") <= F.col("end")))
+    classified = records.join(F.broadcast(layout_frame.select("node", "cleaned_end")), "node").withColumn(
+        "class", F.when(F.col("offset") < F.col("cleaned_end"), F.col("cleaned_end")).otherwise(F.lit(RAW)))
+    offsets = classified.select("offset", "class").distinct()
+    expected = offsets.join(spans, (offsets["class"] == spans["class"]) & (offsets["offset"] >= spans["start"])
+                            & (offsets["offset"] <= spans["end"])).select("node", "offset", offsets["class"])
+    held = expected.join(classified.drop("class", "cleaned_end"), ["node", "offset"], "left").withColumn(
         "signature", F.when(F.col("record_digest").isNotNull(),
                             F.concat_ws(":", F.col("epoch").cast("string"), F.col("control").cast("string"),
                                         F.col("record_digest"))))
-    votes = held.groupBy("offset", "signature").agg(F.count("*").alias("votes"), F.min("node").alias("first_node"))
+    votes = held.groupBy("offset", "class", "signature").agg(F.count("*").alias("votes"),
+                                                              F.min("node").alias("first_node"))
     ranked = votes.withColumn("rank", F.row_number().over(
-        Window.partitionBy("offset").orderBy(F.col("votes").desc(), F.col("signature").isNull(), F.col("first_node"))))
+        Window.partitionBy("offset", "class").orderBy(F.col("votes").desc(), F.col("signature").isNull(),
+                                                      F.col("first_node"))))
     majority = ranked.filter(F.col("rank") == 1).select(
-        "offset", F.col("signature").alias("majority_signature"))
+        "offset", "class", F.col("signature").alias("majority_signature"))
     expected_epoch = records.groupBy("offset", "epoch").count().withColumn(
         "rank", F.row_number().over(Window.partitionBy("offset").orderBy(F.col("count").desc(), "epoch"))
     ).filter(F.col("rank") == 1).select("offset", F.col("epoch").alias("expected_epoch"))
-    diverged = held.join(majority, "offset").filter(~F.col("signature").eqNullSafe(F.col("majority_signature")))
+    diverged = held.join(majority, ["offset", "class"]).filter(
+        ~F.col("signature").eqNullSafe(F.col("majority_signature")))
     return diverged.join(expected_epoch, "offset", "left").select(
         "node", "offset", F.coalesce("epoch", "expected_epoch").alias("epoch"),
         F.when(F.col("signature").isNull(), F.lit("record missing"))

@@ -1,5 +1,5 @@
 """The loadtest job: many load-test result folders -> percentile tables per operation and
-target (and scenario and churn level).
+target (and scenario, churn level and whether the run killed the leader mid-run).
 
 A result folder (written by ``python -m loadtest run``) holds ``run.json`` (scenario,
 target, churn, ...) and Locust's ``--csv`` files: ``*_stats.csv`` (one row per operation
@@ -28,7 +28,7 @@ LOCUST_QUANTILES = (("50%", 0.50), ("66%", 0.66), ("75%", 0.75), ("80%", 0.80), 
                     ("98%", 0.98), ("99%", 0.99), ("99.9%", 0.999), ("99.99%", 0.9999), ("100%", 1.0))
 REPORTED_QUANTILES = (("p50_ms", 0.50), ("p90_ms", 0.90), ("p95_ms", 0.95), ("p99_ms", 0.99),
                       ("p999_ms", 0.999), ("max_ms", 1.0))
-GROUP = ["target", "scenario", "churn", "operation"]
+GROUP = ["target", "scenario", "churn", "failover", "operation"]
 MASS_TOLERANCE = 1e-9  # cumulative float mass compared against q * requests
 
 
@@ -78,8 +78,12 @@ def read_runs(spark: SparkSession, folders: list[tuple[str, list[Entry]]]) -> Da
     if "_corrupt_record" in runs.columns and runs.filter(F.col("_corrupt_record").isNotNull()).count():
         raise PipelineInputError("a run.json is not a JSON object")
     churn = F.col("churn").cast("string") if "churn" in runs.columns else F.lit(None).cast("string")
+    # run.json "failover" is null for a run without one and an object (killed_at, node, ...)
+    # when the runner killed the leader: such runs are a population of their own.
+    failover = F.col("failover").isNotNull() if "failover" in runs.columns else F.lit(False)
     labels = runs.select("folder", F.col("scenario").cast("string").alias("scenario"),
-                         F.col("target").cast("string").alias("target"), churn.alias("churn"))
+                         F.col("target").cast("string").alias("target"), churn.alias("churn"),
+                         failover.alias("failover"))
     figures = stats.select(
         "folder",
         F.trim(F.concat_ws(" ", F.coalesce(F.col("type"), F.lit("")), F.col("name"))).alias("operation"),
@@ -124,12 +128,13 @@ def merge_percentiles(runs: DataFrame) -> DataFrame:
 
 
 def markdown_table(rows: list) -> str:
-    lines = ["| target | scenario | churn | operation | runs | requests | failures | avg ms | p50 ms | p90 ms "
-             "| p95 ms | p99 ms | p99.9 ms | max ms |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| target | scenario | churn | failover | operation | runs | requests | failures | avg ms | p50 ms "
+             "| p90 ms | p95 ms | p99 ms | p99.9 ms | max ms |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         figures = " | ".join(f"{getattr(r, name):g}" for name, _ in REPORTED_QUANTILES)
-        lines.append(f"| {r.target} | {r.scenario} | {r.churn if r.churn is not None else '-'} | {r.operation} "
+        lines.append(f"| {r.target} | {r.scenario} | {r.churn if r.churn is not None else '-'} "
+                     f"| {'yes' if r.failover else 'no'} | {r.operation} "
                      f"| {r.runs} | {r.requests} | {r.failures} | {r.avg_ms:.1f} | {figures} |")
     return "\n".join(lines) + "\n"
 

@@ -54,9 +54,6 @@ def build_session(settings: SparkSettings) -> SparkSession:
         .config("spark.driver.memory", settings.driver_memory)
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.session.timeZone", "UTC")
-        # segment files reach Python as Arrow rows of the binaryFile source: a few files per
-        # batch bounds the memory one batch holds (a segment is up to segment_bytes)
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "4")
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
         .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")

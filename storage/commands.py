@@ -94,9 +94,15 @@ def _encode_op(op: Op) -> list[object]:
 
 
 _TARGET_TYPES = {CompareKind.MOD_VERSION: int, CompareKind.EXISTS: bool, CompareKind.VALUE: bytes}
+_OP_KINDS = {int(kind): kind for kind in OpKind}
+
+# Raw (validated) command parts: what decode_command_parts returns. Readers that only need
+# the fields (the pipeline decodes millions of records) skip building the dataclasses.
+RawCompare = list  # [key: str, kind: int (a CompareKind value), target]
+RawOp = list  # [kind: int (an OpKind value), key: str, value: bytes, content_type: str(, create_version: int)]
 
 
-def _decode_compare(item: object) -> Compare:
+def _check_compare(item: object) -> None:
     if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
         raise CommandDecodeError("malformed compare")
     try:
@@ -105,26 +111,29 @@ def _decode_compare(item: object) -> Compare:
         raise CommandDecodeError(f"unknown compare kind {item[1]!r}") from exc
     if type(item[2]) is not _TARGET_TYPES[kind]:
         raise CommandDecodeError(f"compare target of wrong type for {kind.name}")
-    return Compare(item[0], kind, item[2])
 
 
-def _decode_op(item: object) -> Op:
+def _check_op(item: object) -> None:
     if (type(item) is not list or len(item) not in (4, 5) or type(item[1]) is not str
             or type(item[2]) is not bytes or type(item[3]) is not str):
         raise CommandDecodeError("malformed op")
     create_version = item[4] if len(item) == 5 else 0
     if type(create_version) is not int or create_version < 0:
         raise CommandDecodeError("malformed op create_version")
-    try:
-        kind = OpKind(item[0])
-    except ValueError as exc:
-        raise CommandDecodeError(f"unknown op kind {item[0]!r}") from exc
+    kind = _OP_KINDS.get(item[0]) if type(item[0]) is int else None
+    if kind is None:
+        try:
+            kind = OpKind(item[0])
+        except ValueError as exc:
+            raise CommandDecodeError(f"unknown op kind {item[0]!r}") from exc
     if create_version and kind != OpKind.PUT:
         raise CommandDecodeError("create_version on an op that is not a put")
-    return Op(kind, item[1], item[2], item[3], create_version)
 
 
-def decode_command(record: bytes) -> Command:
+def decode_command_parts(record: bytes) -> tuple[list[RawCompare], list[RawOp], list[RawOp]]:
+    """The command's compares, success ops and failure ops as the plain lists msgpack gave,
+    after exactly the checks decode_command makes (same errors). Why: building a Command of
+    frozen dataclasses costs more than decoding the bytes, and bulk readers need only fields."""
     try:
         value = msgpack.unpackb(record, raw=False)
     except Exception as exc:
@@ -133,10 +142,27 @@ def decode_command(record: bytes) -> Command:
         raise CommandDecodeError("not a command")
     if value[0] != COMMAND_VERSION:
         raise CommandDecodeError(f"unknown command version {value[0]}")
-    if any(type(part) is not list for part in value[1:]):
+    compares, success, failure = value[1], value[2], value[3]
+    if type(compares) is not list or type(success) is not list or type(failure) is not list:
         raise CommandDecodeError("malformed command")
-    return Command(
-        tuple(_decode_compare(c) for c in value[1]),
-        tuple(_decode_op(o) for o in value[2]),
-        tuple(_decode_op(o) for o in value[3]),
-    )
+    for item in compares:
+        _check_compare(item)
+    for item in success:
+        _check_op(item)
+    for item in failure:
+        _check_op(item)
+    return compares, success, failure
+
+
+def _compare(item: RawCompare) -> Compare:
+    return Compare(item[0], CompareKind(item[1]), item[2])
+
+
+def _op(item: RawOp) -> Op:
+    return Op(OpKind(item[0]), item[1], item[2], item[3], item[4] if len(item) == 5 else 0)
+
+
+def decode_command(record: bytes) -> Command:
+    compares, success, failure = decode_command_parts(record)
+    return Command(tuple(_compare(c) for c in compares), tuple(_op(o) for o in success),
+                   tuple(_op(o) for o in failure))
