@@ -25,7 +25,6 @@ import hashlib
 import hmac
 import json
 import os
-import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,8 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import QueryParams
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.toml_files import TomlFileError, read_toml
 
 TOKENS_MAX = 10_000  # tokens per file; each request compares against all of them
 RULES_PER_TOKEN_MAX = 1_000
@@ -132,18 +133,9 @@ def load_auth_policy(path: str | os.PathLike[str]) -> AuthPolicy:
     """Read and validate a token file; every problem is one AuthFileError line naming it."""
     where = f"auth file {str(path)!r}"
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise AuthFileError(f"{where} does not exist") from None
-    except IsADirectoryError:
-        raise AuthFileError(f"{where} is a directory") from None
-    except OSError as exc:
-        raise AuthFileError(f"{where}: cannot read it: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise AuthFileError(f"{where} is not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise AuthFileError(f"{where} is not UTF-8 text") from None
+        data = read_toml(path, where)
+    except TomlFileError as exc:
+        raise AuthFileError(str(exc)) from None
     unknown = sorted(set(data) - {"tokens"})
     if unknown:
         raise AuthFileError(f"{where}: unknown setting {unknown[0]!r} (expected only [[tokens]])")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.auth import AuthFileError, AuthPolicy, load_auth_policy
+from app.toml_files import TomlFileError, read_toml
 from raft.node import RaftConfig
 
 DEFAULT_CLUSTER_ID = "metakv-local"
@@ -228,14 +228,9 @@ def flag_name(setting: str) -> str:
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a TOML config file; settings may sit at the top level or under [serve]."""
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"--config: file {str(path)!r} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"--config: cannot read {str(path)!r}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config: {str(path)!r} is not valid TOML: {exc}") from None
+        data = read_toml(path, f"--config: file {str(path)!r}")
+    except TomlFileError as exc:
+        raise ConfigError(str(exc)) from None
     section = data.get("serve", data)
     if not isinstance(section, dict):
         raise ConfigError(f"--config: [serve] in {str(path)!r} must be a table")
