@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 import uvicorn
 
+from app.auth import AuthFileError, load_auth_policy
 from app.config import (
     SERVE_SETTINGS,
     ConfigError,
@@ -98,6 +99,10 @@ def _build_parser() -> _Parser:
     up.add_argument("--base-raft-port", default="9001", help="raft port of node 1 (default 9001)")
     up.add_argument("--data-dir", default="./data", help="parent of the nodes' data dirs (default ./data)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    up.add_argument("--auth-file", default=os.environ.get("METAKV_AUTH_FILE"),
+                    help="token file every node enforces (docs/http.md, Auth; env METAKV_AUTH_FILE)")
+    up.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
+                    help="bearer token to find the leader with when auth is on (env METAKV_TOKEN)")
 
     status = commands.add_parser("status", help="print the quorum table of a running cluster")
     status.add_argument("--url", default=os.environ.get("METAKV_URL", "http://127.0.0.1:8001"),
@@ -226,6 +231,11 @@ def cluster_up(args: argparse.Namespace) -> int:
         raise ConfigError("--base-http-port and --base-raft-port ranges overlap")
     data_dir = Path(args.data_dir)
     host = args.host
+    if args.auth_file:
+        try:
+            load_auth_policy(args.auth_file)  # a bad file is one line and exit 2 here, not 4 times
+        except AuthFileError as exc:
+            raise ConfigError(f"--auth-file: {exc}") from None
     count = voters + observers
     voter_spec = ",".join(f"{i}@{host}:{base_raft + i - 1}" for i in range(1, voters + 1))
     children: list[tuple[int, str, subprocess.Popen[bytes]]] = []
@@ -249,11 +259,13 @@ def cluster_up(args: argparse.Namespace) -> int:
             ]
             if node_id > voters:
                 command.append("--observer")
+            if args.auth_file:
+                command += ["--auth-file", str(Path(args.auth_file).resolve())]
             # Children ignore the terminal's Ctrl-C (own process group): this process stops
             # them in order with SIGTERM so each shuts down gracefully exactly once.
             children.append((node_id, url, subprocess.Popen(command, start_new_session=True)))
-        _print_banner(children, voters)
-        leader = _wait_for_leader([url for _, url, _ in children], lambda: stop_requested)
+        _print_banner(children, voters, auth=bool(args.auth_file))
+        leader = _wait_for_leader([url for _, url, _ in children], lambda: stop_requested, args.token)
         if leader:
             print(f"leader: {leader}   (Ctrl-C stops the cluster)", flush=True)
         while not stop_requested:
@@ -267,7 +279,7 @@ def cluster_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_banner(children: list[tuple[int, str, subprocess.Popen[bytes]]], voters: int) -> None:
+def _print_banner(children: list[tuple[int, str, subprocess.Popen[bytes]]], voters: int, auth: bool) -> None:
     print("metakv local cluster:", flush=True)
     for node_id, url, process in children:
         kind = "voter" if node_id <= voters else "observer"
@@ -282,17 +294,26 @@ try:
   curl {first}/v1/status
   metakv status --url {first}
 """, flush=True)
+    if auth:
+        print('auth is on: add -H "Authorization: Bearer $TOKEN" to each curl (with -L also '
+              '--location-trusted), and set METAKV_TOKEN for metakv status\n', flush=True)
 
 
-def _wait_for_leader(urls: list[str], stop: Any) -> str | None:
+def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> str | None:
     import httpx
 
     deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
-    with httpx.Client(timeout=1.0) as client:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    with httpx.Client(timeout=1.0, headers=headers) as client:
         while time.monotonic() < deadline and not stop():
             for url in urls:
                 try:
-                    body = client.get(f"{url}/v1/status").json()
+                    response = client.get(f"{url}/v1/status")
+                    if response.status_code == 401:
+                        print("leader: not shown (auth is on: pass --token or set METAKV_TOKEN)",
+                              file=sys.stderr, flush=True)
+                        return None
+                    body = response.json()
                 except (httpx.HTTPError, ValueError):
                     continue
                 if body.get("role") == "leader":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -183,3 +184,60 @@ def _port_ranges(count: int) -> tuple[int, int]:
                 sock.close()
         return base, base + count
     raise AssertionError("no run of free ports found")
+
+
+def test_cluster_up_with_an_auth_file_enforces_it_on_every_node(tmp_path: Path) -> None:
+    """`cluster up --auth-file` starts every node with the token file, finds the leader with
+    `--token`, and tells the user how to pass a token; requests without one answer 401."""
+    token = "cli-" + uuid.uuid4().hex
+    auth_file = tmp_path / "tokens.toml"
+    auth_file.write_text(f'[[tokens]]\nname = "ops"\nsha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+                         'rules = { "" = "admin" }\n')
+    http_base, raft_base = _port_ranges(3)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "cluster", "up", "--voters", "3", "--observers", "0",
+         "--base-http-port", str(http_base), "--base-raft-port", str(raft_base),
+         "--data-dir", str(tmp_path / "data"), "--auth-file", str(auth_file), "--token", token],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("METAKV_")},
+             "METAKV_CLUSTER_ID": f"cli-auth-{uuid.uuid4().hex[:12]}"},
+    )
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        assert process.stdout is not None
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line:
+                break
+            output.append(line)
+            if line.startswith("leader:"):
+                break
+        text = "".join(output)
+        assert "leader: http://" in text and "auth is on" in text, text
+        first = f"http://127.0.0.1:{http_base}"
+        for node in range(3):
+            url = f"http://127.0.0.1:{http_base + node}/v1/kv/cli/a"
+            assert httpx.get(url, timeout=10).status_code == 401
+        bearer = {"Authorization": f"Bearer {token}"}
+        leader = text.split("leader: ", 1)[1].split()[0]
+        assert httpx.put(f"{leader}/v1/kv/cli/a", content=b"x", headers=bearer, timeout=10).status_code == 200
+        status = run_cli(["status", "--url", first], env={"METAKV_TOKEN": token})
+        assert status.returncode == 0, status.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0
+
+
+def test_cluster_up_with_a_bad_auth_file_exits_2_before_starting_nodes(tmp_path: Path) -> None:
+    bad = tmp_path / "tokens.toml"
+    bad.write_text("[[tokens]\n")
+    result = run_cli(["cluster", "up", "--data-dir", str(tmp_path / "data"), "--auth-file", str(bad)])
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "--auth-file" in lines[0] and "TOML" in lines[0], result.stderr
+    assert not (tmp_path / "data").exists()
