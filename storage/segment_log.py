@@ -824,6 +824,11 @@ class SegmentLog:
         # (ext4 data=ordered); batches of 100+ records wrote one every append (docs/storage.md).
         active.add_index_entry(batch.base_offset, position, self._index_interval_bytes)
         if not self._epoch_entries or batch.epoch > self._epoch_entries[-1][0]:
+            # An entry starting here covers no offset (only the entry delete_before clamped
+            # to an empty log's start can): drop it, as Kafka's epoch cache does, so that
+            # end_offset_for_epoch never answers for an epoch the log does not hold.
+            while self._epoch_entries and self._epoch_entries[-1][1] >= batch.base_offset:
+                self._epoch_entries.pop()
             self._epoch_entries.append((batch.epoch, batch.base_offset))
             self._epoch_checkpoint_dirty = True
 

@@ -205,6 +205,9 @@ class StateMachine:
         self._applied_epoch: int = row.applied_epoch
         self._oldest_version: int = row.oldest_version
         self._prepare_statements()
+        # The writer's DBAPI connection and one cursor on it, reused by every apply call.
+        self._writer_dbapi: sqlite3.Connection = self._writer.connection.driver_connection
+        self._writer_cursor: sqlite3.Cursor = self._writer_dbapi.cursor()
         self._writer.exec_driver_sql(
             f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
         self._records_since_checkpoint = 0
@@ -346,6 +349,7 @@ class StateMachine:
             dialect,
         )
         check(_KEYS_PLACEHOLDER in self._sql_lookup_keys, "unexpected compiled IN clause")
+        self._sql_lookup_by_count: dict[int, str] = {}
         self._sql_entry = _compile(
             sa.select(entries.c.value, entries.c.content_type, entries.c.mod_version,
                       entries.c.create_version).where(entries.c.key == sa.bindparam("key")),
@@ -390,27 +394,34 @@ class StateMachine:
                 return []
             commands = self._decode(plan)
             keys = _keys_of(commands)
-            writer_cursor = self._writer.connection.driver_connection.cursor()
+            # BEGIN/COMMIT go straight to the DBAPI connection SQLAlchemy holds: through
+            # exec_driver_sql they cost about as much as the rest of a one-record apply.
+            writer_cursor = self._writer_cursor
+            writer_cursor.execute("BEGIN IMMEDIATE")
             try:
-                with self._write_transaction():
-                    current = self._load_entries(writer_cursor, keys)
-                    results, changes, history_rows = _evaluate_compact(commands, current)
-                    if changes.deletes:
-                        writer_cursor.executemany(self._sql_delete, changes.deletes)
-                    if changes.updates:
-                        writer_cursor.executemany(self._sql_update, changes.updates)
-                    if changes.inserts:
-                        writer_cursor.executemany(self._sql_insert, changes.inserts)
-                    if history_rows:
-                        writer_cursor.executemany(self._sql_history, history_rows)
-                    oldest = self._oldest_version
-                    horizon = self._retention_horizon(end_version)
-                    if horizon is not None:
-                        self._prune(self._writer, horizon)
-                        oldest = horizon
-                    writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest))
-            finally:
-                writer_cursor.close()
+                current = self._load_entries(writer_cursor, keys)
+                results, changes, history_rows = _evaluate_compact(commands, current)
+                if changes.deletes:
+                    writer_cursor.executemany(self._sql_delete, changes.deletes)
+                if changes.updates:
+                    writer_cursor.executemany(self._sql_update, changes.updates)
+                if changes.inserts:
+                    writer_cursor.executemany(self._sql_insert, changes.inserts)
+                if history_rows:
+                    writer_cursor.executemany(self._sql_history, history_rows)
+                oldest = self._oldest_version
+                horizon = self._retention_horizon(end_version)
+                if horizon is not None:
+                    self._prune(self._writer, horizon)
+                    oldest = horizon
+                writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest))
+                writer_cursor.execute("COMMIT")
+            except BaseException:
+                # SQLite may already have rolled back (e.g. disk full); a failed COMMIT
+                # leaves the transaction open. Either way nothing of this call stays.
+                if self._writer_dbapi.in_transaction:
+                    writer_cursor.execute("ROLLBACK")
+                raise
             self._records_since_checkpoint += end_version - self._applied_version
             self._applied_version = end_version
             if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
@@ -459,7 +470,10 @@ class StateMachine:
         key_list = list(found)
         for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
             chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
-            sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * len(chunk)))
+            sql = self._sql_lookup_by_count.get(len(chunk))
+            if sql is None:  # at most KEY_LOOKUP_CHUNK_KEYS texts, one per chunk length
+                sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * len(chunk)))
+                self._sql_lookup_by_count[len(chunk)] = sql
             for row in cursor.execute(sql, chunk):
                 found[row[0]] = Entry(*row)
         return found

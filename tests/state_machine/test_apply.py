@@ -103,6 +103,35 @@ def test_failed_apply_rolls_back_everything(state, monkeypatch):
     assert state.get("b")[1].mod_version == 2
 
 
+class _CommitFailsCursor:
+    """The writer's cursor, except that COMMIT fails the way a full disk makes it fail."""
+
+    def __init__(self, cursor: sqlite3.Cursor) -> None:
+        self._cursor = cursor
+
+    def execute(self, sql, parameters=()):
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._cursor.execute(sql, parameters)
+
+    def executemany(self, sql, rows):
+        return self._cursor.executemany(sql, rows)
+
+
+def test_failed_commit_leaves_nothing_and_the_next_apply_works(state):
+    state.apply([data_batch(0, [put("a", b"1")])])
+    before = dump_tables(state.db_path)
+    real_cursor = state._writer_cursor
+    state._writer_cursor = _CommitFailsCursor(real_cursor)
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        state.apply([data_batch(1, [put("b", b"1")])])
+    state._writer_cursor = real_cursor
+    assert dump_tables(state.db_path) == before
+    assert state.applied_version == 1 and state.get("b") == (1, None)
+    state.apply([data_batch(1, [put("b", b"1")])])
+    assert state.get("b")[1].mod_version == 2
+
+
 def test_undecodable_record_is_a_logged_no_op(state, caplog):
     results = state.apply([data_batch(0, [put("a", b"1"), b"\xc1 not a command", put("b", b"2")])])
     assert [r.succeeded for r in results] == [True, False, True]
