@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -88,15 +90,15 @@ def test_bad_environment_and_config_file_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "colour" in result.stderr
 
 
-def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) -> None:
-    """`cluster up` starts 3 voters + 1 observer, prints URLs and curl examples; `status` prints
-    the quorum table; SIGTERM stops every node."""
-    http_base, raft_base = _port_ranges(4)
+@contextlib.contextmanager
+def cluster_up(args: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Run `metakv cluster up ARGS` until it prints its leader line; yield the process and
+    everything it printed up to there; SIGTERM it on the way out (SIGKILL its group if it
+    does not stop within 40 s). The caller checks its return code."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "cluster", "up", "--base-http-port", str(http_base),
-         "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path / "data")],
+        [sys.executable, "-m", "app.cli", "cluster", "up", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True,
-        env={**os.environ, "METAKV_CLUSTER_ID": f"cli-test-{uuid.uuid4().hex[:12]}"},
+        env=env,
     )
     output: list[str] = []
     try:
@@ -109,7 +111,23 @@ def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) ->
             output.append(line)
             if line.startswith("leader:"):
                 break
-        text = "".join(output)
+        yield process, "".join(output)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) -> None:
+    """`cluster up` starts 3 voters + 1 observer, prints URLs and curl examples; `status` prints
+    the quorum table; SIGTERM stops every node."""
+    http_base, raft_base = _port_ranges(4)
+    with cluster_up(["--base-http-port", str(http_base), "--base-raft-port", str(raft_base),
+                     "--data-dir", str(tmp_path / "data")],
+                    {**os.environ, "METAKV_CLUSTER_ID": f"cli-test-{uuid.uuid4().hex[:12]}"}) as (process, text):
         assert "leader:" in text, text
         for node_id in range(4):
             assert f"http://127.0.0.1:{http_base + node_id}" in text
@@ -125,13 +143,6 @@ def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) ->
         assert sorted(int(row[0]) for row in rows) == [1, 2, 3, 4]
         assert sum(row[2] == "leader" for row in rows) == 1
         assert [row[1] for row in rows].count("observer") == 1
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     assert process.returncode == 0
     for node_id in range(4):  # every node stopped with the supervisor
         try:
@@ -194,26 +205,11 @@ def test_cluster_up_with_an_auth_file_enforces_it_on_every_node(tmp_path: Path) 
     auth_file.write_text(f'[[tokens]]\nname = "ops"\nsha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
                          'rules = { "" = "admin" }\n')
     http_base, raft_base = _port_ranges(3)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "cluster", "up", "--voters", "3", "--observers", "0",
-         "--base-http-port", str(http_base), "--base-raft-port", str(raft_base),
-         "--data-dir", str(tmp_path / "data"), "--auth-file", str(auth_file), "--token", token],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("METAKV_")},
-             "METAKV_CLUSTER_ID": f"cli-auth-{uuid.uuid4().hex[:12]}"},
-    )
-    output: list[str] = []
-    try:
-        deadline = time.monotonic() + 60
-        assert process.stdout is not None
-        while time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line:
-                break
-            output.append(line)
-            if line.startswith("leader:"):
-                break
-        text = "".join(output)
+    with cluster_up(["--voters", "3", "--observers", "0", "--base-http-port", str(http_base),
+                     "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path / "data"),
+                     "--auth-file", str(auth_file), "--token", token],
+                    {**{k: v for k, v in os.environ.items() if not k.startswith("METAKV_")},
+                     "METAKV_CLUSTER_ID": f"cli-auth-{uuid.uuid4().hex[:12]}"}) as (process, text):
         assert "leader: http://" in text and "auth is on" in text, text
         first = f"http://127.0.0.1:{http_base}"
         for node in range(3):
@@ -224,13 +220,6 @@ def test_cluster_up_with_an_auth_file_enforces_it_on_every_node(tmp_path: Path) 
         assert httpx.put(f"{leader}/v1/kv/cli/a", content=b"x", headers=bearer, timeout=10).status_code == 200
         status = run_cli(["status", "--url", first], env={"METAKV_TOKEN": token})
         assert status.returncode == 0, status.stderr
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     assert process.returncode == 0
 
 
