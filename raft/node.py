@@ -170,6 +170,9 @@ class RaftNode:
         self.peer_endpoints: dict[int, str] = {}
         # Rule 11: set by begin_shutdown; from then on this node never starts a (pre-)vote.
         self._shutting_down = False
+        # (epoch, leader) of the last EndQuorumEpoch received: that leader gave up that epoch,
+        # so word that it leads it (a peer that has not seen the resignation yet) is stale.
+        self._resigned_leader: tuple[int, int] = (-1, NO_LEADER)
         self._persisted = persisted or QuorumStateRecord(0, -1, -1)
         self._state: RoleState
         self._restart(now_ms)
@@ -582,6 +585,8 @@ class RaftNode:
         state = self._state
         if leader_id != NO_LEADER and (leader_id not in self._voters or leader_id == self._id):
             leader_id = NO_LEADER  # only voters lead; never "learn" that we lead
+        if (epoch, leader_id) == self._resigned_leader:
+            leader_id = NO_LEADER  # it resigned this epoch: following it again would only time out
         if epoch < state.epoch:
             return False
         if epoch > state.epoch:
@@ -710,6 +715,7 @@ class RaftNode:
         if request.epoch < self.epoch:
             self._send(src, EndQuorumEpochResponse(ErrorCode.FENCED_LEADER_EPOCH, self.epoch, self.leader_id))
             return
+        self._resigned_leader = (request.epoch, src)
         if request.epoch > self.epoch:
             self._become_unattached(now_ms, request.epoch)
         state = self._state
