@@ -45,6 +45,9 @@ inside those methods, and only in the ways listed here.
    offset, best first) until acknowledged, and after an election timeout goes
    Prospective. A Follower receiving EndQuorumEpoch from its leader goes Unattached and
    starts its election after a delay that grows with its place in the successor list.
+   From then on it ignores word that the resigned node leads that epoch (a peer that has
+   not yet seen the resignation still says so; following it would only wait out a fetch
+   timeout).
 9. Observers (not in the voter set) are only ever Unattached or Follower, never vote and
    never count toward the high watermark.
 10. Restart: persisted leader id == self → Resigned; persisted epoch below the log's last
