@@ -1335,7 +1335,6 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
                 return str(getattr(route, "path", "unmatched"))
         return "unmatched"
 
-    _keys_may_hold_newlines(app)
     # Auth sits inside the edge layer on both paths, so 401/403 carry the node headers and
     # count in the request metrics; it is off (an identity wrapper) without a token file.
     with_auth = install_auth(app, getattr(service, "auth_policy", None), settings.max_txn_body_bytes,
@@ -1344,15 +1343,6 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     app.add_middleware(_EdgeMiddleware, service=service, metrics=edge_metrics, route_label=route_label)
     app.key_routes = _EdgeMiddleware(with_auth(key_routes), service, edge_metrics, lambda _scope: KEY_ROUTE_TEMPLATE)
     return app
-
-
-def _keys_may_hold_newlines(app: FastAPI) -> None:
-    """Starlette's path convertor is ``.*`` without DOTALL, so a key holding a newline
-    (``%0A``: valid, only NUL is not) matched no route and answered an undocumented 404."""
-    for route in app.router.routes:
-        regex = getattr(route, "path_regex", None)
-        if regex is not None and "{key:path}" in str(getattr(route, "path", "")):
-            route.path_regex = re.compile(regex.pattern, re.DOTALL)  # type: ignore[attr-defined]
 
 
 def _hoist(model: type[BaseModel], components: dict[str, Any]) -> None:
