@@ -55,7 +55,7 @@ bench: $(STAMP)
 
 .PHONY: bench-http
 bench-http: $(STAMP)
-	$(PY) -m loadtest.bench_http --profile-dir results/profile
+	$(PY) -m loadtest.bench_http --etcd --profile-dir results/profile
 
 # Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
 SEED ?= 1

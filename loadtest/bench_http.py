@@ -1,6 +1,7 @@
 """HTTP benchmark of a 3-voter metakv cluster on this machine; prints figures and writes JSON.
 
-    python -m loadtest.bench_http [--duration-s 10] [--failover-trials 10] [--out results/bench_http.json]
+    python -m loadtest.bench_http [--duration-s 10] [--failover-trials 10] [--etcd]
+                                  [--out results/bench_http.json]
                                   [--profile-dir results/profile [--profile-gil]]
 
 What it measures (the same load the etcd comparison in issue 4 used):
@@ -17,12 +18,18 @@ client, a C HTTP parser, so the generator costs little CPU next to the servers. 
 ``--profile-dir`` it runs py-spy on the leader during the 64-client write phase and prints
 where the leader's time goes (self time per function, and per request).
 
+With ``--etcd`` the same phases (failover excepted) then run against etcd 3.4 (Debian's
+etcd-server, 3 members on loopback, fsync on) through its v3 JSON gateway, with the same
+generator, and the figures are printed as metakv ÷ etcd: on a shared two-core machine the
+absolute figures move with the load, the ratio from one run is the comparison to trust.
+
 A benchmark never fails on a figure; it reports.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import json
 import os
@@ -42,6 +49,7 @@ import gevent.pool
 import httpx
 from geventhttpclient import URL, HTTPClient
 
+from loadtest.clusters import LocalCluster, start_etcd
 from tests.cluster import Cluster, Node
 
 VALUE_BYTES = 256
@@ -49,6 +57,7 @@ WARMUP_S = 1.0
 FIXED_RATE_WRITES_PER_S = 500
 FAILOVER_WRITE_TIMEOUT_S = 1.0
 READ_KEYS = 1000
+SEED_VISIBLE_TIMEOUT_S = 10.0
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -74,7 +83,52 @@ def _client(url: str) -> HTTPClient:
     return HTTPClient.from_url(URL(url), concurrency=1, connection_timeout=5, network_timeout=10)
 
 
-def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) -> dict[str, Any]:
+class MetakvRequests:
+    """The benchmark's requests in metakv's API: PUT /v1/kv/<key>, GET (consistency=local)."""
+
+    name = "metakv"
+
+    def write(self, client: HTTPClient, key: str, value: bytes) -> Any:
+        return client.put(f"/v1/kv/{key}", body=value, headers={"Content-Type": "application/octet-stream"})
+
+    def read(self, client: HTTPClient, key: str) -> Any:
+        return client.get(f"/v1/kv/{key}")
+
+    def holds(self, client: HTTPClient, key: str) -> bool:
+        response = self.read(client, key)
+        response.read()
+        return bool(response.status_code == 200)
+
+
+class EtcdRequests:
+    """The same requests in etcd 3.4's v3 JSON gateway (base64 key and value): put, and a
+    serializable range, which a member answers from its own state like metakv's local read."""
+
+    name = "etcd"
+
+    def write(self, client: HTTPClient, key: str, value: bytes) -> Any:
+        body = json.dumps({"key": _b64(key.encode()), "value": _b64(value)}).encode()
+        return client.post("/v3/kv/put", body=body, headers={"Content-Type": "application/json"})
+
+    def read(self, client: HTTPClient, key: str) -> Any:
+        body = json.dumps({"key": _b64(key.encode()), "serializable": True}).encode()
+        return client.post("/v3/kv/range", body=body, headers={"Content-Type": "application/json"})
+
+    def holds(self, client: HTTPClient, key: str) -> bool:
+        response = self.read(client, key)
+        return response.status_code == 200 and b'"kvs"' in response.read()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+METAKV = MetakvRequests()
+ETCD = EtcdRequests()
+
+
+def closed_loop(urls: list[str], clients: int, duration_s: float, request: str,
+                requests: MetakvRequests | EtcdRequests = METAKV) -> dict[str, Any]:
     """``clients`` greenlets, each with its own keep-alive connection, requesting back to back.
     ``request`` is "write" (PUT a 256-byte value) or "read" (GET an existing key)."""
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
@@ -93,10 +147,9 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
                 if started >= stop_at:
                     return
                 if request == "write":
-                    path = f"/v1/kv/bench/c{index}/k{sequence % 1000}"
-                    response = client.put(path, body=value, headers={"Content-Type": "application/octet-stream"})
+                    response = requests.write(client, f"bench/c{index}/k{sequence % 1000}", value)
                 else:
-                    response = client.get(f"/v1/kv/bench/read/k{(index * 7919 + sequence) % READ_KEYS}")
+                    response = requests.read(client, f"bench/read/k{(index * 7919 + sequence) % READ_KEYS}")
                 response.read()
                 finished = time.perf_counter()
                 sequence += 1
@@ -121,7 +174,8 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str) 
     return result
 
 
-def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 256) -> dict[str, Any]:
+def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 256,
+               requests: MetakvRequests | EtcdRequests = METAKV) -> dict[str, Any]:
     """Open loop: request i is due at start + i / rate; latency counts from when it was due."""
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
     clients: collections.deque[HTTPClient] = collections.deque(_client(url) for _ in range(connections))
@@ -130,7 +184,7 @@ def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 
     # accept are not part of a write's latency.
     warm = gevent.pool.Group()
     for client in clients:
-        warm.spawn(lambda c=client: c.get("/healthz").read())
+        warm.spawn(lambda c=client: requests.read(c, "bench/warm").read())
     warm.join()
     latencies: list[float] = []
     errors = collections.Counter[str]()
@@ -143,7 +197,7 @@ def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 
             return
         client = clients.popleft()
         try:
-            response = client.put(f"/v1/kv/bench/rate/k{sequence % 1000}", body=value)
+            response = requests.write(client, f"bench/rate/k{sequence % 1000}", value)
             response.read()
             if response.status_code == 200:
                 latencies.append(time.perf_counter() - due)
@@ -183,10 +237,13 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def measured(cluster: Cluster, phase: Any) -> dict[str, Any]:
+def measured(cluster: Cluster | LocalCluster, phase: Any) -> dict[str, Any]:
     """Run ``phase()`` and add what it cost the servers: CPU ms per request (independent of
     how busy the shared machine is) and the machine's load average meanwhile."""
-    pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
+    if isinstance(cluster, LocalCluster):
+        pids = {node.node_id: node.process.pid for node in cluster.nodes}
+    else:
+        pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
     cpu_before = {node_id: cpu_seconds([pid]) for node_id, pid in pids.items()}
     result: dict[str, Any] = phase()
     cpu_used = {node_id: cpu_seconds([pid]) - cpu_before[node_id] for node_id, pid in pids.items()}
@@ -281,10 +338,94 @@ def summarise_profile(path: Path, requests: int, top: int = 25) -> dict[str, Any
     }
 
 
+def _print_writes(store: str, clients: int, w: dict[str, Any]) -> None:
+    print(f"{store} writes, {clients:2d} clients: {w['per_s']:8.1f}/s  p50 {w['latency_ms_p50']:.2f} ms  "
+          f"p99 {w['latency_ms_p99']:.2f} ms  errors {w['errors']}  "
+          f"servers' CPU {w['servers_cpu_ms_per_request']} ms/request  "
+          f"load {w['load_average_1m_after']}", flush=True)
+
+
+def run_phases(cluster: Cluster | LocalCluster, leader_url: str, urls: list[str],
+               requests: MetakvRequests | EtcdRequests, duration_s: float,
+               on_64_writers: Any = None) -> dict[str, Any]:
+    """The load phases both stores get: writes at 1/16/64 clients, local reads at 64 clients
+    over every node, and the fixed 500 writes/s."""
+    results: dict[str, Any] = {}
+    writes = {}
+    for clients in (1, 16, 64):
+        hook = on_64_writers() if clients == 64 and on_64_writers is not None else None
+        writes[str(clients)] = measured(
+            cluster, lambda c=clients: closed_loop([leader_url], c, duration_s, "write", requests))
+        if hook is not None:
+            hook(writes[str(clients)])
+        _print_writes(requests.name, clients, writes[str(clients)])
+    results["writes"] = writes
+    seed = _client(leader_url)
+    for key in range(READ_KEYS):
+        requests.write(seed, f"bench/read/k{key}", b"r" * VALUE_BYTES).read()
+    seed.close()
+    for url in urls:  # every node serves the seeded keys before reads are timed (bounded wait)
+        probe = _client(url)
+        deadline = time.monotonic() + SEED_VISIBLE_TIMEOUT_S
+        while not requests.holds(probe, f"bench/read/k{READ_KEYS - 1}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        probe.close()
+    reads = measured(cluster, lambda: closed_loop(urls, 64, duration_s, "read", requests))
+    results["local_reads_64_clients"] = reads
+    print(f"{requests.name} local reads, 64 clients over {len(urls)} nodes: {reads['per_s']:8.1f}/s  "
+          f"p50 {reads['latency_ms_p50']:.2f} ms  p99 {reads['latency_ms_p99']:.2f} ms  errors {reads['errors']}  "
+          f"servers' CPU {reads['servers_cpu_ms_per_request']} ms/request", flush=True)
+    fixed = measured(cluster, lambda: fixed_rate(leader_url, FIXED_RATE_WRITES_PER_S, duration_s, requests=requests))
+    results["fixed_rate_500_writes_per_s"] = fixed
+    print(f"{requests.name} fixed 500 writes/s: achieved {fixed['per_s']:.1f}/s  p50 {fixed['latency_ms_p50']:.2f} ms  "
+          f"p99 {fixed['latency_ms_p99']:.2f} ms  errors {fixed['errors']}", flush=True)
+    return results
+
+
+def etcd_phases(duration_s: float) -> dict[str, Any]:
+    """The same phases against etcd (Debian's etcd-server, 3 members on loopback, fsync on)."""
+    cluster = start_etcd(3)
+    try:
+        deadline = time.monotonic() + 30
+        leader = cluster.leader()
+        while leader is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            leader = cluster.leader()
+        if leader is None:
+            raise RuntimeError("etcd elected no leader within 30 s")
+        results = run_phases(cluster, leader.http_url, cluster.endpoints, ETCD, duration_s)
+        results["version"] = cluster.version()
+        return results
+    finally:
+        cluster.stop()
+
+
+def comparison(metakv: dict[str, Any], etcd: dict[str, Any]) -> dict[str, Any]:
+    """metakv ÷ etcd for each figure, measured in one run (above 1 favours metakv for
+    throughput, below 1 for latency)."""
+    rows: dict[str, Any] = {}
+    for clients in ("1", "16", "64"):
+        m, e = metakv["writes"][clients], etcd["writes"][clients]
+        rows[f"writes_{clients}_clients_per_s"] = _ratio(m["per_s"], e["per_s"])
+        rows[f"writes_{clients}_clients_p50"] = _ratio(m["latency_ms_p50"], e["latency_ms_p50"])
+        rows[f"writes_{clients}_clients_p99"] = _ratio(m["latency_ms_p99"], e["latency_ms_p99"])
+    rows["local_reads_64_clients_per_s"] = _ratio(
+        metakv["local_reads_64_clients"]["per_s"], etcd["local_reads_64_clients"]["per_s"])
+    rows["fixed_rate_500_p99"] = _ratio(
+        metakv["fixed_rate_500_writes_per_s"]["latency_ms_p99"], etcd["fixed_rate_500_writes_per_s"]["latency_ms_p99"])
+    return rows
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench_http", description=__doc__.split("\n")[0])
     parser.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per phase")
     parser.add_argument("--failover-trials", type=int, default=10)
+    parser.add_argument("--etcd", action="store_true",
+                        help="then run the same phases against a 3-member etcd on this machine and print metakv ÷ etcd")
     parser.add_argument("--out", type=Path, default=Path("results/bench_http.json"))
     parser.add_argument("--profile-dir", type=Path, default=None, help="run py-spy on the leader (64 clients)")
     parser.add_argument("--profile-gil", action="store_true",
@@ -297,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "value_bytes": VALUE_BYTES, "duration_s": args.duration_s,
         "command": "python -m loadtest.bench_http " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
     }
     cluster = Cluster(root, voters=3, observers=0)
     try:
@@ -305,41 +447,23 @@ def main(argv: list[str] | None = None) -> int:
         for node in cluster.nodes.values():
             cluster.wait_ready(node)
         print(f"cluster up, leader node {leader.node_id} at {leader.url}", flush=True)
-        writes = {}
-        for clients in (1, 16, 64):
-            profiler = None
-            if clients == 64 and args.profile_dir is not None:
-                profiler = start_profile(leader, args.duration_s, args.profile_dir, args.profile_gil)
-            writes[str(clients)] = measured(
-                cluster, lambda c=clients: closed_loop([leader.url], c, args.duration_s, "write"))
-            if profiler is not None:
+
+        def profile_64_writers() -> Any:
+            if args.profile_dir is None:
+                return None
+            profiler = start_profile(leader, args.duration_s, args.profile_dir, args.profile_gil)
+
+            def done(phase: dict[str, Any]) -> None:
+                if profiler is None:
+                    return
                 profiler.wait(timeout=60)
                 profile_path = args.profile_dir / f"leader-node{leader.node_id}.txt"
                 if profile_path.exists():
-                    requests = writes[str(clients)]["requests"]
-                    results["profile_leader_64_writers"] = summarise_profile(profile_path, requests)
-            w = writes[str(clients)]
-            print(f"writes, {clients:2d} clients: {w['per_s']:8.1f}/s  p50 {w['latency_ms_p50']:.2f} ms  "
-                  f"p99 {w['latency_ms_p99']:.2f} ms  errors {w['errors']}  "
-                  f"servers' CPU {w['servers_cpu_ms_per_request']} ms/request  "
-                  f"load {w['load_average_1m_after']}", flush=True)
-        results["writes"] = writes
-        seed = _client(leader.url)
-        for key in range(READ_KEYS):
-            seed.put(f"/v1/kv/bench/read/k{key}", body=b"r" * VALUE_BYTES).read()
-        seed.close()
-        for node in cluster.nodes.values():
-            cluster.wait_ready(node)
+                    results["profile_leader_64_writers"] = summarise_profile(profile_path, phase["requests"])
+            return done
+
         urls = [node.url for node in cluster.nodes.values()]
-        reads = measured(cluster, lambda: closed_loop(urls, 64, args.duration_s, "read"))
-        results["local_reads_64_clients"] = reads
-        print(f"local reads, 64 clients over 3 nodes: {reads['per_s']:8.1f}/s  p50 {reads['latency_ms_p50']:.2f} ms  "
-              f"p99 {reads['latency_ms_p99']:.2f} ms  errors {reads['errors']}  "
-              f"servers' CPU {reads['servers_cpu_ms_per_request']} ms/request", flush=True)
-        fixed = measured(cluster, lambda: fixed_rate(leader.url, FIXED_RATE_WRITES_PER_S, args.duration_s))
-        results["fixed_rate_500_writes_per_s"] = fixed
-        print(f"fixed 500 writes/s: achieved {fixed['per_s']:.1f}/s  p50 {fixed['latency_ms_p50']:.2f} ms  "
-              f"p99 {fixed['latency_ms_p99']:.2f} ms  errors {fixed['errors']}", flush=True)
+        results.update(run_phases(cluster, leader.url, urls, METAKV, args.duration_s, profile_64_writers))
         if args.failover_trials > 0:
             failover = failover_trials(cluster, args.failover_trials)
             results["failover"] = failover
@@ -356,6 +480,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster.close()
         if not args.keep_data:
             shutil.rmtree(root, ignore_errors=True)
+    if args.etcd:
+        results["etcd"] = etcd_phases(args.duration_s)
+        results["metakv_over_etcd"] = comparison(results, results["etcd"])
+        print("metakv ÷ etcd, same run (throughput: above 1 favours metakv; latency: below 1 does):", flush=True)
+        for name, ratio in results["metakv_over_etcd"].items():
+            print(f"  {name:34s} {ratio}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}", flush=True)
