@@ -18,7 +18,14 @@ from storage.commands import (
     put,
 )
 from storage.state_machine import Entry, StateDatabaseError, StateMachine
-from tests.state_machine.helpers import batches_for, control_batch, data_batch, dump_tables
+from tests.state_machine.helpers import (
+    batches_for,
+    control_batch,
+    data_batch,
+    dump_tables,
+    table_names,
+    write_schema_1_database,
+)
 
 
 @pytest.fixture()
@@ -219,6 +226,20 @@ def test_not_a_database_is_a_clear_error(tmp_path):
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StateDatabaseError, match=str(path)):
         StateMachine(str(path))
+
+
+def test_an_older_schema_is_refused_by_name_and_left_untouched(tmp_path):
+    path = str(tmp_path / "state.db")
+    write_schema_1_database(path)
+    tables_before = table_names(path)
+    with pytest.raises(StateDatabaseError, match=f"{path}: schema version 1, this code reads 2.*rebuild it from the log"):
+        StateMachine(path)
+    assert table_names(path) == tables_before
+    # The documented way out: move it away; a new state.db replays the log from offset 0.
+    os.rename(path, path + ".schema-1")
+    with StateMachine(path) as state:
+        state.apply([data_batch(0, [put("a", b"1")])])
+        assert state.get("a")[1].value == b"1"
 
 
 def test_close_leaves_no_wal_behind(tmp_path):
