@@ -11,9 +11,13 @@ Why it looks like this (docs/state-machine.md has the full contract):
 - Compares are evaluated here, at apply time, from the rows alone, so every replica that
   applies the same log reaches the same outcome.
 - Apply works a whole call at a time: it decodes every record, reads every key it may touch
-  in one query, evaluates the commands in Python against that overlay, then writes the final
-  rows, the history and the meta row with a handful of executemany statements. That keeps
-  per-record cost in Python, not in per-statement round trips.
+  in one query, evaluates the commands in Python against that overlay, then writes the
+  history rows, each key's new head and the meta row with a handful of executemany
+  statements. That keeps per-record cost in Python, not in per-statement round trips.
+- A value is stored once, in its history row, appended in version order; the only random
+  B-tree write of an update is its key's small ``key_heads`` row (schema 2, see
+  storage/state_schema.py). Reads at an older version walk a key's changes back from its
+  head through the links each history row keeps to the key's previous change.
 - Every thread gets its own SQLite connection (WAL lets readers run beside the one writer);
   a read that needs more than one statement runs inside one read transaction, so it answers
   at exactly one version.
@@ -72,6 +76,11 @@ logger = logging.getLogger(__name__)
 KEY_LOOKUP_CHUNK_KEYS = 500
 SQLITE_CACHE_KIB = 32 * 1024
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# The writer keeps the committed state of recently written keys (entry and head) so that
+# apply need not read them back from SQLite; bounded by an estimate of the bytes held
+# (key + value + this per-key overhead), the oldest-written keys are dropped first.
+WRITER_CACHE_MAX_BYTES = 64 * 1024 * 1024
+WRITER_CACHE_KEY_OVERHEAD_BYTES = 300
 # Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
 # thread so that apply never waits for them; the thread is woken after this many records.
 CHECKPOINT_EVERY_RECORDS = 2_000
@@ -186,9 +195,11 @@ class StateMachine:
     """Applies committed batches to ``db_path`` and answers versioned reads from it."""
 
     def __init__(self, db_path: str, *, history_retention_versions: int | None = None,
-                 background_checkpoint: bool = True) -> None:
+                 background_checkpoint: bool = True,
+                 writer_cache_max_bytes: int = WRITER_CACHE_MAX_BYTES) -> None:
         check(history_retention_versions is None or history_retention_versions >= 0,
               "history_retention_versions must be >= 0")
+        check(writer_cache_max_bytes >= 0, "writer_cache_max_bytes must be >= 0")
         self.db_path = os.path.abspath(db_path)
         self.history_retention_versions = history_retention_versions
         self._write_lock = threading.Lock()
@@ -217,6 +228,7 @@ class StateMachine:
         self._writer.exec_driver_sql(
             f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
         self._records_since_checkpoint = 0
+        self._cache = _WriterCache(writer_cache_max_bytes)
         self._checkpointer: _Checkpointer | None = None
         if background_checkpoint:
             self._checkpointer = _Checkpointer(self._open_connection(), self.db_path)
@@ -417,6 +429,7 @@ class StateMachine:
             try:
                 current, heads = self._load_entries(writer_cursor, keys)
                 results, history_rows = _evaluate_compact(commands, current)
+                new_heads: list[tuple[str, int, int]] = []
                 if history_rows:
                     linked_rows, new_heads = _link_history(history_rows, heads)
                     writer_cursor.executemany(self._sql_history, linked_rows)
@@ -430,10 +443,15 @@ class StateMachine:
                 writer_cursor.execute("COMMIT")
             except BaseException:
                 # SQLite may already have rolled back (e.g. disk full); a failed COMMIT
-                # leaves the transaction open. Either way nothing of this call stays.
+                # leaves the transaction open. Either way nothing of this call stays (and
+                # the cache, changed only after a commit, still holds committed state).
                 if self._writer_dbapi.in_transaction:
                     writer_cursor.execute("ROLLBACK")
                 raise
+            if horizon is not None:
+                self._cache.clear()  # the prune may have dropped heads of deleted keys
+            else:
+                self._cache.store(new_heads, current)
             self._records_since_checkpoint += end_version - self._applied_version
             self._applied_version = end_version
             if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
@@ -483,7 +501,7 @@ class StateMachine:
         for keys that have one, deleted keys included)."""
         found: dict[str, Entry | None] = dict.fromkeys(keys)
         heads: dict[str, tuple[int, int]] = {}
-        key_list = list(found)
+        key_list = self._cache.load(found, heads)
         for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
             chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
             sql = self._sql_lookup_by_count.get(len(chunk))
@@ -520,6 +538,7 @@ class StateMachine:
                 self._prune(connection, self._oldest_version, horizon)
                 connection.execute(meta.update().where(meta.c.id == 1).values(oldest_version=horizon))
             self._oldest_version = horizon
+            self._cache.clear()
 
     @staticmethod
     def _prune(connection: Connection, oldest_version: int, horizon: int) -> None:
@@ -696,6 +715,7 @@ class StateMachine:
             with self._write_lock:
                 if self._closed:
                     raise RuntimeError("state machine is closed")
+                self._cache.clear()
                 self._replace_from(temp_path)
                 self._applied_version = snapshot_meta.applied_version
                 self._applied_epoch = snapshot_meta.applied_epoch
@@ -747,6 +767,54 @@ class StateMachine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+class _WriterCache:
+    """Committed state of recently written keys: key -> (entry or None, (version, seq) of
+    its head). Only the writer uses it, under the write lock, and changes it only after a
+    commit; prune and snapshot load clear it. Keys without a head are never in it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: dict[str, tuple[Entry | None, tuple[int, int]]] = {}
+        self._sizes: dict[str, int] = {}
+        self._bytes = 0
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._sizes.clear()
+        self._bytes = 0
+
+    def load(self, found: dict[str, Entry | None], heads: dict[str, tuple[int, int]]) -> list[str]:
+        """Fill ``found`` and ``heads`` for the cached keys of ``found``; return the others."""
+        items = self._items
+        missing: list[str] = []
+        for key in found:
+            item = items.get(key)
+            if item is None:
+                missing.append(key)
+            else:
+                found[key], heads[key] = item
+        return missing
+
+    def store(self, new_heads: list[tuple[str, int, int]], state: dict[str, Entry | None]) -> None:
+        """Record the committed state of every key whose head changed (oldest dropped first)."""
+        items, sizes = self._items, self._sizes
+        total = self._bytes
+        for key, version, seq in new_heads:
+            entry = state[key]
+            size = WRITER_CACHE_KEY_OVERHEAD_BYTES + len(key) + (0 if entry is None else len(entry.value))
+            if key in items:  # re-insert: dict order is the order keys were last written
+                del items[key]
+                total -= sizes[key]
+            items[key] = (entry, (version, seq))
+            sizes[key] = size
+            total += size
+        while total > self.max_bytes and items:
+            oldest = next(iter(items))
+            del items[oldest]
+            total -= sizes.pop(oldest)
+        self._bytes = total
 
 
 class _Checkpointer(threading.Thread):
