@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sqlite3
@@ -18,7 +19,16 @@ from storage.commands import (
     put,
 )
 from storage.snapshot_store import SnapshotStore
-from storage.state_machine import Entry, StateDatabaseError, StateMachine
+from storage.state_machine import (
+    ApplyResult,
+    Entry,
+    OpResult,
+    StateDatabaseError,
+    StateMachine,
+    _new_apply_result,
+    _new_entry,
+    _new_op_result,
+)
 from tests.state_machine.helpers import (
     batches_for,
     control_batch,
@@ -330,3 +340,17 @@ def test_the_writer_cache_and_pruning_during_apply(tmp_path):
     finally:
         for machine in machines:
             machine.close()
+
+
+def test_apply_results_are_the_public_frozen_dataclasses():
+    """Apply builds Entry, OpResult and ApplyResult without their generated __init__; the
+    objects are the same as the constructors give: equal, equally hashed, still frozen."""
+    entry = _new_entry("k", b"v", "text/plain", 3, 2)
+    op = _new_op_result(OpKind.PUT, "k", False, False, entry)
+    result = _new_apply_result(2, 3, True, (op,), ())
+    expected = ApplyResult(2, 3, True, (OpResult(OpKind.PUT, "k", False, False,
+                                                 Entry("k", b"v", "text/plain", 3, 2)),), ())
+    assert result == expected and hash(result) == hash(expected) and repr(result) == repr(expected)
+    assert _new_apply_result(0, 1, False, (), (), "bad").error == "bad"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        entry.value = b"other"  # type: ignore[misc]
