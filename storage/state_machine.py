@@ -138,7 +138,8 @@ def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Any, ...]:
 # Apply builds an Entry, an OpResult and an ApplyResult per record. The __init__ a frozen
 # dataclass gets sets each field through object.__setattr__; setting the slots through
 # their descriptors builds the same objects (these classes have no __post_init__, and
-# every field is set) in about 60% of the time (loadtest/bench_state_machine.py).
+# every field is set) in about 60% of the time (timeit on the build machine: 1.4 against
+# 2.25 µs per Entry).
 _ENTRY_SETTERS = _slot_setters(Entry, ("key", "value", "content_type", "mod_version", "create_version"))
 _OP_RESULT_SETTERS = _slot_setters(OpResult, ("kind", "key", "created", "deleted", "entry"))
 _APPLY_RESULT_SETTERS = _slot_setters(
