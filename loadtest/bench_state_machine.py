@@ -14,12 +14,12 @@ wall rates are kept in the JSON); ``records_per_apply_thread_cpu_s`` counts only
 checkpoints run on a background thread). Apply cost depends on key locality (SQLite writes whole 4 KiB pages per commit), so three
 key patterns are measured: ``new_keys`` (every record creates the next key, metadata churn),
 ``hot_updates`` (puts over 1,000 keys) and ``uniform_updates`` (puts spread uniformly over
-50,000 keys: about one dirty page per record in the entries table and one in the history
-index).
+50,000 keys: about one dirty page of ``key_heads`` per record in batches of 100; the
+history rows are appended in version order).
 
 Next to each apply case, ``sqlite_floor`` measures what SQLite alone costs for the same
-rows: per batch, one transaction that upserts the batch's final entries rows, inserts its
-history rows and updates the meta row, as executemany over precomputed parameters (no
+rows: per batch, one transaction that upserts the batch's final ``key_heads`` rows, inserts
+its history rows (values and links to each key's previous change) and updates the meta row, as executemany over precomputed parameters (no
 decode, no read of current rows, no evaluation), on the same schema with the same pragmas
 and a background checkpoint thread like the state machine's. Apply cannot beat it; the gap
 between the two is the state machine's own work.
@@ -123,9 +123,11 @@ def bench_apply(directory: str, pattern: str, batch_records: int, total_records:
 
 
 def _floor_rows(records: list[bytes], batch_records: int) -> list[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]]:
-    """Per batch: (entries rows in key order, last write per key; history rows), as apply writes them."""
+    """Per batch: (key_heads rows in key order, the last write per key; history rows linked
+    to each key's previous change), as apply writes them."""
     batches = []
     create_versions: dict[str, int] = {}
+    heads: dict[str, tuple[int | None, int | None]] = {}
     for start in range(0, len(records), batch_records):
         final: dict[str, tuple[Any, ...]] = {}
         history_rows = []
@@ -133,8 +135,10 @@ def _floor_rows(records: list[bytes], batch_records: int) -> list[tuple[list[tup
             _compares, ((_kind, key, value, content_type, _create),), _failure = decode_compact(records[offset])
             version = offset + 1
             create_version = create_versions.setdefault(key, version)
-            final[key] = (key, value, content_type, version, create_version)
-            history_rows.append((version, 0, key, 1, value, content_type, create_version))
+            final[key] = (key, version, 0)
+            history_rows.append((version, 0, key, 1, value, content_type, create_version,
+                                 *heads.get(key, (None, None))))
+            heads[key] = (version, 0)
         batches.append(([final[key] for key in sorted(final)], history_rows))
     return batches
 
@@ -165,11 +169,11 @@ def bench_sqlite_floor(directory: str, pattern: str, batch_records: int, total_r
 
     thread = threading.Thread(target=checkpoint_loop, daemon=True)
     thread.start()
-    upsert = ("INSERT INTO entries (key, value, content_type, mod_version, create_version) "
-              "VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-              "content_type = excluded.content_type, mod_version = excluded.mod_version")
-    insert_history = ("INSERT INTO history (version, seq, key, op, value, content_type, create_version) "
-                      "VALUES (?, ?, ?, ?, ?, ?, ?)")
+    upsert = ("INSERT INTO key_heads (key, mod_version, mod_seq) VALUES (?, ?, ?) "
+              "ON CONFLICT (key) DO UPDATE SET mod_version = excluded.mod_version, "
+              "mod_seq = excluded.mod_seq")
+    insert_history = ("INSERT INTO history (version, seq, key, op, value, content_type, create_version, "
+                      "prev_version, prev_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
     since_checkpoint = 0
     try:
         started = time.perf_counter()

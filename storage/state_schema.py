@@ -10,27 +10,35 @@ from __future__ import annotations
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-SCHEMA_VERSION = 1
+# 2: values live only in ``history``; ``key_heads`` points at each key's newest change and
+# every history row at the key's previous one (schema 1 had an ``entries`` table holding the
+# values again and a (key, version) index on history: two random B-tree writes per update).
+SCHEMA_VERSION = 2
 HISTORY_OP_PUT = 1
 HISTORY_OP_DELETE = 2
 
 metadata = sa.MetaData()
 
-entries = sa.Table(
-    "entries",
+# Each key's newest change (a put, or a delete kept until it falls below the horizon): the
+# only table an update writes at a random place, and its rows are small, so a page holds
+# about a hundred of them.
+key_heads = sa.Table(
+    "key_heads",
     metadata,
     sa.Column("key", sa.Text, primary_key=True),
-    sa.Column("value", sa.LargeBinary, nullable=False),
-    sa.Column("content_type", sa.Text, nullable=False),
     sa.Column("mod_version", sa.Integer, nullable=False),
-    sa.Column("create_version", sa.Integer, nullable=False),
+    sa.Column("mod_seq", sa.Integer, nullable=False),
     sqlite_with_rowid=False,
 )
 
+# Every change, appended in (version, seq) order (so appends fill the last pages), holding
+# the value; (prev_version, prev_seq) names the same key's previous change (NULL: none), so
+# a key's state at a version is found by walking back from its head.
 history = sa.Table(
     "history",
     metadata,
@@ -41,7 +49,8 @@ history = sa.Table(
     sa.Column("value", sa.LargeBinary, nullable=True),
     sa.Column("content_type", sa.Text, nullable=True),
     sa.Column("create_version", sa.Integer, nullable=False),
-    sa.Index("history_key_version", "key", "version", "seq"),
+    sa.Column("prev_version", sa.Integer, nullable=True),
+    sa.Column("prev_seq", sa.Integer, nullable=True),
     sqlite_with_rowid=False,
 )
 
@@ -56,6 +65,33 @@ meta = sa.Table(
     sa.CheckConstraint("id = 1", name="meta_single_row"),
 )
 
+# The current entries, as a view (not created by ``metadata.create_all``): readers of a
+# state database or snapshot (the pipeline, tests) select from it as from a table.
+view_metadata = sa.MetaData()
+entries = sa.Table(
+    "entries",
+    view_metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("value", sa.LargeBinary, nullable=False),
+    sa.Column("content_type", sa.Text, nullable=False),
+    sa.Column("mod_version", sa.Integer, nullable=False),
+    sa.Column("create_version", sa.Integer, nullable=False),
+)
+
+
+def entries_view_select() -> sa.Select[Any]:
+    """The ``entries`` view's query: each key whose head is a put, with that put's value."""
+    return sa.select(
+        key_heads.c.key, history.c.value, history.c.content_type,
+        key_heads.c.mod_version, history.c.create_version,
+    ).select_from(key_heads.join(history, sa.and_(
+        history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq,
+    ))).where(history.c.op == HISTORY_OP_PUT)
+
+
+def create_entries_view_sql(dialect: sa.Dialect) -> str:
+    query = entries_view_select().compile(dialect=dialect, compile_kwargs={"literal_binds": True})
+    return f"CREATE VIEW IF NOT EXISTS {entries.name} AS {query}"
 
 
 @dataclass(frozen=True, slots=True)

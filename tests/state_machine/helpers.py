@@ -40,9 +40,45 @@ def dump_tables(db_path: str) -> dict[str, list[tuple[object, ...]]]:
     try:
         return {
             "entries": connection.execute("SELECT * FROM entries ORDER BY key").fetchall(),
+            "key_heads": connection.execute("SELECT * FROM key_heads ORDER BY key").fetchall(),
             "history": connection.execute("SELECT * FROM history ORDER BY version, seq").fetchall(),
             "meta": connection.execute(
                 "SELECT applied_version, applied_epoch, oldest_version FROM meta").fetchall(),
         }
+    finally:
+        connection.close()
+
+
+# The schema-1 layout (before values moved out of the key table), to check that such a file
+# is refused by name rather than read wrongly.
+SCHEMA_1_TABLES = (
+    "CREATE TABLE entries (key TEXT PRIMARY KEY, value BLOB NOT NULL, content_type TEXT NOT NULL,"
+    " mod_version INTEGER NOT NULL, create_version INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE history (version INTEGER, seq INTEGER, key TEXT NOT NULL, op INTEGER NOT NULL,"
+    " value BLOB, content_type TEXT, create_version INTEGER NOT NULL, PRIMARY KEY (version, seq))"
+    " WITHOUT ROWID",
+    "CREATE INDEX history_key_version ON history (key, version, seq)",
+    "CREATE TABLE meta (id INTEGER PRIMARY KEY, schema_version INTEGER NOT NULL,"
+    " applied_version INTEGER NOT NULL, applied_epoch INTEGER NOT NULL,"
+    " oldest_version INTEGER NOT NULL, CONSTRAINT meta_single_row CHECK (id = 1))",
+    "INSERT INTO entries VALUES ('a', x'31', 'application/octet-stream', 1, 1)",
+    "INSERT INTO history VALUES (1, 0, 'a', 1, x'31', 'application/octet-stream', 1)",
+    "INSERT INTO meta VALUES (1, 1, 1, 1, 0)",
+)
+
+
+def write_schema_1_database(path: str) -> None:
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in SCHEMA_1_TABLES:
+            connection.execute(statement)
+    finally:
+        connection.close()
+
+
+def table_names(path: str) -> list[str]:
+    connection = sqlite3.connect(path)
+    try:
+        return sorted(row[0] for row in connection.execute("SELECT name FROM sqlite_master"))
     finally:
         connection.close()

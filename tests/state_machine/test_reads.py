@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 
 import pytest
@@ -102,6 +103,43 @@ def test_at_version_back_to_the_horizon_and_410_below(state):
     state.prune_history(100)
     assert state.oldest_version == 7
     assert state.get("a", at_version=7)[1].value == b"3"
+
+
+def test_at_version_follows_a_key_through_deletes_and_recreates(state):
+    state.apply([data_batch(0, [put("a", b"1"), put("a", b"2"), delete("a"), put("b", b"1"),
+                                put("a", b"3"), delete("a"), put("a", b"4")])])
+    expected = {0: None, 1: (b"1", 1, 1), 2: (b"2", 2, 1), 3: None, 4: None, 5: (b"3", 5, 5),
+                6: None, 7: (b"4", 7, 7)}
+
+    def a_at(version: int) -> tuple[bytes, int, int] | None:
+        entry = state.get("a", at_version=version)[1]
+        return None if entry is None else (entry.value, entry.mod_version, entry.create_version)
+
+    assert {version: a_at(version) for version in expected} == expected
+    assert state.list("", at_version=3)[1] == []
+    assert [e.key for e in state.list("", at_version=5)[1]] == ["a", "b"]
+    for horizon in (2, 4, 6, 7):
+        state.prune_history(horizon)
+        assert {version: a_at(version) for version in range(horizon, 8)} == {
+            version: expected[version] for version in range(horizon, 8)}
+    # Fully pruned: one row per live key, its current value.
+    assert [(e.type, e.key) for e in state.changes("", 7)[1]] == []
+    assert [(e.key, e.value) for e in state.list("")[1]] == [("a", b"4"), ("b", b"1")]
+
+
+def test_a_deleted_key_is_forgotten_once_its_delete_is_below_the_horizon(state, tmp_path):
+    state.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("a"), put("b", b"2")])])
+    state.prune_history(3)
+    assert state.get("a", at_version=3)[1] is None
+    state.close()
+    connection = sqlite3.connect(str(tmp_path / "state.db"))
+    try:
+        heads = connection.execute("SELECT key, mod_version FROM key_heads ORDER BY key").fetchall()
+        history = connection.execute("SELECT version, key, op FROM history ORDER BY version").fetchall()
+    finally:
+        connection.close()
+    assert heads == [("b", 4)]
+    assert history == [(2, "b", 1), (4, "b", 1)]  # b at the horizon, and b's change above it
 
 
 def test_history_retention_prunes_during_apply(tmp_path):

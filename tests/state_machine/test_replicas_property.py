@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from raft.types import Batch, encode_control_record
 from storage.commands import Command, Compare, CompareKind, Op, OpKind, encode_command
-from storage.state_machine import ApplyResult, StateMachine
+from storage.state_machine import ApplyResult, Entry, StateMachine
 from tests.state_machine.helpers import dump_tables
 
 KEYS = ["a", "b", "d/x", "d/y", "é"]
@@ -136,9 +136,30 @@ def result_shape(result: ApplyResult) -> tuple[int, bool, tuple[tuple[str, int],
     return result.offset, result.succeeded, result.failed_compares, tuple(seen)
 
 
-def listing(state: StateMachine, version: int) -> dict[str, tuple[bytes, str, int, int]]:
-    _, found, _ = state.list("", limit=100, at_version=version)
-    return {e.key: (e.value, e.content_type, e.mod_version, e.create_version) for e in found}
+def listing(state: StateMachine, version: int, limit: int = 100) -> dict[str, tuple[bytes, str, int, int]]:
+    """Every entry at ``version``, read in pages of ``limit``."""
+    found: list[Entry] = []
+    after = None
+    while True:
+        answered, page, after = state.list("", after=after, limit=limit, at_version=version)
+        assert answered == version
+        found.extend(page)
+        if after is None:
+            return {e.key: (e.value, e.content_type, e.mod_version, e.create_version) for e in found}
+
+
+def check_at_every_version(replica: StateMachine, model: ModelRun, horizon: int, final_version: int) -> None:
+    for version in range(horizon, final_version + 1):
+        assert listing(replica, version) == model.states[version]
+        assert listing(replica, version, limit=2) == model.states[version]
+        for key in KEYS:
+            entry = replica.get(key, at_version=version)[1]
+            expected = model.states[version].get(key)
+            assert (None if entry is None else (entry.value, entry.content_type,
+                                               entry.mod_version, entry.create_version)) == expected
+    assert [(e.type, e.key, e.mod_version, e.value)
+            for e in replica.changes("", horizon, limit=1000)[1]] == [
+        event for event in model.events if event[2] > horizon]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,10 +168,10 @@ def listing(state: StateMachine, version: int) -> dict[str, tuple[bytes, str, in
     sizes_a=st.lists(st.integers(1, 8), min_size=1, max_size=4),
     sizes_b=st.lists(st.integers(1, 8), min_size=1, max_size=4),
     calls_b=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=8),
-    horizon_fraction=st.floats(0, 1),
+    horizon_fractions=st.lists(st.floats(0, 1), min_size=1, max_size=3).map(sorted),
 )
 def test_replicas_agree_with_each_other_and_the_model(log_items, sizes_a, sizes_b, calls_b,
-                                                      horizon_fraction):
+                                                      horizon_fractions):
     model = run_model(log_items)
     log_a = build_log(log_items, sizes_a)
     log_b = build_log(log_items, sizes_b)
@@ -177,16 +198,9 @@ def test_replicas_agree_with_each_other_and_the_model(log_items, sizes_a, sizes_
 
             events = [(e.type, e.key, e.mod_version, e.value) for e in replica_a.changes("", 0, limit=1000)[1]]
             assert events == model.events
-            horizon = int(horizon_fraction * final_version)
-            replica_a.prune_history(horizon)
-            for version in range(horizon, final_version + 1):
-                assert listing(replica_a, version) == model.states[version]
-                for key in KEYS:
-                    entry = replica_a.get(key, at_version=version)[1]
-                    expected = model.states[version].get(key)
-                    assert (None if entry is None else (entry.value, entry.content_type,
-                                                       entry.mod_version, entry.create_version)) == expected
-            assert [(e.type, e.key, e.mod_version, e.value)
-                    for e in replica_a.changes("", horizon, limit=1000)[1]] == [
-                event for event in model.events if event[2] > horizon]
+            # The horizon moves up in steps: each prune starts from the one before.
+            for horizon_fraction in horizon_fractions:
+                horizon = int(horizon_fraction * final_version)
+                replica_a.prune_history(horizon)
+                check_at_every_version(replica_a, model, horizon, final_version)
             assert listing(replica_b, final_version) == model.states[final_version]

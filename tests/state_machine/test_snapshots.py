@@ -12,7 +12,12 @@ from raft.types import SnapshotId
 from storage.commands import delete, put
 from storage.snapshot_store import TRAILER_BYTES, SnapshotStore, verify_snapshot_file
 from storage.state_machine import StateMachine, VersionCompactedError
-from tests.state_machine.helpers import control_batch, data_batch, dump_tables
+from tests.state_machine.helpers import (
+    control_batch,
+    data_batch,
+    dump_tables,
+    write_schema_1_database,
+)
 
 
 def _fill(state: StateMachine, records: int = 40, epoch: int = 2) -> None:
@@ -187,6 +192,20 @@ def test_load_of_a_corrupt_file_names_it_and_changes_nothing(source, tmp_path):
     truncated.write_bytes(b"MKVSNAP1")
     with pytest.raises(CorruptSnapshotError, match="shorter than"):
         verify_snapshot_file(str(truncated))
+
+
+def test_load_of_an_older_schema_snapshot_names_it_and_changes_nothing(tmp_path):
+    store = SnapshotStore(str(tmp_path / "snapshots"))
+    old_database = store.new_temp_path()
+    write_schema_1_database(old_database)
+    store.publish_database(old_database, SnapshotId(1, 1))
+    path = store.path_for(SnapshotId(1, 1))
+    with StateMachine(str(tmp_path / "target.db")) as target:
+        target.apply([data_batch(0, [put("kept", b"1")])])
+        before = dump_tables(target.db_path)
+        with pytest.raises(CorruptSnapshotError, match=f"{path}: schema version 1, this code reads 2"):
+            target.load_snapshot(path)
+        assert dump_tables(target.db_path) == before
 
 
 def test_create_snapshot_refuses_version_zero_and_a_wrong_epoch(tmp_path):
