@@ -195,7 +195,12 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 
+_PLAIN_WIRE_TYPES = frozenset((int, str, bool, bytes, type(None)))
+
+
 def _to_wire(value: Any) -> Any:
+    if type(value) in _PLAIN_WIRE_TYPES:  # most fields: no conversion (checked first, it is per field)
+        return value
     if isinstance(value, Batch):
         return [value.base_offset, value.epoch, value.timestamp_ms, value.control, list(value.records)]
     if isinstance(value, SnapshotId):
@@ -210,9 +215,9 @@ def _to_wire(value: Any) -> Any:
 
 
 def encode_message(message: Message) -> bytes:
-    type_id = _TYPE_IDS[type(message)]
-    fields = [_to_wire(getattr(message, f.name)) for f in dataclasses.fields(message)]
-    return msgpack.packb([type_id, *fields], use_bin_type=True)
+    cls = type(message)
+    fields = [_to_wire(getattr(message, name)) for name in _FIELD_NAMES[cls]]
+    return msgpack.packb([_TYPE_IDS[cls], *fields], use_bin_type=True)
 
 
 def _int(value: Any, name: str) -> int:
@@ -299,8 +304,14 @@ _DECODERS: dict[str, Any] = {
     "tuple[ReplicaState, ...]": _tuple_of(_replica_state),
 }
 
-_FIELD_DECODERS: dict[type, list[tuple[str, Any]]] = {
-    cls: [(f.name, _DECODERS[f.type]) for f in dataclasses.fields(cls)] for cls in _TYPE_IDS
+# Per message class, computed once (encoding and decoding run for every raft message):
+# field names in wire order, and (name, decoder, name used in errors) per field.
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPE_IDS
+}
+_FIELD_DECODERS: dict[type, list[tuple[str, Any, str]]] = {
+    cls: [(f.name, _DECODERS[f.type], f"{cls.__name__}.{f.name}") for f in dataclasses.fields(cls)]
+    for cls in _TYPE_IDS
 }
 
 
@@ -318,7 +329,7 @@ def decode_message(data: bytes) -> Message:
     decoders = _FIELD_DECODERS[cls]
     if len(value) - 1 != len(decoders):
         raise MessageDecodeError(f"{cls.__name__}: expected {len(decoders)} fields")
-    kwargs = {name: decode(item, f"{cls.__name__}.{name}") for (name, decode), item in zip(decoders, value[1:], strict=True)}
+    kwargs = {name: decode(item, where) for (name, decode, where), item in zip(decoders, value[1:], strict=True)}
     return cls(**kwargs)
 
 
