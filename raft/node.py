@@ -887,8 +887,14 @@ class RaftNode:
             return
         parked = list(state.parked.values())
         state.parked.clear()
+        # Parked fetchers usually wait at the same offset (the log end): read it once.
+        records_at: dict[int, tuple[Batch, ...]] = {}
         for fetch in parked:
-            self._leader_answer_fetch(fetch.src, fetch.request, state)
+            offset = fetch.request.fetch_offset
+            records = records_at.get(offset)
+            if records is None:
+                records = records_at[offset] = tuple(self._log.read(offset, self.config.max_batch_bytes))
+            self._send(fetch.src, self._fetch_response(fetch.request, state, records=records))
 
     def _leader_tick(self, now_ms: int, state: LeaderState) -> None:
         if state.pending_batches:
