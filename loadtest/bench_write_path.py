@@ -1,0 +1,298 @@
+"""Where one write's time goes, hop by hop: 3 voters on loopback, one client, one PUT at a time.
+
+    python -m loadtest.bench_write_path [--writes 800] [--no-trace] [--out results/bench_write_path.json]
+
+Each node runs ``metakv serve`` with trace points added from outside (this module patches the
+runtime, transport, segment log and uvicorn protocol methods in the node process before
+serving; nothing in app/ carries tracing code): every point appends (time.perf_counter(),
+name) to a list in memory, and SIGUSR1 dumps it. perf_counter is CLOCK_MONOTONIC on Linux,
+shared by all processes, so the client's send/receive times and every node's points line up.
+For each write the analysis follows the commit path: client send -> leader HTTP in -> propose
+-> records written to a follower -> follower receives -> its flush starts -> fsync runs ->
+flush answer on its loop -> its next Fetch (the acknowledgement) written -> leader receives ->
+apply -> HTTP response written -> client receives; the follower counted is the one whose
+acknowledgement reached the leader first. It prints the median and mean of each hop, the
+leader's own flush, and the servers' CPU per write. The trace points cost a few percent;
+``--no-trace`` runs the same load without them (latency and CPU only).
+
+The client is a raw blocking socket with TCP_NODELAY (no HTTP library in the measured time),
+writing a 256-byte value per PUT back to back over one keep-alive connection (like the
+1-client phase of loadtest.bench_http). A benchmark never fails on a figure; it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TRACE_ENV = "METAKV_BENCH_TRACE_OUT"
+WARMUP_WRITES = 50
+VALUE_BYTES = 256
+HOPS = ("http_in", "propose", "leader_sends_records", "follower_receives", "follower_flush_asked",
+        "follower_fsync_starts", "follower_fsync_ends", "follower_flush_answered", "follower_sends_fetch",
+        "leader_receives_fetch", "leader_apply_starts", "leader_apply_ends", "leader_http_out", "client_receives")
+
+
+# --------------------------------------------------------------------------- node side
+
+
+def serve_traced(argv: list[str]) -> int:
+    """``metakv serve`` with trace points (runs inside each node process)."""
+    events: list[tuple[float, str, int]] = []
+    clock = time.perf_counter
+
+    def dump(*_: object) -> None:
+        path = Path(os.environ[TRACE_ENV])
+        path.with_suffix(".tmp").write_text(json.dumps(events))
+        path.with_suffix(".tmp").replace(path)  # the reader sees the whole file or none
+    signal.signal(signal.SIGUSR1, dump)
+
+    import asyncio.streams
+
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    import app.http_protocol as http_protocol
+    import app.runtime as runtime
+    import app.transport as transport
+    import storage.segment_log as segment_log
+
+    def around(cls: Any, name: str, label: str) -> None:
+        original = getattr(cls, name)
+
+        def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+            events.append((clock(), label + ">", 0))
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                events.append((clock(), label + "<", 0))
+        setattr(cls, name, traced)
+
+    def before(cls: Any, name: str, label: str, size_of: Any = None) -> None:
+        original = getattr(cls, name)
+
+        def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+            events.append((clock(), label, size_of(self, *args) if size_of else 0))
+            return original(self, *args, **kwargs)
+        setattr(cls, name, traced)
+
+    before(HttpToolsProtocol, "data_received", "http_in")
+    before(http_protocol._CoalescingTransport, "_flush", "http_out", lambda self: len(self._pending))
+    original_propose = runtime.NodeRuntime.propose
+
+    async def propose(self: Any, command: Any) -> Any:
+        events.append((clock(), "propose", 0))
+        return await original_propose(self, command)
+    runtime.NodeRuntime.propose = propose  # type: ignore[method-assign]
+    around(runtime.NodeRuntime, "_apply_committed", "apply")
+    around(runtime.NodeRuntime, "_on_flush_done", "flush_answer")
+    around(runtime.NodeRuntime, "_maybe_start_flush", "flush_ask")
+    around(segment_log.SegmentLog, "flush", "fsync")
+    before(transport.RaftTransport, "_deliver", "raft_in", lambda self, connection, payload: len(payload))
+    before(asyncio.streams.StreamWriter, "write", "raft_out", lambda self, data: len(data))
+
+    from app.cli import main as cli_main
+    return cli_main(argv)
+
+
+# --------------------------------------------------------------------------- client side
+
+
+def _put(sock: socket.socket, key: str, value: bytes) -> None:
+    head = (f"PUT /v1/kv/{key} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {len(value)}\r\n\r\n").encode()
+    sock.sendall(head + value)
+    buffer = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the leader closed the connection")
+        buffer += chunk
+        head_end = buffer.find(b"\r\n\r\n")
+        if head_end < 0:
+            continue
+        headers = buffer[:head_end].split(b"\r\n")
+        length = next(int(line.split(b":", 1)[1]) for line in headers if line.lower().startswith(b"content-length:"))
+        if len(buffer) - head_end - 4 >= length:
+            if not headers[0].startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"write failed: {headers[0]!r}")
+            return
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def _first(events: list[tuple[float, str, int]], name: str, after: float, until: float,
+           size_test: Any = None) -> float | None:
+    for at, event, size in events:
+        if at >= after and event == name and (size_test is None or size_test(size)):
+            return at if at <= until else None
+    return None
+
+
+def follow_writes(marks: list[tuple[float, float]], leader_id: int,
+                  traces: dict[int, list[tuple[float, str, int]]]) -> list[dict[str, float]]:
+    """Per write, the time of each hop of the commit path (see the module docstring)."""
+    leader = traces[leader_id]
+    followers = {node_id: events for node_id, events in traces.items() if node_id != leader_id}
+    records = lambda size: size > 300  # noqa: E731 - a Fetch answer holding the 256-byte value
+    small = lambda size: size < 100  # noqa: E731 - a Fetch (acknowledgement)
+    rows = []
+    for sent, received in marks:
+        row = {"client_sends": sent, "client_receives": received}
+        http_in = _first(leader, "http_in", sent - 0.001, received)
+        propose = _first(leader, "propose", sent - 0.001, received)
+        if http_in is None or propose is None:
+            continue
+        row.update(http_in=http_in, propose=propose)
+        best: dict[str, float] | None = None
+        for events in followers.values():
+            out = _first(leader, "raft_out", propose, received, records)
+            got = _first(events, "raft_in", propose, received, records)
+            if out is None or got is None:
+                continue
+            asked = _first(events, "flush_ask>", got, received)
+            fsync_start = _first(events, "fsync>", got, received)
+            fsync_end = _first(events, "fsync<", got, received)
+            answered = _first(events, "flush_answer>", got, received)
+            if None in (asked, fsync_start, fsync_end, answered):
+                continue
+            fetch_out = _first(events, "raft_out", answered, received, small)  # type: ignore[arg-type]
+            ack = _first(leader, "raft_in", fetch_out, received, small) if fetch_out else None
+            if fetch_out is None or ack is None:
+                continue
+            if best is None or ack < best["leader_receives_fetch"]:
+                best = {"leader_sends_records": out, "follower_receives": got, "follower_flush_asked": asked,
+                        "follower_fsync_starts": fsync_start, "follower_fsync_ends": fsync_end,
+                        "follower_flush_answered": answered, "follower_sends_fetch": fetch_out,
+                        "leader_receives_fetch": ack}  # type: ignore[dict-item]
+        if best is None:
+            continue
+        row.update(best)
+        apply_start = _first(leader, "apply>", row["leader_receives_fetch"], received)
+        apply_end = _first(leader, "apply<", row["leader_receives_fetch"], received)
+        http_out = _first(leader, "http_out", apply_end or row["leader_receives_fetch"], received)
+        if None in (apply_start, apply_end, http_out):
+            continue
+        row.update(leader_apply_starts=apply_start, leader_apply_ends=apply_end, leader_http_out=http_out)  # type: ignore[arg-type]
+        own_ask = _first(leader, "flush_ask>", propose, received)
+        own_start = _first(leader, "fsync>", propose, received)
+        own_end = _first(leader, "fsync<", propose, received)
+        own_answer = _first(leader, "flush_answer>", propose, received)
+        if None not in (own_ask, own_start, own_end, own_answer):
+            row.update(leader_flush_asked=own_ask, leader_fsync_starts=own_start, leader_fsync_ends=own_end,  # type: ignore[arg-type]
+                       leader_flush_answered=own_answer)
+        rows.append(row)
+    return rows
+
+
+def hop_table(rows: list[dict[str, float]]) -> list[dict[str, Any]]:
+    table = []
+    previous = "client_sends"
+    for hop in HOPS:
+        deltas = [(row[hop] - row[previous]) * 1000 for row in rows if hop in row and previous in row]
+        if deltas:
+            table.append({"from": previous, "to": hop, "ms_p50": round(statistics.median(deltas), 3),
+                          "ms_mean": round(statistics.fmean(deltas), 3)})
+        previous = hop
+    for start, end in (("propose", "leader_flush_asked"), ("leader_flush_asked", "leader_fsync_starts"),
+                       ("leader_fsync_starts", "leader_fsync_ends"), ("leader_fsync_ends", "leader_flush_answered"),
+                       ("propose", "leader_flush_answered")):
+        deltas = [(row[end] - row[start]) * 1000 for row in rows if start in row and end in row]
+        if deltas:
+            table.append({"from": start, "to": end, "ms_p50": round(statistics.median(deltas), 3),
+                          "ms_mean": round(statistics.fmean(deltas), 3), "leader_own_flush": True})
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_write_path", description=__doc__.split("\n")[0])
+    parser.add_argument("--writes", type=int, default=800, help="measured writes (after 50 warm-up writes)")
+    parser.add_argument("--no-trace", action="store_true", help="no trace points: latency and CPU only")
+    parser.add_argument("--out", type=Path, default=Path("results/bench_write_path.json"))
+    args = parser.parse_args(argv)
+
+    from tests.cluster import Cluster
+
+    root = Path(tempfile.mkdtemp(prefix="metakv-write-path-"))
+    cluster = Cluster(root, voters=3)
+    if not args.no_trace:
+        for node in cluster.nodes.values():
+            node.command = [sys.executable, "-m", "loadtest.bench_write_path", "--serve-traced", *node.command[3:]]
+            node.env[TRACE_ENV] = str(root / f"trace-{node.node_id}.json")
+    results: dict[str, Any] = {"command": "python -m loadtest.bench_write_path " + " ".join(argv or sys.argv[1:]),
+                               "traced": not args.no_trace, "value_bytes": VALUE_BYTES}
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader()
+        for node in cluster.nodes.values():
+            cluster.wait_ready(node)
+        pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
+        value = b"v" * VALUE_BYTES
+        with socket.create_connection(("127.0.0.1", leader.http_port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for index in range(WARMUP_WRITES):
+                _put(sock, f"bench/path/k{index % 100}", value)
+            cpu_before = {node_id: _cpu_seconds(pid) for node_id, pid in pids.items()}
+            marks = []
+            for index in range(args.writes):
+                sent = time.perf_counter()
+                _put(sock, f"bench/path/k{index % 100}", value)
+                marks.append((sent, time.perf_counter()))
+            cpu_after = {node_id: _cpu_seconds(pid) for node_id, pid in pids.items()}
+        latencies_ms = sorted((end - start) * 1000 for start, end in marks)
+        results["latency_ms_p50"] = round(statistics.median(latencies_ms), 3)
+        results["latency_ms_p90"] = round(latencies_ms[int(0.9 * (len(latencies_ms) - 1))], 3)
+        results["latency_ms_mean"] = round(statistics.fmean(latencies_ms), 3)
+        results["cpu_ms_per_write"] = {
+            ("leader" if node_id == leader.node_id else f"follower {node_id}"): {
+                "user": round((cpu_after[node_id][0] - cpu_before[node_id][0]) * 1000 / args.writes, 3),
+                "system": round((cpu_after[node_id][1] - cpu_before[node_id][1]) * 1000 / args.writes, 3)}
+            for node_id in pids}
+        results["load_average_1m"] = round(os.getloadavg()[0], 2)
+        print(f"one client, {args.writes} writes{'' if args.no_trace else ' (traced)'}: p50 {results['latency_ms_p50']} ms  "
+              f"p90 {results['latency_ms_p90']} ms  mean {results['latency_ms_mean']} ms  load {results['load_average_1m']}")
+        print("servers' CPU ms per write (user + system): " + ", ".join(
+            f"{name} {cpu['user']} + {cpu['system']}" for name, cpu in results["cpu_ms_per_write"].items()))
+        if not args.no_trace:
+            for node in cluster.nodes.values():
+                node.signal(signal.SIGUSR1)
+            traces: dict[int, list[tuple[float, str, int]]] = {}
+            deadline = time.monotonic() + 10
+            for node in cluster.nodes.values():
+                path = root / f"trace-{node.node_id}.json"
+                while not path.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                traces[node.node_id] = sorted((at, name, size) for at, name, size in json.loads(path.read_text()))
+            rows = follow_writes(marks, leader.node_id, traces)
+            results["writes_followed"] = len(rows)
+            results["hops"] = hop_table(rows)
+            print(f"hops of the commit path ({len(rows)} of {len(marks)} writes followed), ms:")
+            for hop in results["hops"]:
+                mark = "  (leader's own flush, in parallel)" if hop.get("leader_own_flush") else ""
+                print(f"  {hop['from']:>24} -> {hop['to']:<24} p50 {hop['ms_p50']:7.3f}  mean {hop['ms_mean']:7.3f}{mark}")
+    finally:
+        cluster.close()
+        shutil.rmtree(root, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-traced":
+        sys.exit(serve_traced(sys.argv[2:]))
+    sys.exit(main())
