@@ -16,6 +16,13 @@ query parsing, last value wins), and for a txn reads the body once, bounded, che
 key it touches, then replays the same bytes to the app.
 
 Off by default: with no token file ``install_auth`` installs nothing, and nothing changes.
+
+Operations: SIGHUP makes ``metakv serve`` read its token file again (``AuthTokens.reload``),
+so tokens are added and revoked without a restart; a file that no longer validates is
+refused with a log line and the tokens loaded before stay in force. Every 401 and 403 is
+logged at WARNING (method, path, client address, why), at most ``DENIED_LOG_PER_S`` lines a
+second so a client hammering with a bad token cannot flood the log; the lines held back are
+counted in the next one.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import enum
 import hashlib
 import hmac
 import json
+import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +57,9 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_PREFIX = "urn:metakv:problem:"
 SECURITY_SCHEME = "bearerAuth"
 REALM = "metakv"
+DENIED_LOG_PER_S = 10  # denied-request log lines per second at most; the rest are counted
+
+log = logging.getLogger("metakv.auth")
 
 _KV_PREFIX = "/v1/kv/"
 _KV_PREFIX_BYTES = b"/v1/kv/"
@@ -117,6 +129,56 @@ class AuthPolicy:
             if hmac.compare_digest(digest, token.sha256_hex):
                 found = token
         return found
+
+
+class AuthTokens:
+    """The policy in force, shared by every place auth is enforced, and replaced as a whole
+    (one attribute store) when the token file is read again."""
+
+    def __init__(self, policy: AuthPolicy) -> None:
+        self.policy = policy
+
+    def reload(self) -> bool:
+        """Read the token file again; on any problem keep the current tokens. Says what
+        happened in one log line either way; returns whether the new file took effect."""
+        try:
+            policy = load_auth_policy(self.policy.path)
+        except AuthFileError as exc:
+            log.error("auth: token file not reloaded, keeping the %d tokens loaded before: %s",
+                      len(self.policy.tokens), exc)
+            return False
+        before = {token.name for token in self.policy.tokens}
+        after = {token.name for token in policy.tokens}
+        self.policy = policy
+        log.warning("auth: reloaded %s: %d tokens (added %s, removed %s)", policy.path, len(policy.tokens),
+                    sorted(after - before) or "none", sorted(before - after) or "none")
+        return True
+
+
+class DeniedLog:
+    """WARNING lines for refused requests, at most ``per_s`` a second (the rest counted)."""
+
+    def __init__(self, per_s: int = DENIED_LOG_PER_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._per_s = per_s
+        self._clock = clock
+        self._window_start_s = -1.0
+        self._logged = 0
+        self._held_back = 0
+
+    def denied(self, scope: Scope, status: int, detail: str) -> None:
+        now_s = self._clock()
+        if now_s - self._window_start_s >= 1.0:
+            self._window_start_s = now_s
+            self._logged = 0
+        if self._logged >= self._per_s:
+            self._held_back += 1
+            return
+        self._logged += 1
+        held_back, self._held_back = self._held_back, 0
+        client = scope.get("client")
+        address = f"{client[0]}:{client[1]}" if client else "unknown"
+        log.warning("auth: %d %s %s from %s: %s%s", status, scope.get("method", "?"), scope.get("path", "?"),
+                    address, detail, f" ({held_back} more denied requests not logged)" if held_back else "")
 
 
 def hash_token(secret: str) -> str:
@@ -321,12 +383,13 @@ class AuthMiddleware:
     """Answers 401 without a valid bearer token and 403 when the token lacks the right the
     request needs; everything else reaches the app unchanged (a txn's body replayed)."""
 
-    def __init__(self, app: ASGIApp, policy: AuthPolicy, max_txn_body_bytes: int,
-                 open_paths: frozenset[str] = _OPEN_PATHS) -> None:
+    def __init__(self, app: ASGIApp, tokens: AuthTokens, max_txn_body_bytes: int,
+                 open_paths: frozenset[str] = _OPEN_PATHS, denied_log: DeniedLog | None = None) -> None:
         self.app = app
-        self.policy = policy
+        self.tokens = tokens
         self.max_txn_body_bytes = max_txn_body_bytes
         self.open_paths = open_paths
+        self.denied_log = denied_log if denied_log is not None else DeniedLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -340,6 +403,7 @@ class AuthMiddleware:
             return
         token, problem = self._authenticate(scope)
         if token is None:
+            self.denied_log.denied(scope, 401, problem)
             await self._answer(send, method, 401, "unauthorized", "Unauthorized", problem,
                                [(b"www-authenticate", self._challenge(problem).encode())])
             return
@@ -348,6 +412,7 @@ class AuthMiddleware:
             return
         denied = self._denied(token, requirement)
         if denied:
+            self.denied_log.denied(scope, 403, denied)
             await self._answer(send, method, 403, "forbidden", "Forbidden", denied)
             return
         await self.app(scope, receive, send)
@@ -365,7 +430,7 @@ class AuthMiddleware:
             return None, "the Authorization header must be: Bearer <token>"
         if len(value) > AUTHORIZATION_MAX_BYTES:
             return None, "the token is not valid"
-        token = self.policy.authenticate(secret)
+        token = self.tokens.policy.authenticate(secret)
         if token is None:
             return None, "the token is not valid"
         return token, ""
@@ -416,6 +481,7 @@ class AuthMiddleware:
         for key, access in needed:
             denied = self._denied(token, Requirement(Need.KEY, access, key))
             if denied:
+                self.denied_log.denied(scope, 403, f"txn: {denied}")
                 await self._answer(send, method, 403, "forbidden", "Forbidden", f"txn: {denied}")
                 return
         replayed = False
@@ -458,16 +524,17 @@ class AuthMiddleware:
 # Installing it, and documenting it in /openapi.json
 
 
-def install_auth(app: FastAPI, policy: AuthPolicy | None, max_txn_body_bytes: int,
+def install_auth(app: FastAPI, tokens: AuthTokens | None, max_txn_body_bytes: int,
                  served_ahead: Iterable[BaseRoute] = ()) -> Callable[[ASGIApp], ASGIApp]:
-    """Enforce ``policy`` on ``app`` and describe it in its OpenAPI document; no policy
-    (auth disabled, the default) installs nothing. Call after every route is defined and
+    """Enforce the policy ``tokens`` holds (now and after each reload) on ``app`` and
+    describe it in its OpenAPI document; no tokens (auth disabled, the default) installs
+    nothing. Call after every route is defined and
     before the edge middleware, so 401/403 answers still carry the node headers and count
     in the request metrics. Returns the wrapper to put around any ASGI handler that app
     serves ahead of its middleware stack (the key routes), so auth applies to them too;
     ``served_ahead`` are the routes that only document such a handler, to document 401/403
     on them as well."""
-    if policy is None:
+    if tokens is None:
         return lambda handler: handler
     open_paths = _OPEN_PATHS | frozenset(
         path for path in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if path)
@@ -488,9 +555,10 @@ def install_auth(app: FastAPI, policy: AuthPolicy | None, max_txn_body_bytes: in
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(AuthMiddleware, policy=policy, max_txn_body_bytes=max_txn_body_bytes,
-                       open_paths=open_paths)
-    return lambda handler: AuthMiddleware(handler, policy, max_txn_body_bytes, open_paths)
+    denied_log = DeniedLog()  # one rate limit for both paths
+    app.add_middleware(AuthMiddleware, tokens=tokens, max_txn_body_bytes=max_txn_body_bytes,
+                       open_paths=open_paths, denied_log=denied_log)
+    return lambda handler: AuthMiddleware(handler, tokens, max_txn_body_bytes, open_paths, denied_log)
 
 
 _PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}

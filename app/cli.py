@@ -203,6 +203,9 @@ async def _serve(config: NodeConfig) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    tokens = runtime.auth_tokens
+    if tokens is not None:  # SIGHUP: read the token file again (app/auth.py, docs/http.md "Auth")
+        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
     try:
         await server.serve()
     finally:

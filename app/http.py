@@ -1337,7 +1337,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
 
     # Auth sits inside the edge layer on both paths, so 401/403 carry the node headers and
     # count in the request metrics; it is off (an identity wrapper) without a token file.
-    with_auth = install_auth(app, getattr(service, "auth_policy", None), settings.max_txn_body_bytes,
+    with_auth = install_auth(app, getattr(service, "auth_tokens", None), settings.max_txn_body_bytes,
                              served_ahead=key_documentation.routes)
     edge_metrics = _http_metrics(registry)
     app.add_middleware(_EdgeMiddleware, service=service, metrics=edge_metrics, route_label=route_label)

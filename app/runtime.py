@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from app.auth import AuthTokens
 from app.config import NodeConfig
 from app.service import (
     Consistency,
@@ -91,7 +92,8 @@ class NodeRuntime:
         self.config = config
         self.node_id = config.node_id
         self.max_value_bytes = config.max_value_bytes  # read by app.http.create_app
-        self.auth_policy = config.auth_policy  # read by app.http.create_app (None: auth off)
+        # Read by app.http.create_app (None: auth off); SIGHUP reloads it (app/cli.py).
+        self.auth_tokens = AuthTokens(config.auth_policy) if config.auth_policy is not None else None
         self.data_dir = Path(config.data_dir)
         self.snapshots_dir = self.data_dir / "snapshots"
         self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")

@@ -8,7 +8,9 @@ changes when auth is off; bad token files are checked through the command line (
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -18,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.auth import Access, hash_token, load_auth_policy, txn_keys
+from app.auth import Access, DeniedLog, hash_token, load_auth_policy, txn_keys
 from app.cli import main
 from tests.cluster import REPO_ROOT, Cluster, Node
 
@@ -380,3 +382,72 @@ def load_token(tmp_path: Path, rules: dict[str, str]) -> Any:
     policy = load_auth_policy(path)
     assert policy.authenticate(b"t") is policy.tokens[0] and policy.authenticate(b"u") is None
     return policy.tokens[0]
+
+
+# ---------------------------------------------------------------------------- operations
+
+
+def token_file_for(names: list[str]) -> str:
+    return "\n".join(
+        f'[[tokens]]\nname = "{name}"\nsha256 = "{hash_token(SECRETS[name])}"\n'
+        f"rules = {{ {', '.join(f'{json.dumps(p)} = {json.dumps(a)}' for p, a in RULES[name].items())} }}\n"
+        for name in names)
+
+
+def test_sighup_reloads_the_token_file_and_a_bad_file_keeps_the_old_tokens(tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens.toml"
+    token_file.write_text(token_file_for(["root", "reader"]))
+    node_cluster = Cluster(tmp_path / "cluster", voters=1, settings={"auth_file": token_file}, token=SECRETS["root"])
+    try:
+        node_cluster.start()
+        node = node_cluster.wait_for_leader()
+        with httpx.Client(timeout=10.0) as http:
+            url = f"{node.url}/v1/kv/app/x"
+
+            def status_as(name: str) -> int:
+                return http.get(url, headers=bearer(name)).status_code
+
+            assert status_as("reader") == 404 and status_as("app-writer") == 401
+            # Add app-writer, revoke reader: in force after SIGHUP, without a restart.
+            token_file.write_text(token_file_for(["root", "app-writer"]))
+            node.signal(signal.SIGHUP)
+            node_cluster.wait_until(lambda: status_as("app-writer") == 404, timeout_s=10)
+            assert status_as("reader") == 401
+            assert http.put(url, content=b"v", headers=bearer("app-writer")).status_code == 200
+            assert "auth: reloaded" in node.log_tail() and "added ['app-writer'], removed ['reader']" in node.log_tail()
+            # A file that no longer validates: refused, logged, the tokens in force stay.
+            token_file.write_text("[[tokens]]\nname = 'broken'\n")
+            node.signal(signal.SIGHUP)
+            node_cluster.wait_until(lambda: "token file not reloaded" in node.log_tail(), timeout_s=10)
+            assert status_as("app-writer") == 200 and status_as("root") == 200 and status_as("reader") == 401
+            assert node.running()
+    finally:
+        node_cluster.close()
+
+
+def test_denied_requests_are_logged_with_method_path_client_and_reason(cluster: Cluster, http: httpx.Client) -> None:
+    leader = cluster.wait_for_leader()
+    http.put(f"{leader.url}/v1/kv/secret/denied-log", content=b"v", headers=bearer("reader"))
+    http.get(f"{leader.url}/v1/kv/app/denied-log", headers={"Authorization": "Bearer not-a-token"})
+    log_text = leader.log_tail()
+    assert "auth: 403 PUT /v1/kv/secret/denied-log from 127.0.0.1:" in log_text
+    assert "token 'reader' lacks write access to the key 'secret/denied-log'" in log_text
+    assert "auth: 401 GET /v1/kv/app/denied-log from 127.0.0.1:" in log_text
+    assert "the token is not valid" in log_text
+    assert SECRETS["reader"] not in log_text and "not-a-token" not in log_text  # never the secret
+
+
+def test_the_denied_log_holds_back_past_its_rate_and_counts_what_it_held(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    denied_log = DeniedLog(per_s=3, clock=lambda: now[0])
+    scope = {"method": "GET", "path": "/v1/kv/x", "client": ("127.0.0.1", 5000)}
+    with caplog.at_level(logging.WARNING, logger="metakv.auth"):
+        for _ in range(8):
+            denied_log.denied(scope, 401, "the token is not valid")
+        assert len(caplog.records) == 3
+        now[0] += 1.0
+        denied_log.denied(scope, 403, "no")
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 4
+    assert lines[0] == "auth: 401 GET /v1/kv/x from 127.0.0.1:5000: the token is not valid"
+    assert lines[3] == "auth: 403 GET /v1/kv/x from 127.0.0.1:5000: no (5 more denied requests not logged)"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.auth import Access, AuthPolicy, Token, hash_token
+from app.auth import Access, AuthPolicy, AuthTokens, Token, hash_token
 from app.http import HttpSettings, create_app
 from storage.commands import put
 from tests.http.schemathesis_run import run_schemathesis
@@ -43,8 +43,8 @@ def test_schemathesis_with_auth_on_finds_only_documented_401_and_403(tmp_path: P
     secret = "fuzz-token"
     service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
     service.apply_now(put("seed", b"x"))
-    service.auth_policy = AuthPolicy("inline", (Token("fuzzer", hash_token(secret), (
-        ("a", Access.READ), ("", Access.WRITE))),))
+    service.auth_tokens = AuthTokens(AuthPolicy("inline", (Token("fuzzer", hash_token(secret), (
+        ("a", Access.READ), ("", Access.WRITE))),)))
     try:
         with serve_in_thread(create_app(service, FUZZ_SETTINGS)) as base_url:
             result = run_schemathesis(base_url, tmp_path, max_examples=10, phases="fuzzing",
