@@ -29,7 +29,6 @@ A benchmark never fails on a figure; it reports.
 from __future__ import annotations
 
 import argparse
-import base64
 import collections
 import json
 import os
@@ -50,6 +49,7 @@ import httpx
 from geventhttpclient import URL, HTTPClient
 
 from loadtest.clusters import LocalCluster, start_etcd
+from loadtest.stores import _b64
 from tests.cluster import Cluster, Node
 
 VALUE_BYTES = 256
@@ -107,20 +107,16 @@ class EtcdRequests:
     name = "etcd"
 
     def write(self, client: HTTPClient, key: str, value: bytes) -> Any:
-        body = json.dumps({"key": _b64(key.encode()), "value": _b64(value)}).encode()
+        body = json.dumps({"key": _b64(key), "value": _b64(value)}).encode()
         return client.post("/v3/kv/put", body=body, headers={"Content-Type": "application/json"})
 
     def read(self, client: HTTPClient, key: str) -> Any:
-        body = json.dumps({"key": _b64(key.encode()), "serializable": True}).encode()
+        body = json.dumps({"key": _b64(key), "serializable": True}).encode()
         return client.post("/v3/kv/range", body=body, headers={"Content-Type": "application/json"})
 
     def holds(self, client: HTTPClient, key: str) -> bool:
         response = self.read(client, key)
         return response.status_code == 200 and b'"kvs"' in response.read()
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
 METAKV = MetakvRequests()
