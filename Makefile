@@ -9,14 +9,15 @@ SEEDS ?= 100000
 
 .PHONY: run test lint sim clean venv system bench-pipeline
 
-# System packages: a Java runtime for PySpark, etcd for side-by-side load tests.
+# System packages: a Java runtime for PySpark, etcd for side-by-side load tests, wrk as the
+# benchmarks' HTTP load generator.
 $(SYSTEM_STAMP):
 	@mkdir -p $(VENV)
-	@if ! command -v java >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1; then \
+	@if ! command -v java >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless etcd-server >/dev/null; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless etcd-server wrk >/dev/null; \
 		else \
-			echo "need java and etcd: run as root or apt-get install default-jre-headless etcd-server" >&2; exit 1; \
+			echo "need java, etcd and wrk: run as root or apt-get install default-jre-headless etcd-server wrk" >&2; exit 1; \
 		fi; \
 	fi
 	touch $(SYSTEM_STAMP)

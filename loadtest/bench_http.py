@@ -13,10 +13,14 @@ What it measures (the same load the etcd comparison in issue 4 used):
 - failover unavailability: SIGKILL the leader, then time until a client retrying against all
   nodes gets its next write acknowledged; over N trials (the old leader restarts in between).
 
-The load generator is gevent + geventhttpclient (from the Locust dependency): one greenlet per
-client, a C HTTP parser, so the generator costs little CPU next to the servers. With
-``--profile-dir`` it runs py-spy on the leader during the 64-client write phase and prints
-where the leader's time goes (self time per function, and per request).
+The load generators cost little CPU next to the servers, which share the machine's two
+cores with them: the closed-loop phases run wrk (Debian's package; one process per target
+node, one thread, raw keep-alive requests cycled from a Lua table, the latency histogram
+written by the script's ``done``), the fixed-rate phase an open-loop asyncio generator on
+uvloop with httptools. The gevent + geventhttpclient generator used before took ~0.45 of a
+core at 64 writers, which the servers then lacked. With ``--profile-dir`` it runs py-spy on
+the leader during the 64-client write phase and prints where the leader's time goes (self
+time per function, and per request).
 
 With ``--etcd`` the same phases (failover excepted) then run against etcd 3.4 (Debian's
 etcd-server, 3 members on loopback, fsync on) through its v3 JSON gateway, with the same
@@ -29,6 +33,7 @@ A benchmark never fails on a figure; it reports.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import json
 import os
@@ -40,12 +45,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gevent
-import gevent.pool
+import httptools
 import httpx
+import uvloop
 from geventhttpclient import URL, HTTPClient
 
 from loadtest.clusters import LocalCluster, start_etcd
@@ -83,6 +89,14 @@ def _client(url: str) -> HTTPClient:
     return HTTPClient.from_url(URL(url), concurrency=1, connection_timeout=5, network_timeout=10)
 
 
+def _raw_request(method: str, path: str, content_type: str | None = None, body: bytes = b"") -> bytes:
+    """One HTTP/1.1 keep-alive request as bytes, for wrk to send as it is."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\n"
+    if content_type is not None:
+        head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
 class MetakvRequests:
     """The benchmark's requests in metakv's API: PUT /v1/kv/<key>, GET (consistency=local)."""
 
@@ -98,6 +112,12 @@ class MetakvRequests:
         response = self.read(client, key)
         response.read()
         return bool(response.status_code == 200)
+
+    def raw_write(self, key: str, value: bytes) -> bytes:
+        return _raw_request("PUT", f"/v1/kv/{key}", "application/octet-stream", value)
+
+    def raw_read(self, key: str) -> bytes:
+        return _raw_request("GET", f"/v1/kv/{key}")
 
 
 class EtcdRequests:
@@ -118,102 +138,224 @@ class EtcdRequests:
         response = self.read(client, key)
         return response.status_code == 200 and b'"kvs"' in response.read()
 
+    def raw_write(self, key: str, value: bytes) -> bytes:
+        body = json.dumps({"key": _b64(key), "value": _b64(value)}).encode()
+        return _raw_request("POST", "/v3/kv/put", "application/json", body)
+
+    def raw_read(self, key: str) -> bytes:
+        body = json.dumps({"key": _b64(key), "serializable": True}).encode()
+        return _raw_request("POST", "/v3/kv/range", "application/json", body)
+
 
 METAKV = MetakvRequests()
 ETCD = EtcdRequests()
 
 
+WRK_SCRIPT = """\
+local requests = {
+%(requests)s
+}
+local counter = 0
+request = function()
+  local index = counter %% #requests + 1
+  counter = counter + 1
+  return requests[index]
+end
+done = function(summary, latency, requests_)
+  local f = io.open(%(out)s, "w")
+  local e = summary.errors
+  f:write(string.format("%%d %%d %%d %%d %%d %%d %%d\\n", summary.requests, e.status, e.connect, e.read,
+                        e.write, e.timeout, summary.duration))
+  for i = 1, #latency do
+    local value_us, count = latency(i)
+    f:write(string.format("%%d %%d\\n", value_us, count))
+  end
+  f:close()
+end
+"""
+
+
+def _lua_string(data: bytes) -> str:
+    """A Lua string literal holding exactly these bytes (decimal escapes, no quoting rules to get wrong)."""
+    return '"' + "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:03d}" for b in data) + '"'
+
+
+def _wrk_requests(requests: MetakvRequests | EtcdRequests, request: str, client_base: int) -> list[bytes]:
+    """The raw HTTP requests one wrk process cycles through: 1000 writes of distinct keys, or
+    reads of the seeded keys (so every read finds its key)."""
+    value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    if request == "write":
+        return [requests.raw_write(f"bench/w{client_base}/k{i}", value) for i in range(1000)]
+    return [requests.raw_read(f"bench/read/k{(client_base * 7919 + i) % READ_KEYS}") for i in range(READ_KEYS)]
+
+
 def closed_loop(urls: list[str], clients: int, duration_s: float, request: str,
                 requests: MetakvRequests | EtcdRequests = METAKV) -> dict[str, Any]:
-    """``clients`` greenlets, each with its own keep-alive connection, requesting back to back.
-    ``request`` is "write" (PUT a 256-byte value) or "read" (GET an existing key)."""
-    value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    """``clients`` keep-alive connections spread over ``urls``, each requesting back to back,
+    driven by wrk (one wrk process per URL, one thread each): "write" PUTs a 256-byte value,
+    "read" GETs a seeded key. A warm-up run of WARMUP_S comes first and is not measured.
+
+    Why wrk and not a Python generator: on two cores the generator shares the CPU with the
+    three servers; gevent + geventhttpclient took ~0.45 of a core at 64 writers, wrk ~0.06.
+    Both stores get the same generator, so the comparison stays fair."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("bench_http needs wrk (apt-get install wrk; `make bench-http` installs it)")
+    with tempfile.TemporaryDirectory(prefix="metakv-wrk-") as tmp:
+        runs = []
+        for index, url in enumerate(urls):
+            connections = clients // len(urls) + (1 if index < clients % len(urls) else 0)
+            if connections == 0:
+                continue
+            out = Path(tmp) / f"wrk-{index}.txt"
+            script = Path(tmp) / f"wrk-{index}.lua"
+            lines = ",\n".join("  " + _lua_string(raw) for raw in _wrk_requests(requests, request, index))
+            script.write_text(WRK_SCRIPT % {"requests": lines, "out": _lua_string(str(out).encode())})
+            runs.append((url, connections, script, out))
+
+        def run(seconds: float) -> list[tuple[Path, subprocess.Popen[bytes]]]:
+            return [(out, subprocess.Popen(
+                [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(script), url],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)) for url, connections, script, out in runs]
+
+        def wait(procs: list[tuple[Path, subprocess.Popen[bytes]]]) -> list[list[int]]:
+            results = []
+            for out, proc in procs:
+                _, stderr = proc.communicate(timeout=duration_s + 60)
+                if proc.returncode != 0 or not out.exists():
+                    raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr.decode(errors='replace').strip()}")
+                results.append([[int(x) for x in line.split()] for line in out.read_text().splitlines()])
+                out.unlink()
+            return results
+
+        warm = wait(run(WARMUP_S))
+        measured_runs = wait(run(duration_s))
     latencies: list[float] = []
     errors = collections.Counter[str]()
-    measure_from = time.perf_counter() + WARMUP_S
-    stop_at = measure_from + duration_s
-    sent = [0]  # every request, warm-up included (the servers' CPU covers them all)
-
-    def worker(index: int) -> None:
-        client = _client(urls[index % len(urls)])
-        sequence = 0
-        try:
-            while True:
-                started = time.perf_counter()
-                if started >= stop_at:
-                    return
-                if request == "write":
-                    response = requests.write(client, f"bench/c{index}/k{sequence % 1000}", value)
-                else:
-                    response = requests.read(client, f"bench/read/k{(index * 7919 + sequence) % READ_KEYS}")
-                response.read()
-                finished = time.perf_counter()
-                sequence += 1
-                sent[0] += 1
-                if response.status_code != 200:
-                    errors[str(response.status_code)] += 1
-                elif started >= measure_from:
-                    latencies.append(finished - started)
-        except Exception as exc:  # a broken connection ends this client; counted
-            errors[type(exc).__name__] += 1
-        finally:
-            client.close()
-
-    pool = gevent.pool.Pool(clients)
-    for index in range(clients):
-        pool.spawn(worker, index)
-    pool.join()
-    result = summarise(latencies, sum(errors.values()), duration_s)
+    requests_total = 0
+    elapsed_s = 0.0
+    for lines in warm + measured_runs:
+        requests_total += lines[0][0]
+    for lines in measured_runs:
+        count, status, connect, read, write, timeout, duration_us = lines[0]
+        elapsed_s = max(elapsed_s, duration_us / 1e6)
+        for kind, n in (("status>=400", status), ("connect", connect), ("read", read), ("write", write),
+                        ("timeout", timeout)):
+            if n:
+                errors[kind] += n
+        for value_us, n in lines[1:]:
+            latencies.extend([value_us / 1e6] * n)
+    result = summarise(latencies, errors["status>=400"] + errors["timeout"], elapsed_s)
     result["clients"] = clients
-    result["requests_total"] = sent[0]
+    result["requests_total"] = requests_total
     result["error_kinds"] = dict(errors)
     return result
 
 
+class _OpenLoopConnection(asyncio.Protocol):
+    """One keep-alive connection of the open-loop generator: one request at a time, the
+    response parsed by httptools (uvicorn's C parser), its latency counted from when the
+    request was due."""
+
+    def __init__(self, done: Callable[[_OpenLoopConnection, int, float], None]) -> None:
+        self._done = done
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.due = 0.0
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+    def send(self, raw: bytes, due: float) -> None:
+        self.due = due
+        assert self.transport is not None
+        self.transport.write(raw)
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self._done(self, self._parser.get_status_code(), time.perf_counter() - self.due)
+
+
 def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 256,
                requests: MetakvRequests | EtcdRequests = METAKV) -> dict[str, Any]:
-    """Open loop: request i is due at start + i / rate; latency counts from when it was due."""
+    """Open loop: request i is due at start + i / rate; latency counts from when it was due,
+    so a stall is not hidden by the generator waiting. ``connections`` keep-alive connections
+    are opened (and used once) before the clock starts; a request finding none free counts
+    as an error. The generator is asyncio on uvloop with raw requests and httptools, a few
+    tens of microseconds per request (gevent + geventhttpclient took ~0.5 ms of CPU per
+    request, a quarter of a core at 500 writes/s on the machine the servers share)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(_fixed_rate(url, rate_per_s, duration_s, connections, requests))
+
+
+async def _fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int,
+                      requests: MetakvRequests | EtcdRequests) -> dict[str, Any]:
+    host, _, port = url.removeprefix("http://").rstrip("/").partition(":")
+    loop = asyncio.get_running_loop()
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
-    clients: collections.deque[HTTPClient] = collections.deque(_client(url) for _ in range(connections))
-    # Open every keep-alive connection before the clock starts, as the closed-loop phases'
-    # clients have theirs open by the end of their warm-up: a TCP connect and the server's
-    # accept are not part of a write's latency.
-    warm = gevent.pool.Group()
-    for client in clients:
-        warm.spawn(lambda c=client: requests.read(c, "bench/warm").read())
-    warm.join()
+    raws = [requests.raw_write(f"bench/rate/k{i}", value) for i in range(1000)]
+    free: collections.deque[_OpenLoopConnection] = collections.deque()
     latencies: list[float] = []
     errors = collections.Counter[str]()
-    start = time.perf_counter() + WARMUP_S
-    total = int(rate_per_s * duration_s)
+    measuring = [False]
+    outstanding = [0]
+    all_done = asyncio.Event()
 
-    def one(sequence: int, due: float) -> None:
-        if not clients:
-            errors["no-free-connection"] += 1
-            return
-        client = clients.popleft()
-        try:
-            response = requests.write(client, f"bench/rate/k{sequence % 1000}", value)
-            response.read()
-            if response.status_code == 200:
-                latencies.append(time.perf_counter() - due)
+    def done(connection: _OpenLoopConnection, status: int, latency_s: float) -> None:
+        free.append(connection)
+        outstanding[0] -= 1
+        if measuring[0]:
+            if status == 200:
+                latencies.append(latency_s)
             else:
-                errors[str(response.status_code)] += 1
-        except Exception as exc:
-            errors[type(exc).__name__] += 1
-        finally:
-            clients.append(client)
+                errors[str(status)] += 1
+        if outstanding[0] == 0:
+            all_done.set()
 
-    group = gevent.pool.Group()
-    for sequence in range(total):
+    opened = [await loop.create_connection(lambda: _OpenLoopConnection(done), host, int(port))
+              for _ in range(connections)]
+    # Warm every connection with one read (the server's accept and first parse are not part
+    # of a write's latency), then wait for all of them.
+    for _, connection in opened:
+        outstanding[0] += 1
+        connection.send(requests.raw_read("bench/warm"), time.perf_counter())
+    await asyncio.wait_for(all_done.wait(), SEED_VISIBLE_TIMEOUT_S)
+    all_done.clear()
+    measuring[0] = True
+    total = int(rate_per_s * duration_s)
+    start = time.perf_counter() + WARMUP_S
+    sequence = 0
+    while sequence < total:
+        now = time.perf_counter()
         due = start + sequence / rate_per_s
-        delay = due - time.perf_counter()
-        if delay > 0:
-            gevent.sleep(delay)
-        group.spawn(one, sequence, due)
-    group.join()
-    for client in clients:
-        client.close()
+        if due > now:
+            await asyncio.sleep(due - now)
+            continue
+        while sequence < total and start + sequence / rate_per_s <= now:  # everything due by now
+            if free:
+                connection = free.popleft()
+                if connection.lost:
+                    errors["connection-lost"] += 1
+                else:
+                    outstanding[0] += 1
+                    connection.send(raws[sequence % len(raws)], start + sequence / rate_per_s)
+            else:
+                errors["no-free-connection"] += 1
+            sequence += 1
+    if outstanding[0]:
+        all_done.clear()  # set whenever nothing was outstanding during the run
+        try:
+            await asyncio.wait_for(all_done.wait(), 30.0)
+        except TimeoutError:
+            errors["unanswered"] += outstanding[0]
+    for transport, _ in opened:
+        transport.close()
     result = summarise(latencies, sum(errors.values()), duration_s)
     result["target_per_s"] = rate_per_s
     result["error_kinds"] = dict(errors)
