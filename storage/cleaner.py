@@ -65,6 +65,7 @@ from storage.state_machine import (
 )
 
 EMPTY_COMMAND = encode_command(Command((), (), ()))
+PAUSE_EVERY_RECORDS = 256  # output records built between two calls of clean_prefix's pause
 _PUT, _DELETE, _GET = int(OpKind.PUT), int(OpKind.DELETE), int(OpKind.GET)
 
 # an entry as the cleaner tracks it: Entry's fields as a plain tuple (cheaper to build)
@@ -101,14 +102,16 @@ def cleanable_end(batches: Iterable[Batch], dirty_offset: int) -> int:
 
 
 def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon: int, *,
-                 start_offset: int = 0, base_state: BaseState | None = None) -> CleanResult:
+                 start_offset: int = 0, base_state: BaseState | None = None,
+                 pause: Callable[[], None] = lambda: None) -> CleanResult:
     """Clean ``batches`` (the log from ``start_offset``, its log start, in order; the first
     batch may start later in a cleaned log) below ``dirty_offset``.
 
     ``base_state`` answers the state at a version for keys the records before it do not
     name; it is needed only when the log starts above 0 (a log from 0 starts from the empty
     store). Batches at or above the cleaned range are ignored; the caller keeps them.
-    Raises CleanerInputError when ``base_state`` cannot answer.
+    Raises CleanerInputError when ``base_state`` cannot answer. ``pause`` is called after
+    every batch read and every batch built (a throttle may sleep there).
     """
     clean_end = cleanable_end(batches, dirty_offset)
     in_range = [batch for batch in batches if batch.next_offset <= clean_end]
@@ -126,6 +129,7 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
     pending_keys: set[str] = set()
     records_in = 0
     for batch in in_range:
+        pause()
         records = batch.records
         base = batch.base_offset
         records_in += len(records)
@@ -174,7 +178,9 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
         effects.setdefault(offset, []).append(op)
 
     records_out: dict[int, bytes] = dict(control_records)
-    for offset, ops in effects.items():
+    for count, (offset, ops) in enumerate(effects.items()):
+        if count % PAUSE_EVERY_RECORDS == 0:
+            pause()
         if len(ops) > 1:
             ops.sort(key=lambda item: item[1])
         records_out[offset] = msgpack.packb([COMMAND_VERSION, [], [list(op) for op in ops], []],
@@ -289,7 +295,7 @@ def _group(records: dict[int, bytes], in_range: list[Batch]) -> list[Batch]:
     return batches
 
 
-def prefix_digest(batches: Iterable[Batch], end_offset: int) -> str:
+def prefix_digest(batches: Iterable[Batch], end_offset: int, pause: Callable[[], None] = lambda: None) -> str:
     """SHA-256 over the encoded batches below ``end_offset`` (the cleaned range
     [log start, end_offset)): equal digests at equal (log start, end offset) mean
     byte-identical cleaned ranges on two replicas."""
@@ -299,5 +305,6 @@ def prefix_digest(batches: Iterable[Batch], end_offset: int) -> str:
     for batch in batches:
         if batch.next_offset > end_offset:
             break
+        pause()
         digest.update(encode_batch(batch))
     return digest.hexdigest()
