@@ -850,8 +850,10 @@ class NodeRuntime:
         if log.start_offset() != start:
             report["reason"] = "the log was replaced by a snapshot meanwhile"
             return report
-        log.replace_prefix(result.batches, result.clean_end)
+        # Hashed before the swap (the throttle may sleep in it), so /v1/status never shows the
+        # new cleaned end beside the old digest for longer than the two assignments.
         digest = prefix_digest(result.batches, result.clean_end, throttle.pause)
+        log.replace_prefix(result.batches, result.clean_end)
         self._prefix_digest = (start, result.clean_end, digest)
         elapsed_s = time.perf_counter() - started_s
         report.update(cleaned=True, cleaned_end=result.clean_end, records_in=result.records_in,
