@@ -1025,6 +1025,10 @@ class SegmentLog:
         check(partial is None, f"clean_end {clean_end} is not a batch boundary")
         holder_is_active = slot == len(self._segments) - 1
         pending = self._write_cleaned_segments(batches, holder, cut_position)
+        # The cleaned files may seal epochs that so far lived in the active segment (whose
+        # epochs recovery takes from its scan, the sealed ones' from the checkpoint): the
+        # checkpoint must hold them before the swap. Cleaning keeps every epoch boundary.
+        self._write_epoch_checkpoint()
         new_bases = [segment.base_offset for segment in pending]
         old_bases = self._segment_bases[: slot + 1]
         self._cleaned_end = max(self._cleaned_end, clean_end)

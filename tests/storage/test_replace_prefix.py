@@ -182,3 +182,31 @@ def test_repair_verifies_and_truncates_a_cleaned_log(tmp_path: Path, capsys: pyt
         assert log.read(0, EVERYTHING) == [b for b in cleaned if b.base_offset < gap_offset]
         assert log.end_offset() == max(b.next_offset for b in cleaned if b.base_offset < gap_offset)
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("verify_sealed_segments", [False, True])
+def test_epochs_sealed_by_a_cleaning_keep_their_start_across_a_power_loss(
+        tmp_path: Path, verify_sealed_segments: bool) -> None:
+    """The cleaned copy of the active segment may roll into several segments: an epoch that
+    started in the active segment then starts in a sealed one, whose epochs recovery reads
+    from the epoch checkpoint (found by hypothesis in test_segment_log_model)."""
+    log = SegmentLog(tmp_path, segment_bytes=SEGMENT_BYTES)
+    log.append(make_batch(0, 0, 5, fill=1))
+    log.append(make_batch(5, 1, 5, fill=2))  # epoch 1 starts at 5
+    log.append(make_batch(10, 1, 8, fill=3))
+    log.flush()
+    assert log.segment_count() == 1  # everything in the active segment so far
+    # Cleaned copy: every record its own batch (more headers: the copy outgrows one segment).
+    singles = [Batch(b.base_offset + i, b.epoch, b.timestamp_ms, b.control, (r,))
+               for b in log.read(0, EVERYTHING) for i, r in enumerate(b.records)]
+    log.replace_prefix(singles, 18)
+    assert log.segment_count() >= 2 and log.segment_paths()[-1].name > "00000000000000000005"
+    assert log.end_offset_for_epoch(0) == (0, 5)
+    power_loss(log)
+    reopened = SegmentLog(tmp_path, segment_bytes=SEGMENT_BYTES, verify_sealed_segments=verify_sealed_segments)
+    try:
+        assert reopened.end_offset_for_epoch(0) == (0, 5)
+        assert reopened.end_offset_for_epoch(1) == (1, 18)
+        assert [r for b in reopened.read(0, EVERYTHING) for r in b.records] == [r for b in singles for r in b.records]
+    finally:
+        reopened.close()
