@@ -476,18 +476,23 @@ class StateMachine:
             plan, end_version, end_epoch = self._plan(batches)
             if end_version == self._applied_version:
                 return []
-            commands = self._decode(plan)
-            keys = _keys_of(commands)
+            puts, commands = _decode_call(plan)
             # BEGIN/COMMIT go straight to the DBAPI connection SQLAlchemy holds: through
             # exec_driver_sql they cost about as much as the rest of a one-record apply.
             writer_cursor = self._writer_cursor
             writer_cursor.execute("BEGIN IMMEDIATE")
             try:
-                current, heads = self._load_entries(writer_cursor, keys)
-                results, history_rows = _evaluate_compact(commands, current)
-                new_heads: list[tuple[str, int, int]] = []
-                if history_rows:
-                    linked_rows, new_heads = _link_history(history_rows, heads)
+                if commands is None:
+                    # Every record a plain PUT (the common call): one loop, see _apply_puts.
+                    known = self._load_put_keys(writer_cursor, puts)
+                    results, linked_rows = _apply_puts(puts, known)
+                    new_heads = [(key, known[key][3], known[key][4]) for key in sorted(known)]
+                else:
+                    current, heads = self._load_entries(writer_cursor, _keys_of(commands))
+                    results, history_rows = _evaluate_compact(commands, current)
+                    linked_rows, new_heads = (_link_history(history_rows, heads) if history_rows
+                                              else ([], []))
+                if linked_rows:
                     writer_cursor.executemany(self._sql_history, linked_rows)
                     writer_cursor.executemany(self._sql_upsert_head, new_heads)
                 oldest = self._oldest_version
@@ -506,6 +511,8 @@ class StateMachine:
                 raise
             if horizon is not None:
                 self._cache.clear()  # the prune may have dropped heads of deleted keys
+            elif commands is None:
+                self._cache.store_rows(known)  # every key it holds was written by this call
             else:
                 self._cache.store(new_heads, current)
             self._records_since_checkpoint += end_version - self._applied_version
@@ -534,22 +541,34 @@ class StateMachine:
             epoch = batch.epoch
         return plan, expected, epoch
 
-    @staticmethod
-    def _decode(plan: list[tuple[Batch, int]]) -> list[tuple[int, CompactCommand | str]]:
-        """(offset, command or decode error) for every non-control record to apply."""
-        commands: list[tuple[int, CompactCommand | str]] = []
-        for batch, first_index in plan:
-            if batch.control:
-                continue
-            for index in range(first_index, len(batch.records)):
-                offset = batch.base_offset + index
-                try:
-                    commands.append((offset, decode_compact(batch.records[index])))
-                except CommandDecodeError as exc:
-                    logger.warning("record at offset %d does not decode (%s); applied as a no-op",
-                                   offset, exc)
-                    commands.append((offset, f"record does not decode: {exc}"))
-        return commands
+    def _load_put_keys(self, cursor: sqlite3.Cursor, puts: list[PutRecord]) -> dict[str, CachedRow]:
+        """key -> its committed state (CachedRow) for every key of ``puts`` that has a head;
+        keys without one (never written, or pruned) are left out."""
+        items = self._cache.items
+        known: dict[str, CachedRow] = {}
+        missing: list[str] = []
+        for key in dict.fromkeys([put[1] for put in puts]):
+            row = items.get(key)
+            if row is None:
+                missing.append(key)
+            else:
+                known[key] = row
+        for start in range(0, len(missing), KEY_LOOKUP_CHUNK_KEYS):
+            chunk = missing[start:start + KEY_LOOKUP_CHUNK_KEYS]
+            for key, mod_version, mod_seq, op, value, content_type, create_version in cursor.execute(
+                    self._sql_lookup(len(chunk)), chunk):
+                known[key] = ((value, content_type, create_version, mod_version, mod_seq)
+                              if op == HISTORY_OP_PUT else (None, None, 0, mod_version, mod_seq))
+        return known
+
+    def _sql_lookup(self, key_count: int) -> str:
+        """The lookup of ``key_count`` keys' heads (at most KEY_LOOKUP_CHUNK_KEYS texts are
+        built, one per count, and kept)."""
+        sql = self._sql_lookup_by_count.get(key_count)
+        if sql is None:
+            sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * key_count))
+            self._sql_lookup_by_count[key_count] = sql
+        return sql
 
     def _load_entries(self, cursor: sqlite3.Cursor, keys: Iterable[str]
                       ) -> tuple[dict[str, Entry | None], dict[str, tuple[int, int]]]:
@@ -560,11 +579,8 @@ class StateMachine:
         key_list = self._cache.load(found, heads)
         for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
             chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
-            sql = self._sql_lookup_by_count.get(len(chunk))
-            if sql is None:  # at most KEY_LOOKUP_CHUNK_KEYS texts, one per chunk length
-                sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * len(chunk)))
-                self._sql_lookup_by_count[len(chunk)] = sql
-            for key, mod_version, mod_seq, op, value, content_type, create_version in cursor.execute(sql, chunk):
+            for key, mod_version, mod_seq, op, value, content_type, create_version in cursor.execute(
+                    self._sql_lookup(len(chunk)), chunk):
                 heads[key] = (mod_version, mod_seq)
                 if op == HISTORY_OP_PUT:
                     found[key] = _new_entry(key, value, content_type, mod_version, create_version)
@@ -825,51 +841,74 @@ class StateMachine:
         self.close()
 
 
+# A key's committed state as the writer cache and the all-puts apply path keep it:
+# (value, content_type, create_version, head_version, head_seq); value and content_type are
+# None when the head is a delete (the key is absent). For a put head the entry's
+# mod_version is head_version. Only ints, str, bytes and None: the garbage collector
+# untracks such a tuple the first time it sees it, so a cache of a hundred thousand keys
+# adds nothing to the cost of a full collection (Entry objects would stay tracked).
+CachedRow = tuple[bytes | None, str | None, int, int, int]
+
+
 class _WriterCache:
-    """Committed state of recently written keys: key -> (entry or None, (version, seq) of
-    its head). Only the writer uses it, under the write lock, and changes it only after a
-    commit; prune and snapshot load clear it. Keys without a head are never in it."""
+    """Committed state of recently written keys: key -> CachedRow. Only the writer uses it,
+    under the write lock, and changes it only after a commit; prune and snapshot load clear
+    it. Keys without a head are never in it. Bounded by an estimate of the bytes it holds;
+    the keys written longest ago are dropped first (dict order is the order keys were last
+    written)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: dict[str, tuple[Entry | None, tuple[int, int]]] = {}
-        self._sizes: dict[str, int] = {}
+        self.items: dict[str, CachedRow] = {}
         self._bytes = 0
 
     def clear(self) -> None:
-        self._items.clear()
-        self._sizes.clear()
+        self.items.clear()
         self._bytes = 0
 
     def load(self, found: dict[str, Entry | None], heads: dict[str, tuple[int, int]]) -> list[str]:
         """Fill ``found`` and ``heads`` for the cached keys of ``found``; return the others."""
-        items = self._items
+        items = self.items
         missing: list[str] = []
         for key in found:
             item = items.get(key)
             if item is None:
                 missing.append(key)
-            else:
-                found[key], heads[key] = item
+                continue
+            value, content_type, create_version, head_version, head_seq = item
+            heads[key] = (head_version, head_seq)
+            if value is not None:
+                found[key] = _new_entry(key, value, content_type, head_version,  # type: ignore[arg-type]
+                                        create_version)
         return missing
 
     def store(self, new_heads: list[tuple[str, int, int]], state: dict[str, Entry | None]) -> None:
-        """Record the committed state of every key whose head changed (oldest dropped first)."""
-        items, sizes = self._items, self._sizes
-        total = self._bytes
+        """Record the committed state of every key whose head changed."""
+        rows: dict[str, CachedRow] = {}
         for key, version, seq in new_heads:
             entry = state[key]
-            size = WRITER_CACHE_KEY_OVERHEAD_BYTES + len(key) + (0 if entry is None else len(entry.value))
-            if key in items:  # re-insert: dict order is the order keys were last written
-                del items[key]
-                total -= sizes[key]
-            items[key] = (entry, (version, seq))
-            sizes[key] = size
-            total += size
-        while total > self.max_bytes and items:
-            oldest = next(iter(items))
-            del items[oldest]
-            total -= sizes.pop(oldest)
+            rows[key] = ((None, None, 0, version, seq) if entry is None
+                         else (entry.value, entry.content_type, entry.create_version, version, seq))
+        self.store_rows(rows)
+
+    def store_rows(self, rows: dict[str, CachedRow]) -> None:
+        """Record ``rows`` (key -> its committed state), then drop the oldest keys while
+        over the bound."""
+        items = self.items
+        pop = items.pop
+        overhead = WRITER_CACHE_KEY_OVERHEAD_BYTES
+        total = self._bytes
+        for key, row in rows.items():
+            old = pop(key, None)  # re-inserted below: now the newest
+            if old is not None:
+                total -= overhead + len(key) + (0 if old[0] is None else len(old[0]))
+            items[key] = row
+            total += overhead + len(key) + (0 if row[0] is None else len(row[0]))
+        if total > self.max_bytes:
+            while total > self.max_bytes and items:
+                oldest = next(iter(items))
+                old = pop(oldest)
+                total -= overhead + len(oldest) + (0 if old[0] is None else len(old[0]))
         self._bytes = total
 
 
@@ -942,6 +981,123 @@ def compact_command(command: Command) -> CompactCommand:
         tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.success),
         tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.failure),
     )
+
+
+# A plain PUT record as the all-puts path carries it: (offset, key, value, content_type).
+PutRecord = tuple[int, str, bytes, str]
+
+
+def _decode_call(plan: list[tuple[Batch, int]]
+                 ) -> tuple[list[PutRecord], list[tuple[int, CompactCommand | str]] | None]:
+    """Decode the records ``plan`` covers (control batches have none).
+
+    While every record is a plain PUT (one put op, no compares, no failure ops, no
+    create_version: exactly the records decode_compact returns as one PUT op) they are
+    kept as PutRecords and ``(puts, None)`` is returned. At the first other record the
+    PUTs so far become compact commands and the rest is decoded as decode_compact does:
+    ``(puts, commands)``, commands holding every record (or its decode error) in order.
+    """
+    puts: list[PutRecord] = []
+    append = puts.append
+    unpackb = msgpack.unpackb
+    for position, (batch, first_index) in enumerate(plan):
+        if batch.control:
+            continue
+        records = batch.records
+        base_offset = batch.base_offset
+        for index in range(first_index, len(records)):
+            try:
+                value = unpackb(records[index], raw=False)
+            except Exception:  # not msgpack: decode_compact reports it, below
+                value = None
+            if (type(value) is list and len(value) == 4 and type(value[0]) is int
+                    and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
+                    and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
+                    and not value[3]):
+                op = value[2][0]
+                if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] == _PUT
+                        and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
+                    append((base_offset + index, op[1], op[2], op[3]))
+                    continue
+            commands: list[tuple[int, CompactCommand | str]] = [
+                (offset, ((), ((_PUT, key, value, content_type, 0),), ()))
+                for offset, key, value, content_type in puts]
+            _decode_rest(plan, position, index, commands)
+            return puts, commands
+    return puts, None
+
+
+def _decode_rest(plan: list[tuple[Batch, int]], position: int, index: int,
+                 commands: list[tuple[int, CompactCommand | str]]) -> None:
+    """Append (offset, command or decode error) to ``commands`` for every record from
+    record ``index`` of ``plan[position]`` on."""
+    for batch, first_index in plan[position:]:
+        if batch.control:
+            continue
+        for record_index in range(max(first_index, index), len(batch.records)):
+            offset = batch.base_offset + record_index
+            try:
+                commands.append((offset, decode_compact(batch.records[record_index])))
+            except CommandDecodeError as exc:
+                logger.warning("record at offset %d does not decode (%s); applied as a no-op",
+                               offset, exc)
+                commands.append((offset, f"record does not decode: {exc}"))
+        index = 0
+
+
+def _apply_puts(puts: list[PutRecord], known: dict[str, CachedRow]
+                ) -> tuple[list[ApplyResult], list[tuple[Any, ...]]]:
+    """Apply plain PUT records to ``known`` (key -> CachedRow for every key that has a
+    head; updated in place, so a key written twice in the call links to its first write):
+    their results and their history rows, linked to each key's previous change.
+
+    The same results and rows as _evaluate_compact then _link_history give for these
+    records (tests/state_machine/test_apply.py compares the two paths), in one loop that
+    builds the three result objects inline: per record this is most of apply's Python.
+    """
+    results: list[ApplyResult] = []
+    rows: list[tuple[Any, ...]] = []
+    append_result = results.append
+    append_row = rows.append
+    new = object.__new__
+    set_key, set_value, set_content_type, set_mod_version, set_create_version = _ENTRY_SETTERS
+    set_kind, set_op_key, set_created, set_deleted, set_entry = _OP_RESULT_SETTERS
+    set_offset, set_version, set_succeeded, set_ops, set_failed_compares, set_error = _APPLY_RESULT_SETTERS
+    put_kind, history_put = OpKind.PUT, HISTORY_OP_PUT
+    for offset, key, value, content_type in puts:
+        version = offset + 1
+        previous = known.get(key)
+        if previous is None:  # no head: never written, or its delete was pruned
+            create_version = version
+            created = True
+            append_row((version, 0, key, history_put, value, content_type, version, None, None))
+        else:
+            created = previous[0] is None  # its head is a delete
+            create_version = version if created else previous[2]
+            append_row((version, 0, key, history_put, value, content_type, create_version,
+                        previous[3], previous[4]))
+        known[key] = (value, content_type, create_version, version, 0)
+        entry = new(Entry)
+        set_key(entry, key)
+        set_value(entry, value)
+        set_content_type(entry, content_type)
+        set_mod_version(entry, version)
+        set_create_version(entry, create_version)
+        op_result = new(OpResult)
+        set_kind(op_result, put_kind)
+        set_op_key(op_result, key)
+        set_created(op_result, created)
+        set_deleted(op_result, False)
+        set_entry(op_result, entry)
+        result = new(ApplyResult)
+        set_offset(result, offset)
+        set_version(result, version)
+        set_succeeded(result, True)
+        set_ops(result, (op_result,))
+        set_failed_compares(result, ())
+        set_error(result, None)
+        append_result(result)
+    return results, rows
 
 
 def _keys_of(commands: list[tuple[int, CompactCommand | str]]) -> set[str]:

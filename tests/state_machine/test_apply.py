@@ -6,8 +6,11 @@ import dataclasses
 import os
 import shutil
 import sqlite3
+import tempfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from storage.commands import (
     Command,
@@ -104,20 +107,24 @@ def test_offsets_missing_from_a_cleaned_log_are_skipped(state):
     assert state.get("c")[1].mod_version == 6 and state.get("b")[1].mod_version == 2
 
 
-def test_failed_apply_rolls_back_everything(state, monkeypatch):
+@pytest.mark.parametrize(("broken_function", "commands"), [
+    ("_apply_puts", [put("b", b"1")]),  # a call of plain PUTs only
+    ("_evaluate_compact", [put("b", b"1"), delete("a")]),  # any other call
+])
+def test_failed_apply_rolls_back_everything(state, monkeypatch, broken_function, commands):
     state.apply([data_batch(0, [put("a", b"1")])])
     before = dump_tables(state.db_path)
 
     def broken(*_args):
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr("storage.state_machine._evaluate_compact", broken)
+    monkeypatch.setattr(f"storage.state_machine.{broken_function}", broken)
     with pytest.raises(sqlite3.OperationalError):
-        state.apply([data_batch(1, [put("b", b"1")])])
+        state.apply([data_batch(1, commands)])
     monkeypatch.undo()
     assert dump_tables(state.db_path) == before
     assert state.applied_version == 1
-    state.apply([data_batch(1, [put("b", b"1")])])
+    state.apply([data_batch(1, commands)])
     assert state.get("b")[1].mod_version == 2
 
 
@@ -354,3 +361,74 @@ def test_apply_results_are_the_public_frozen_dataclasses():
     assert _new_apply_result(0, 1, False, (), (), "bad").error == "bad"
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.value = b"other"  # type: ignore[misc]
+
+
+def _general_path_only(real_decode_call):
+    """_decode_call, except that a call of plain PUTs also comes back as compact commands,
+    so apply takes the general path (_evaluate_compact, _link_history) for every call."""
+    def decode_call(plan):
+        puts, commands = real_decode_call(plan)
+        if commands is None:
+            commands = [(offset, ((), ((int(OpKind.PUT), key, value, content_type, 0),), ()))
+                        for offset, key, value, content_type in puts]
+        return puts, commands
+    return decode_call
+
+
+_PUT_HEAVY_COMMANDS = st.lists(
+    st.one_of(
+        st.builds(put, st.sampled_from("abcdef"), st.binary(max_size=3)),
+        st.builds(put, st.sampled_from("abcdef"), st.binary(max_size=3), st.just("text/plain")),
+        st.builds(delete, st.sampled_from("abcdef")),
+        st.builds(lambda key: Command((), (Op(OpKind.PUT, key, b"c", create_version=1),)),
+                  st.sampled_from("abcdef")),
+        st.just(b"\xc1 not a command"),
+    ),
+    min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=st.lists(st.one_of(_PUT_HEAVY_COMMANDS,
+                                st.lists(st.builds(put, st.sampled_from("abcdef"), st.binary(max_size=3)),
+                                         min_size=1, max_size=12)),
+                      min_size=1, max_size=8),
+       prune_after=st.integers(min_value=0, max_value=8))
+def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatch, calls, prune_after):
+    """A call whose records are all plain PUTs takes its own path (_apply_puts): it gives
+    the same results, rows and writer cache contents as the general path, repeated keys in
+    one call included, and the same rows as applying each record in its own call."""
+    import storage.state_machine as state_machine_module
+
+    with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
+        machines = {name: StateMachine(os.path.join(directory, f"{name}.db"), writer_cache_max_bytes=size)
+                    for name, size in (("fast", 64 * 1024 * 1024), ("general", 64 * 1024 * 1024),
+                                       ("uncached", 0), ("one_by_one", 64 * 1024 * 1024))}
+        real_decode_call = state_machine_module._decode_call
+        try:
+            offset = 0
+            for index, commands in enumerate(calls):
+                batch = data_batch(offset, commands)
+                results = {}
+                for name, machine in machines.items():
+                    if name == "general":
+                        monkeypatch.setattr(state_machine_module, "_decode_call",
+                                            _general_path_only(real_decode_call))
+                    try:
+                        if name == "one_by_one":
+                            results[name] = [result for record_offset in range(offset, offset + len(commands))
+                                             for result in machine.apply([data_batch(
+                                                 record_offset, [commands[record_offset - offset]])])]
+                        else:
+                            results[name] = machine.apply([batch])
+                    finally:
+                        monkeypatch.setattr(state_machine_module, "_decode_call", real_decode_call)
+                    if index == prune_after:
+                        machine.prune_history(offset)
+                assert results["fast"] == results["general"] == results["uncached"] == results["one_by_one"]
+                offset += len(commands)
+                dumps = {name: dump_tables(machine.db_path) for name, machine in machines.items()}
+                assert dumps["fast"] == dumps["general"] == dumps["uncached"] == dumps["one_by_one"]
+                assert machines["fast"]._cache.items == machines["general"]._cache.items
+        finally:
+            for machine in machines.values():
+                machine.close()
