@@ -88,6 +88,7 @@ CHECKPOINT_EVERY_RECORDS = 2_000
 # If the background thread falls behind, the writer checkpoints itself past this WAL size.
 WAL_BACKSTOP_PAGES = 16_384
 MAX_LIST_LIMIT = 10_000
+HISTORY_ROWS_PER_STATEMENT = 100
 _KEYS_PLACEHOLDER = "__[POSTCOMPILE_keys]"
 MAX_CHANGES_LIMIT = 100_000
 
@@ -408,6 +409,12 @@ class StateMachine:
                 prev_version=sa.bindparam("prev_version"), prev_seq=sa.bindparam("prev_seq")),
             dialect,
         )
+        head, values_word, row = self._sql_history.rpartition(" VALUES ")
+        check(values_word == " VALUES " and row == "(" + ", ".join("?" * 9) + ")",
+              "unexpected compiled history insert")
+        self._sql_history_values_head = head + " VALUES "
+        self._sql_history_values_row = row
+        self._sql_history_by_count: dict[int, str] = {}
         self._sql_meta = _compile(
             meta.update().where(meta.c.id == sa.literal_column("1")).values(
                 applied_version=sa.bindparam("applied_version"),
@@ -493,7 +500,7 @@ class StateMachine:
                     linked_rows, new_heads = (_link_history(history_rows, heads) if history_rows
                                               else ([], []))
                 if linked_rows:
-                    writer_cursor.executemany(self._sql_history, linked_rows)
+                    self._insert_history(writer_cursor, linked_rows)
                     writer_cursor.executemany(self._sql_upsert_head, new_heads)
                 oldest = self._oldest_version
                 horizon = self._retention_horizon(end_version)
@@ -560,6 +567,19 @@ class StateMachine:
                 known[key] = ((value, content_type, create_version, mod_version, mod_seq)
                               if op == HISTORY_OP_PUT else (None, None, 0, mod_version, mod_seq))
         return known
+
+    def _insert_history(self, cursor: sqlite3.Cursor, rows: list[tuple[Any, ...]]) -> None:
+        """Insert history rows, HISTORY_ROWS_PER_STATEMENT to a multi-row INSERT."""
+        for start in range(0, len(rows), HISTORY_ROWS_PER_STATEMENT):
+            chunk = rows[start:start + HISTORY_ROWS_PER_STATEMENT]
+            if len(chunk) == 1:
+                cursor.execute(self._sql_history, chunk[0])
+                continue
+            sql = self._sql_history_by_count.get(len(chunk))
+            if sql is None:
+                sql = self._sql_history_values_head + ",".join([self._sql_history_values_row] * len(chunk))
+                self._sql_history_by_count[len(chunk)] = sql
+            cursor.execute(sql, [value for row in chunk for value in row])
 
     def _sql_lookup(self, key_count: int) -> str:
         """The lookup of ``key_count`` keys' heads (at most KEY_LOOKUP_CHUNK_KEYS texts are

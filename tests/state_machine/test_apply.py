@@ -23,6 +23,7 @@ from storage.commands import (
 )
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import (
+    HISTORY_ROWS_PER_STATEMENT,
     ApplyResult,
     Entry,
     OpResult,
@@ -432,3 +433,28 @@ def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatc
         finally:
             for machine in machines.values():
                 machine.close()
+
+
+@pytest.mark.parametrize("record_count", [HISTORY_ROWS_PER_STATEMENT * 2 + 1, HISTORY_ROWS_PER_STATEMENT + 37])
+def test_a_large_call_writes_the_rows_of_one_record_calls(tmp_path, record_count):
+    """History rows go HISTORY_ROWS_PER_STATEMENT to a statement (the last chunk shorter,
+    possibly one row): a call of many records, repeated keys and a txn included, writes
+    what one call per record writes."""
+    commands = [put(f"k{index % 70}", bytes([index % 256])) for index in range(record_count)]
+    commands[5] = Command((), (Op(OpKind.PUT, "t1", b"x"), Op(OpKind.DELETE, "k1"), Op(OpKind.PUT, "t2", b"y")))
+    whole = StateMachine(str(tmp_path / "whole.db"))
+    puts_only = StateMachine(str(tmp_path / "puts.db"))
+    single = StateMachine(str(tmp_path / "single.db"))
+    try:
+        whole_results = whole.apply([data_batch(0, commands)])
+        puts_only.apply([data_batch(0, commands[:6])])
+        puts_results = puts_only.apply([data_batch(6, commands[6:])])  # plain PUTs only
+        single_results = [result for offset, command in enumerate(commands)
+                          for result in single.apply([data_batch(offset, [command])])]
+        assert whole_results == single_results
+        assert puts_results == single_results[6:]
+        assert dump_tables(whole.db_path) == dump_tables(single.db_path) == dump_tables(puts_only.db_path)
+        assert len(dump_tables(whole.db_path)["history"]) == record_count + 2
+    finally:
+        for machine in (whole, puts_only, single):
+            machine.close()
