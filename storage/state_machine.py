@@ -12,8 +12,10 @@ Why it looks like this (docs/state-machine.md has the full contract):
   applies the same log reaches the same outcome.
 - Apply works a whole call at a time: it decodes every record, reads every key it may touch
   in one query, evaluates the commands in Python against that overlay, then writes the
-  history rows, each key's new head and the meta row with a handful of executemany
-  statements. That keeps per-record cost in Python, not in per-statement round trips.
+  history rows (multi-row INSERTs), each key's new head and the meta row with a handful of
+  statements. That keeps per-record cost in Python, not in per-statement round trips. A
+  call whose records are all plain PUTs (the common call) skips the command tuples and
+  the evaluator: one loop, _apply_puts, gives the same results and rows.
 - A value is stored once, in its history row, appended in version order; the only random
   B-tree write of an update is its key's small ``key_heads`` row (schema 2, see
   storage/state_schema.py). Reads at an older version walk a key's changes back from its
