@@ -29,6 +29,7 @@ from storage.state_machine import (
     OpResult,
     StateDatabaseError,
     StateMachine,
+    _builder_class,
     _new_apply_result,
     _new_entry,
     _new_op_result,
@@ -362,6 +363,18 @@ def test_apply_results_are_the_public_frozen_dataclasses():
     assert _new_apply_result(0, 1, False, (), (), "bad").error == "bad"
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.value = b"other"  # type: ignore[misc]
+    assert type(result) is ApplyResult and type(op) is OpResult and type(entry) is Entry
+    assert dataclasses.replace(entry, value=b"w") == Entry("k", b"w", "text/plain", 3, 2)
+
+
+def test_a_builder_of_another_layout_cannot_become_the_dataclass():
+    """The builders rely on Python refusing a __class__ change between different layouts:
+    a builder missing a field (as one would be if a field were added to Entry alone) fails
+    loudly instead of making an Entry with a slot left out."""
+    short = type("ShortBuilder", (), {"__slots__": ("key", "value", "content_type", "mod_version")})()
+    with pytest.raises(TypeError):
+        short.__class__ = Entry
+    assert type(_builder_class(Entry)()) is not Entry
 
 
 def _general_path_only(real_decode_call):
