@@ -682,7 +682,7 @@ class StateMachine:
             row = cursor.execute(self._sql_point_read, (key,)).fetchone()
             if row[1] is None:
                 return row[0], None
-            return row[0], Entry(key, row[1], row[2], row[3], row[4])
+            return row[0], _new_entry(key, row[1], row[2], row[3], row[4])
         cursor.execute("BEGIN")
         try:
             applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
@@ -718,7 +718,7 @@ class StateMachine:
         """The key as of ``version``: walking back from its head, the first change at or
         below ``version``, if that is a put (see docs/state-machine.md, Schema)."""
         row = cursor.execute(self._sql_key_at, {"key": key, "version": version}).fetchone()
-        return None if row is None else Entry(*row)
+        return None if row is None else _new_entry(*row)
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> tuple[int, list[Entry], str | None]:
