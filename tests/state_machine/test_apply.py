@@ -6,8 +6,11 @@ import dataclasses
 import os
 import shutil
 import sqlite3
+import tempfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from storage.commands import (
     Command,
@@ -20,11 +23,13 @@ from storage.commands import (
 )
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import (
+    HISTORY_ROWS_PER_STATEMENT,
     ApplyResult,
     Entry,
     OpResult,
     StateDatabaseError,
     StateMachine,
+    _builder_class,
     _new_apply_result,
     _new_entry,
     _new_op_result,
@@ -104,20 +109,24 @@ def test_offsets_missing_from_a_cleaned_log_are_skipped(state):
     assert state.get("c")[1].mod_version == 6 and state.get("b")[1].mod_version == 2
 
 
-def test_failed_apply_rolls_back_everything(state, monkeypatch):
+@pytest.mark.parametrize(("broken_function", "commands"), [
+    ("_apply_puts", [put("b", b"1")]),  # a call of plain PUTs only
+    ("_evaluate_compact", [put("b", b"1"), delete("a")]),  # any other call
+])
+def test_failed_apply_rolls_back_everything(state, monkeypatch, broken_function, commands):
     state.apply([data_batch(0, [put("a", b"1")])])
     before = dump_tables(state.db_path)
 
     def broken(*_args):
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr("storage.state_machine._evaluate_compact", broken)
+    monkeypatch.setattr(f"storage.state_machine.{broken_function}", broken)
     with pytest.raises(sqlite3.OperationalError):
-        state.apply([data_batch(1, [put("b", b"1")])])
+        state.apply([data_batch(1, commands)])
     monkeypatch.undo()
     assert dump_tables(state.db_path) == before
     assert state.applied_version == 1
-    state.apply([data_batch(1, [put("b", b"1")])])
+    state.apply([data_batch(1, commands)])
     assert state.get("b")[1].mod_version == 2
 
 
@@ -354,3 +363,111 @@ def test_apply_results_are_the_public_frozen_dataclasses():
     assert _new_apply_result(0, 1, False, (), (), "bad").error == "bad"
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.value = b"other"  # type: ignore[misc]
+    assert type(result) is ApplyResult and type(op) is OpResult and type(entry) is Entry
+    assert dataclasses.replace(entry, value=b"w") == Entry("k", b"w", "text/plain", 3, 2)
+
+
+def test_a_builder_of_another_layout_cannot_become_the_dataclass():
+    """The builders rely on Python refusing a __class__ change between different layouts:
+    a builder missing a field (as one would be if a field were added to Entry alone) fails
+    loudly instead of making an Entry with a slot left out."""
+    short = type("ShortBuilder", (), {"__slots__": ("key", "value", "content_type", "mod_version")})()
+    with pytest.raises(TypeError):
+        short.__class__ = Entry
+    assert type(_builder_class(Entry)()) is not Entry
+
+
+def _general_path_only(real_decode_call):
+    """_decode_call, except that a call of plain PUTs also comes back as compact commands,
+    so apply takes the general path (_evaluate_compact, _link_history) for every call."""
+    def decode_call(plan):
+        puts, commands = real_decode_call(plan)
+        if commands is None:
+            commands = [(offset, ((), ((int(OpKind.PUT), key, value, content_type, 0),), ()))
+                        for offset, key, value, content_type in puts]
+        return puts, commands
+    return decode_call
+
+
+_PUT_HEAVY_COMMANDS = st.lists(
+    st.one_of(
+        st.builds(put, st.sampled_from("abcdef"), st.binary(max_size=3)),
+        st.builds(put, st.sampled_from("abcdef"), st.binary(max_size=3), st.just("text/plain")),
+        st.builds(delete, st.sampled_from("abcdef")),
+        st.builds(lambda key: Command((), (Op(OpKind.PUT, key, b"c", create_version=1),)),
+                  st.sampled_from("abcdef")),
+        st.just(b"\xc1 not a command"),
+    ),
+    min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=st.lists(st.one_of(_PUT_HEAVY_COMMANDS,
+                                st.lists(st.builds(put, st.sampled_from("abcdef"), st.binary(max_size=3)),
+                                         min_size=1, max_size=12)),
+                      min_size=1, max_size=8),
+       prune_after=st.integers(min_value=0, max_value=8))
+def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatch, calls, prune_after):
+    """A call whose records are all plain PUTs takes its own path (_apply_puts): it gives
+    the same results, rows and writer cache contents as the general path, repeated keys in
+    one call included, and the same rows as applying each record in its own call."""
+    import storage.state_machine as state_machine_module
+
+    with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
+        machines = {name: StateMachine(os.path.join(directory, f"{name}.db"), writer_cache_max_bytes=size)
+                    for name, size in (("fast", 64 * 1024 * 1024), ("general", 64 * 1024 * 1024),
+                                       ("uncached", 0), ("one_by_one", 64 * 1024 * 1024))}
+        real_decode_call = state_machine_module._decode_call
+        try:
+            offset = 0
+            for index, commands in enumerate(calls):
+                batch = data_batch(offset, commands)
+                results = {}
+                for name, machine in machines.items():
+                    if name == "general":
+                        monkeypatch.setattr(state_machine_module, "_decode_call",
+                                            _general_path_only(real_decode_call))
+                    try:
+                        if name == "one_by_one":
+                            results[name] = [result for record_offset in range(offset, offset + len(commands))
+                                             for result in machine.apply([data_batch(
+                                                 record_offset, [commands[record_offset - offset]])])]
+                        else:
+                            results[name] = machine.apply([batch])
+                    finally:
+                        monkeypatch.setattr(state_machine_module, "_decode_call", real_decode_call)
+                    if index == prune_after:
+                        machine.prune_history(offset)
+                assert results["fast"] == results["general"] == results["uncached"] == results["one_by_one"]
+                offset += len(commands)
+                dumps = {name: dump_tables(machine.db_path) for name, machine in machines.items()}
+                assert dumps["fast"] == dumps["general"] == dumps["uncached"] == dumps["one_by_one"]
+                assert machines["fast"]._cache.items == machines["general"]._cache.items
+        finally:
+            for machine in machines.values():
+                machine.close()
+
+
+@pytest.mark.parametrize("record_count", [HISTORY_ROWS_PER_STATEMENT * 2 + 1, HISTORY_ROWS_PER_STATEMENT + 37])
+def test_a_large_call_writes_the_rows_of_one_record_calls(tmp_path, record_count):
+    """History rows go HISTORY_ROWS_PER_STATEMENT to a statement (the last chunk shorter,
+    possibly one row): a call of many records, repeated keys and a txn included, writes
+    what one call per record writes."""
+    commands = [put(f"k{index % 70}", bytes([index % 256])) for index in range(record_count)]
+    commands[5] = Command((), (Op(OpKind.PUT, "t1", b"x"), Op(OpKind.DELETE, "k1"), Op(OpKind.PUT, "t2", b"y")))
+    whole = StateMachine(str(tmp_path / "whole.db"))
+    puts_only = StateMachine(str(tmp_path / "puts.db"))
+    single = StateMachine(str(tmp_path / "single.db"))
+    try:
+        whole_results = whole.apply([data_batch(0, commands)])
+        puts_only.apply([data_batch(0, commands[:6])])
+        puts_results = puts_only.apply([data_batch(6, commands[6:])])  # plain PUTs only
+        single_results = [result for offset, command in enumerate(commands)
+                          for result in single.apply([data_batch(offset, [command])])]
+        assert whole_results == single_results
+        assert puts_results == single_results[6:]
+        assert dump_tables(whole.db_path) == dump_tables(single.db_path) == dump_tables(puts_only.db_path)
+        assert len(dump_tables(whole.db_path)["history"]) == record_count + 2
+    finally:
+        for machine in (whole, puts_only, single):
+            machine.close()
