@@ -56,7 +56,7 @@ from raft.types import Batch, ProtocolInvariantError, SnapshotId, check
 from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix_digest
 from storage.commands import Command, encode_command
 from storage.quorum_state import QuorumStateFile
-from storage.segment_log import SegmentLog
+from storage.segment_log import LogChangedError, SegmentLog
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import StateMachine, VersionCompactedError, VersionNotAppliedError
 
@@ -860,7 +860,11 @@ class NodeRuntime:
         # Hashed before the swap (the throttle may sleep in it), so /v1/status never shows the
         # new cleaned end beside the old digest for longer than the two assignments.
         digest = prefix_digest(result.batches, result.clean_end, throttle.pause)
-        log.replace_prefix(result.batches, result.clean_end)
+        try:
+            log.replace_prefix(result.batches, result.clean_end)
+        except LogChangedError:  # truncated or reset meanwhile: nothing changed, clean later
+            report["reason"] = "the log changed while the cleaned prefix was written"
+            return report
         self._prefix_digest = (start, result.clean_end, digest)
         elapsed_s = time.perf_counter() - started_s
         report.update(cleaned=True, cleaned_end=result.clean_end, records_in=result.records_in,

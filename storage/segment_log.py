@@ -37,6 +37,7 @@ position and the repair command.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -111,6 +112,11 @@ class CorruptLogError(Exception):
 
 class LogWriteError(Exception):
     """A write or fsync failed (disk full, I/O error); the log refuses writes until reopened."""
+
+
+class LogChangedError(Exception):
+    """replace_prefix gave up, changing nothing: the log was truncated, reset or had segments
+    deleted while the cleaned copy was written. Cleaning again later is safe."""
 
 
 @dataclass(slots=True)
@@ -709,6 +715,13 @@ class SegmentLog:
         files are renamed over the old ones and the old ones deleted, and the marker removed.
         Recovery finishes a swap whose marker exists and deletes ``*.cleaned`` files without
         one, so a crash leaves either the old prefix or the new one, never a mix.
+
+        Appends go on meanwhile: the cleaned copy, with the segment holding ``clean_end`` as
+        far as it was written when the call began, is written and fsynced without the lock;
+        under the lock are only the few batches appended since then and the swap itself.
+        Holding the lock for the whole copy stalled appends (and so the event loop) for
+        12-41 ms per cleaning. Raises LogChangedError, changing nothing, when the log was
+        truncated, reset or had segments deleted while the copy was written.
         """
         with self._lock:
             self._check_writable()
@@ -721,11 +734,53 @@ class SegmentLog:
                 check(batch.base_offset >= previous_end and len(batch.records) > 0,
                       f"cleaned batch at {batch.base_offset} overlaps the one before or is empty")
                 previous_end = batch.next_offset
-            self._truncation_generation += 1
+            slot = bisect.bisect_right(self._segment_bases, clean_end - 1) - 1
+            holder = self._segments[slot]
             try:
-                self._replace_prefix_locked(batches, clean_end)
+                cut_position, partial = self._locate_cut(holder, clean_end)
             except OSError as exc:
                 raise self._fail(exc) from exc
+            check(partial is None, f"clean_end {clean_end} is not a batch boundary")
+            generation = self._truncation_generation
+            copied_end = holder.size_bytes
+            read_fd = os.dup(holder.fd)  # stays valid even if the segment is deleted meanwhile
+        pending: list[_Segment] = []
+        try:
+            try:
+                last_fd = self._write_cleaned_segments(batches, read_fd, holder.path, cut_position, copied_end,
+                                                       pending)
+            finally:
+                os.close(read_fd)
+        except (OSError, CorruptLogError) as exc:
+            self._remove_cleaned_files(pending)
+            with self._lock:
+                if self._truncation_generation != generation:
+                    raise LogChangedError("the log changed while its cleaned prefix was written") from exc
+                if isinstance(exc, OSError):
+                    raise self._fail(exc) from exc
+                raise
+        with self._lock:
+            if (self._truncation_generation != generation or slot >= len(self._segments)
+                    or self._segments[slot] is not holder):
+                os.close(last_fd)
+                self._remove_cleaned_files(pending)
+                raise LogChangedError("the log changed while its cleaned prefix was written")
+            try:
+                self._check_writable()
+            except BaseException:
+                os.close(last_fd)
+                self._remove_cleaned_files(pending)
+                raise
+            self._truncation_generation += 1
+            try:
+                self._finish_replace_prefix_locked(pending, last_fd, slot, holder, copied_end, clean_end)
+            except OSError as exc:
+                raise self._fail(exc) from exc
+
+    def _remove_cleaned_files(self, pending: list[_Segment]) -> None:
+        for segment in pending:
+            with contextlib.suppress(OSError):
+                _cleaned_path(self._log_dir, segment.base_offset).unlink(missing_ok=True)
 
     def iter_batches(self, from_offset: int | None = None,
                      chunk_bytes: int = ITERATE_CHUNK_BYTES) -> Iterator[Batch]:
@@ -1018,13 +1073,20 @@ class SegmentLog:
                     pass
             segment.fd = -1
 
-    def _replace_prefix_locked(self, batches: Sequence[Batch], clean_end: int) -> None:
-        slot = bisect.bisect_right(self._segment_bases, clean_end - 1) - 1
-        holder = self._segments[slot]
-        cut_position, partial = self._locate_cut(holder, clean_end)
-        check(partial is None, f"clean_end {clean_end} is not a batch boundary")
+    def _finish_replace_prefix_locked(self, pending: list[_Segment], last_fd: int, slot: int,
+                                      holder: _Segment, copied_end: int, clean_end: int) -> None:
+        """Under the lock: append what the holder gained since the copy began to the last
+        cleaned file and fsync it, then swap the cleaned files in."""
         holder_is_active = slot == len(self._segments) - 1
-        pending = self._write_cleaned_segments(batches, holder, cut_position)
+        buffer = bytearray()
+        try:
+            self._copy_tail(holder.fd, holder.path, copied_end, holder.size_bytes, pending[-1], last_fd, buffer)
+            finished, last_fd = last_fd, -1
+            self._finish_cleaned_file(finished, buffer)
+        finally:
+            if last_fd >= 0:
+                os.close(last_fd)
+        pending[-1].next_offset = holder.next_offset
         # The cleaned files may seal epochs that so far lived in the active segment (whose
         # epochs recovery takes from its scan, the sealed ones' from the checkpoint): the
         # checkpoint must hold them before the swap. Cleaning keeps every epoch boundary.
@@ -1059,18 +1121,21 @@ class SegmentLog:
             self._rewrite_active_index(self._segments[-1])
             self._flushed_offset = self._end_offset()
 
-    def _write_cleaned_segments(self, batches: Sequence[Batch], holder: _Segment,
-                                cut_position: int) -> list[_Segment]:
-        """Write the cleaned batches, then the holder's untouched tail, as fsynced ``*.cleaned``
-        files rolled at segment_bytes; return the new segments (indexed, files not yet open).
+    def _write_cleaned_segments(self, batches: Sequence[Batch], holder_fd: int, holder_path: Path,
+                                cut_position: int, copied_end: int, pending: list[_Segment]) -> int:
+        """Write the cleaned batches, then the holder's untouched tail up to ``copied_end``, as
+        ``*.cleaned`` files rolled at segment_bytes, appending the new segments (indexed, files
+        not yet open) to ``pending``; every file is fsynced and closed but the last, whose fd
+        is returned (the caller adds what the holder gained meanwhile, then fsyncs it).
 
         The first new segment is named by the log start offset even if its first record was
         cleaned away, so the log keeps starting where the checkpoint says. Bytes go out
-        through a buffer of at most CLEANED_WRITE_BUFFER_BYTES.
+        through a buffer of at most CLEANED_WRITE_BUFFER_BYTES. Runs without the lock: it
+        reads only the cleaned batches and bytes of the holder below ``copied_end``.
         """
-        pending: list[_Segment] = []
         buffer = bytearray()
         fd = -1
+        start_offset = self._start_offset
         try:
             for batch in batches:
                 data = encode_batch(batch)
@@ -1079,7 +1144,7 @@ class SegmentLog:
                     if fd >= 0:
                         finished, fd = fd, -1
                         self._finish_cleaned_file(finished, buffer)
-                    base = self._start_offset if not pending else batch.base_offset
+                    base = start_offset if not pending else batch.base_offset
                     pending.append(_Segment(base, _segment_path(self._log_dir, base), -1, 0, base))
                     fd = os.open(_cleaned_path(self._log_dir, base), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 segment = pending[-1]
@@ -1090,33 +1155,38 @@ class SegmentLog:
                 if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
                     _write_all(fd, buffer)
                     buffer.clear()
-            self._copy_tail(holder, cut_position, pending[-1], fd, buffer)
-            finished, fd = fd, -1
-            self._finish_cleaned_file(finished, buffer)
-        finally:
+            self._copy_tail(holder_fd, holder_path, cut_position, copied_end, pending[-1], fd, buffer)
+            _write_all(fd, buffer)
+            os.fsync(fd)  # most of the last file: the fsync under the lock covers only the rest
+        except BaseException:
             if fd >= 0:
                 os.close(fd)
-        pending[-1].next_offset = holder.next_offset
-        return pending
+            raise
+        return fd
 
-    def _copy_tail(self, holder: _Segment, cut_position: int, segment: _Segment, fd: int,
-                   buffer: bytearray) -> None:
-        """Append the holder's batches from ``cut_position`` on, indexing them, in bounded chunks."""
-        position = cut_position
-        while position < holder.size_bytes:
-            header = self._read_header(holder, position)
-            segment.add_index_entry(header.base_offset, segment.size_bytes + position - cut_position,
-                                    self._index_interval_bytes)
+    def _copy_tail(self, source_fd: int, source_path: Path, start: int, end: int, segment: _Segment,
+                   fd: int, buffer: bytearray) -> None:
+        """Append the source segment's batches in [start, end) to ``segment`` (file ``fd``),
+        indexing them, in bounded chunks."""
+        position = start
+        base_size = segment.size_bytes
+        while position < end:
+            data = _read_exact(source_fd, HEADER_BYTES, position)
+            try:
+                header = decode_header(data)
+            except CorruptBatchError as exc:
+                raise CorruptLogError(source_path, position, exc.reason, None) from exc
+            segment.add_index_entry(header.base_offset, base_size + position - start, self._index_interval_bytes)
             position += header.total_bytes
-        position = cut_position
-        while position < holder.size_bytes:
-            chunk = _read_exact(holder.fd, min(READ_CHUNK_BYTES, holder.size_bytes - position), position)
+        position = start
+        while position < end:
+            chunk = _read_exact(source_fd, min(READ_CHUNK_BYTES, end - position), position)
             buffer += chunk
             position += len(chunk)
             if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
                 _write_all(fd, buffer)
                 buffer.clear()
-        segment.size_bytes += holder.size_bytes - cut_position
+        segment.size_bytes += end - start
 
     @staticmethod
     def _finish_cleaned_file(fd: int, buffer: bytearray) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from raft.types import Batch, ProtocolInvariantError
 from storage.failpoints import FAILPOINT_CRASH_EXIT_CODE, Failpoints
 from storage.repair import main as repair_main
-from storage.segment_log import SWAP_MARKER_NAME, CorruptLogError, SegmentLog
+from storage.segment_log import SWAP_MARKER_NAME, CorruptLogError, LogChangedError, SegmentLog
 from tests.storage.helpers import make_batch, power_loss, segment_files
 
 SEGMENT_BYTES = 1024
@@ -210,3 +212,58 @@ def test_epochs_sealed_by_a_cleaning_keep_their_start_across_a_power_loss(
         assert [r for b in reopened.read(0, EVERYTHING) for r in b.records] == [r for b in singles for r in b.records]
     finally:
         reopened.close()
+
+
+def _during_the_copy(log: SegmentLog, monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -> None:
+    """Run ``action`` while replace_prefix writes the cleaned copy (without the log's lock)."""
+    original = log._write_cleaned_segments
+
+    def write_then_act(*args: Any, **kwargs: Any) -> int:
+        action()
+        return original(*args, **kwargs)
+    monkeypatch.setattr(log, "_write_cleaned_segments", write_then_act)
+
+
+def test_appends_during_the_copy_land_after_the_cleaned_prefix_and_are_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log_dir = tmp_path / "log"
+    batches = write_log(log_dir, 60)
+    clean_end = boundary_in_segment(log_dir, batches, -1)  # the cut lies in the active segment
+    cleaned = thin_out(batches, clean_end)
+    log = SegmentLog(log_dir, segment_bytes=SEGMENT_BYTES, index_interval_bytes=100)
+    appended: list[Batch] = []
+
+    def append_two() -> None:
+        for fill in (1, 2):
+            appended.append(make_batch(log.end_offset(), batches[-1].epoch, 3, fill=fill))
+            log.append(appended[-1])  # not flushed
+    _during_the_copy(log, monkeypatch, append_two)
+    log.replace_prefix(cleaned, clean_end)
+    expected = cleaned + [b for b in batches if b.base_offset >= clean_end] + appended
+    assert log.read(0, EVERYTHING) == expected
+    assert log.flushed_offset() == log.end_offset()  # the active segment was rewritten and fsynced
+    power_loss(log)
+    assert not list(log_dir.glob("*.cleaned"))
+    with SegmentLog(log_dir, segment_bytes=SEGMENT_BYTES, verify_sealed_segments=True) as reopened:
+        assert reopened.read(0, EVERYTHING) == expected
+
+
+def test_a_truncation_during_the_copy_gives_up_and_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log_dir = tmp_path / "log"
+    batches = write_log(log_dir, 60)
+    clean_end = boundary_in_segment(log_dir, batches, -1)
+    cleaned = thin_out(batches, clean_end)
+    log = SegmentLog(log_dir, segment_bytes=SEGMENT_BYTES, index_interval_bytes=100)
+    truncate_at = batches[-1].base_offset  # above clean_end, as raft truncates above the high watermark
+    _during_the_copy(log, monkeypatch, lambda: log.truncate_to(truncate_at))
+    with pytest.raises(LogChangedError):
+        log.replace_prefix(cleaned, clean_end)
+    assert log.read(0, EVERYTHING) == [b for b in batches if b.next_offset <= truncate_at]
+    assert log.cleaned_end() == 0
+    assert not list(log_dir.glob("*.cleaned"))
+    log.append(make_batch(truncate_at, batches[-1].epoch, 2))  # the log still takes writes
+    monkeypatch.undo()
+    log.replace_prefix(cleaned, clean_end)  # and cleaning again works
+    assert log.cleaned_end() == clean_end
+    log.close()
