@@ -1083,16 +1083,13 @@ def _apply_puts(puts: list[PutRecord], known: dict[str, CachedRow]
     their results and their history rows, linked to each key's previous change.
 
     The same results and rows as _evaluate_compact then _link_history give for these
-    records (tests/state_machine/test_apply.py compares the two paths), in one loop that
-    builds the three result objects inline: per record this is most of apply's Python.
+    records (tests/state_machine/test_apply.py compares the two paths), in one loop over
+    the records: per record this is most of apply's Python.
     """
     results: list[ApplyResult] = []
     rows: list[tuple[Any, ...]] = []
     append_result = results.append
     append_row = rows.append
-    entry_builder, op_result_builder, apply_result_builder = (
-        _EntryBuilder, _OpResultBuilder, _ApplyResultBuilder)
-    entry_class, op_result_class, apply_result_class = Entry, OpResult, ApplyResult
     put_kind, history_put = OpKind.PUT, HISTORY_OP_PUT
     for offset, key, value, content_type in puts:
         version = offset + 1
@@ -1107,29 +1104,9 @@ def _apply_puts(puts: list[PutRecord], known: dict[str, CachedRow]
             append_row((version, 0, key, history_put, value, content_type, create_version,
                         previous[3], previous[4]))
         known[key] = (value, content_type, create_version, version, 0)
-        # The three results, built as _new_entry, _new_op_result and _new_apply_result do.
-        entry = entry_builder()
-        entry.key = key
-        entry.value = value
-        entry.content_type = content_type
-        entry.mod_version = version
-        entry.create_version = create_version
-        entry.__class__ = entry_class
-        op_result = op_result_builder()
-        op_result.kind = put_kind
-        op_result.key = key
-        op_result.created = created
-        op_result.deleted = False
-        op_result.entry = entry
-        op_result.__class__ = op_result_class
-        result = apply_result_builder()
-        result.offset = offset
-        result.version = version
-        result.succeeded = True
-        result.ops = (op_result,)
-        result.failed_compares = ()
-        result.error = None
-        result.__class__ = apply_result_class
+        entry = _new_entry(key, value, content_type, version, create_version)
+        result = _new_apply_result(offset, version, True,
+                                   (_new_op_result(put_kind, key, created, False, entry),), ())
         append_result(result)
     return results, rows
 
