@@ -297,6 +297,7 @@ class StateMachine:
             f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
         self._records_since_checkpoint = 0
         self._cache = _WriterCache(writer_cache_max_bytes)
+        self._fill_cache()
         self._checkpointer: _Checkpointer | None = None
         if background_checkpoint:
             self._checkpointer = _Checkpointer(self._open_connection(), self.db_path)
@@ -457,6 +458,15 @@ class StateMachine:
             dialect,
         )
         check(_KEYS_PLACEHOLDER in self._sql_lookup_keys, "unexpected compiled IN clause")
+        # Every head with its put's row: what fills the writer cache.
+        self._sql_all_heads = _compile(
+            sa.select(key_heads.c.key, key_heads.c.mod_version, key_heads.c.mod_seq,
+                      history.c.op, history.c.value, history.c.content_type,
+                      history.c.create_version)
+            .select_from(key_heads.join(history, sa.and_(
+                history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq))),
+            dialect,
+        )
         self._sql_lookup_by_count: dict[int, str] = {}
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
@@ -527,12 +537,12 @@ class StateMachine:
                 if self._writer_dbapi.in_transaction:
                     writer_cursor.execute("ROLLBACK")
                 raise
-            if horizon is not None:
-                self._cache.clear()  # the prune may have dropped heads of deleted keys
-            elif commands is None:
+            if commands is None:
                 self._cache.store_rows(known)  # every key it holds was written by this call
             else:
                 self._cache.store(new_heads, current)
+            if horizon is not None:
+                self._cache.forget_deletes_through(horizon)  # the heads the prune dropped
             self._records_since_checkpoint += end_version - self._applied_version
             self._applied_version = end_version
             if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
@@ -541,6 +551,18 @@ class StateMachine:
             self._applied_epoch = end_epoch
             self._oldest_version = oldest
             return results
+
+    def _fill_cache(self) -> None:
+        """Load every key's head into the writer cache (at open and after a snapshot load),
+        as far as the cache's bound allows. When all fit, apply never asks SQLite for a
+        head: a key the cache lacks has none (a metadata store's keys usually fit; etcd
+        keeps its whole key index in memory the same way)."""
+        cursor = self._writer_cursor
+        rows = cursor.execute(self._sql_all_heads)
+        self._cache.fill(
+            (key, (value, content_type, create_version, mod_version, mod_seq)
+             if op == HISTORY_OP_PUT else (None, None, 0, mod_version, mod_seq))
+            for key, mod_version, mod_seq, op, value, content_type, create_version in rows)
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
         """Which batches (and from which record) to apply.
@@ -571,6 +593,8 @@ class StateMachine:
                 missing.append(key)
             else:
                 known[key] = row
+        if self._cache.complete:
+            return known  # the cache holds every head: the missing keys have none
         for start in range(0, len(missing), KEY_LOOKUP_CHUNK_KEYS):
             chunk = missing[start:start + KEY_LOOKUP_CHUNK_KEYS]
             for key, mod_version, mod_seq, op, value, content_type, create_version in cursor.execute(
@@ -608,6 +632,8 @@ class StateMachine:
         found: dict[str, Entry | None] = dict.fromkeys(keys)
         heads: dict[str, tuple[int, int]] = {}
         key_list = self._cache.load(found, heads)
+        if self._cache.complete:
+            return found, heads  # the cache holds every head: the others have none
         for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
             chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
             for key, mod_version, mod_seq, op, value, content_type, create_version in cursor.execute(
@@ -641,7 +667,7 @@ class StateMachine:
                 self._prune(connection, self._oldest_version, horizon)
                 connection.execute(meta.update().where(meta.c.id == 1).values(oldest_version=horizon))
             self._oldest_version = horizon
-            self._cache.clear()
+            self._cache.forget_deletes_through(horizon)  # the heads the prune dropped
 
     @staticmethod
     def _prune(connection: Connection, oldest_version: int, horizon: int) -> None:
@@ -820,6 +846,7 @@ class StateMachine:
                     raise RuntimeError("state machine is closed")
                 self._cache.clear()
                 self._replace_from(temp_path)
+                self._fill_cache()
                 self._applied_version = snapshot_meta.applied_version
                 self._applied_epoch = snapshot_meta.applied_epoch
                 self._oldest_version = snapshot_meta.oldest_version
@@ -882,20 +909,54 @@ CachedRow = tuple[bytes | None, str | None, int, int, int]
 
 
 class _WriterCache:
-    """Committed state of recently written keys: key -> CachedRow. Only the writer uses it,
-    under the write lock, and changes it only after a commit; prune and snapshot load clear
-    it. Keys without a head are never in it. Bounded by an estimate of the bytes it holds;
-    the keys written longest ago are dropped first (dict order is the order keys were last
-    written)."""
+    """Committed state of keys: key -> CachedRow. Only the writer uses it, under the write
+    lock, and changes it only after a commit. Keys without a head are never in it.
+
+    Filled with every head at open; ``complete`` says it still holds every head of the
+    database, so a key it lacks has none. Bounded by an estimate of the bytes it holds:
+    past the bound the keys written longest ago are dropped first (dict order is the order
+    keys were last written) and it is no longer complete. A prune drops the heads of keys
+    deleted at or below the horizon, and so does ``forget_deletes_through``.
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.items: dict[str, CachedRow] = {}
+        self.complete = False
+        # key -> version of its head, for the keys whose cached head is a delete.
+        self._deletes: dict[str, int] = {}
         self._bytes = 0
 
     def clear(self) -> None:
         self.items.clear()
+        self._deletes.clear()
         self._bytes = 0
+        self.complete = False
+
+    def fill(self, rows: Iterable[tuple[str, CachedRow]]) -> None:
+        """Hold exactly ``rows`` (every head of the database); complete unless they do not
+        all fit, in which case loading stops at the bound."""
+        self.clear()
+        self.complete = True
+        chunk: dict[str, CachedRow] = {}
+        for key, row in rows:
+            chunk[key] = row
+            if len(chunk) >= 1000:
+                self.store_rows(chunk)
+                chunk = {}
+                if not self.complete:
+                    return
+        self.store_rows(chunk)
+
+    def forget_deletes_through(self, version: int) -> None:
+        """Drop the keys whose head is a delete at or below ``version`` (a prune to that
+        horizon removed those heads)."""
+        deletes = self._deletes
+        gone = [key for key, head_version in deletes.items() if head_version <= version]
+        for key in gone:
+            del deletes[key]
+            self._bytes -= WRITER_CACHE_KEY_OVERHEAD_BYTES + len(key)
+            del self.items[key]
 
     def load(self, found: dict[str, Entry | None], heads: dict[str, tuple[int, int]]) -> list[str]:
         """Fill ``found`` and ``heads`` for the cached keys of ``found``; return the others."""
@@ -927,6 +988,7 @@ class _WriterCache:
         over the bound."""
         items = self.items
         pop = items.pop
+        deletes = self._deletes
         overhead = WRITER_CACHE_KEY_OVERHEAD_BYTES
         total = self._bytes
         for key, row in rows.items():
@@ -934,11 +996,21 @@ class _WriterCache:
             if old is not None:
                 total -= overhead + len(key) + (0 if old[0] is None else len(old[0]))
             items[key] = row
-            total += overhead + len(key) + (0 if row[0] is None else len(row[0]))
+            value = row[0]
+            if value is None:
+                deletes[key] = row[3]
+                total += overhead + len(key)
+            else:
+                if old is not None and old[0] is None:
+                    del deletes[key]
+                total += overhead + len(key) + len(value)
         if total > self.max_bytes:
+            self.complete = False
             while total > self.max_bytes and items:
                 oldest = next(iter(items))
                 old = pop(oldest)
+                if old[0] is None:
+                    del deletes[oldest]
                 total -= overhead + len(oldest) + (0 if old[0] is None else len(old[0]))
         self._bytes = total
 

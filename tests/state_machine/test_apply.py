@@ -293,18 +293,26 @@ def test_the_writer_cache_writes_what_reading_sqlite_writes(tmp_path, monkeypatc
         "snapshot",  # back to the mark: what was written since is gone from the state
         [put("d", b"0"), put("a", b"6"), delete("d"), put("e", b"1"), put("c", b"4"), put("b", b"5")],
         "prune",
-        [put("d", b"7"), put("a", b"8")],
+        "reopen",  # the cache is filled from the database
+        [put("d", b"7"), put("a", b"8"), delete("e")],
+        "prune",
+        "reopen",
+        [put("e", b"9"), put("b", b"10")],
     ]
+    sizes = {"cached": 64 * 1024 * 1024, "evicting": 700, "uncached": 0}
     machines = {name: StateMachine(str(tmp_path / f"{name}.db"), writer_cache_max_bytes=size)
-                for name, size in (("cached", 64 * 1024 * 1024), ("evicting", 700), ("uncached", 0))}
+                for name, size in sizes.items()}
     marked = []
     try:
         offset = 0
         for step in steps:
             if step == "snapshot":
                 offset = marked[0].end_offset
-            for index, machine in enumerate(machines.values()):
-                if step == "prune":
+            for index, (name, machine) in enumerate(list(machines.items())):
+                if step == "reopen":
+                    machine.close()
+                    machines[name] = StateMachine(machine.db_path, writer_cache_max_bytes=sizes[name])
+                elif step == "prune":
                     machine.prune_history(offset)
                 elif step == "mark":  # each keeps its own copy
                     marked.append(machine.create_snapshot(SnapshotStore(str(tmp_path / f"snapshots-{index}"))))
@@ -320,13 +328,50 @@ def test_the_writer_cache_writes_what_reading_sqlite_writes(tmp_path, monkeypatc
                 results = [machine.apply([data_batch(offset, step)]) for machine in machines.values()]
                 assert results[0] == results[1] == results[2]
                 offset += len(step)
+            # The large cache holds exactly the database's heads after every step.
+            assert machines["cached"]._cache.complete
+            assert machines["cached"]._cache.items == _heads_in_database(machines["cached"])
+        assert not machines["evicting"]._cache.complete
         dumps = [dump_tables(machine.db_path) for machine in machines.values()]
         assert dumps[0] == dumps[1] == dumps[2]
         assert [(e.key, e.value) for e in machines["cached"].list("")[1]] == [
-            ("a", b"8"), ("b", b"5"), ("c", b"4"), ("d", b"7"), ("e", b"1")]
+            ("a", b"8"), ("b", b"10"), ("c", b"4"), ("d", b"7"), ("e", b"9")]
     finally:
         for machine in machines.values():
             machine.close()
+
+
+def _heads_in_database(machine: StateMachine) -> dict:
+    """key -> CachedRow for every head, read from SQLite (what a complete cache holds)."""
+    with sqlite3.connect(machine.db_path) as connection:
+        rows = connection.execute(
+            "SELECT h.key, h.mod_version, h.mod_seq, y.op, y.value, y.content_type, y.create_version"
+            " FROM key_heads h JOIN history y ON y.version = h.mod_version AND y.seq = h.mod_seq").fetchall()
+    return {key: (value, content_type, create_version, version, seq) if op == 1 else (None, None, 0, version, seq)
+            for key, version, seq, op, value, content_type, create_version in rows}
+
+
+def test_a_complete_writer_cache_never_reads_heads_from_sqlite(tmp_path, monkeypatch):
+    """Reopened on a database with keys, the writer fills its cache with every head; updates
+    and recreates then link to the right previous changes without a single head lookup."""
+    path = str(tmp_path / "state.db")
+    with StateMachine(path) as machine:
+        machine.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("b"), put("c", b"1")])])
+    monkeypatch.setattr(StateMachine, "_sql_lookup", _broken)
+    with StateMachine(path) as machine:
+        assert machine._cache.complete
+        results = machine.apply([data_batch(4, [put("a", b"2"), put("b", b"2"), put("new", b"1")])])
+        results += machine.apply([data_batch(7, [
+            Command((Compare("c", CompareKind.VALUE, b"1"),), (Op(OpKind.PUT, "c", b"2"),))])])
+        assert [(r.ops[0].created, r.ops[0].entry.create_version) for r in results] == [
+            (False, 1), (True, 6), (True, 7), (False, 4)]
+        assert machine.get("c", at_version=4)[1].value == b"1"
+        assert machine.get("b", at_version=2)[1].value == b"1"
+    # A cache too small for the database is not complete, so apply reads heads again.
+    with StateMachine(path, writer_cache_max_bytes=350) as machine:
+        assert not machine._cache.complete
+        with pytest.raises(sqlite3.OperationalError):
+            machine.apply([data_batch(8, [put("a", b"3"), put("b", b"3"), put("c", b"3")])])
 
 
 def _broken(*_args: object) -> None:
