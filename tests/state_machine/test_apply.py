@@ -360,7 +360,7 @@ def test_a_complete_writer_cache_never_reads_heads_from_sqlite(tmp_path, monkeyp
     monkeypatch.setattr(StateMachine, "_sql_lookup", _broken)
     with StateMachine(path) as machine:
         assert machine._cache.complete
-        results = machine.apply([data_batch(4, [put("a", b"2"), put("b", b"2"), put("new", b"1")])])
+        results = list(machine.apply([data_batch(4, [put("a", b"2"), put("b", b"2"), put("new", b"1")])]))
         results += machine.apply([data_batch(7, [
             Command((Compare("c", CompareKind.VALUE, b"1"),), (Op(OpKind.PUT, "c", b"2"),))])])
         assert [(r.ops[0].created, r.ops[0].entry.create_version) for r in results] == [
@@ -516,3 +516,26 @@ def test_a_large_call_writes_the_rows_of_one_record_calls(tmp_path, record_count
     finally:
         for machine in (whole, puts_only, single):
             machine.close()
+
+
+def test_plain_put_results_read_like_a_list_of_the_results(state):
+    """A call of plain PUTs returns its results built on reading: index (also from the
+    end), slice, iterate and compare them as the list of ApplyResults they stand for."""
+    state.apply([data_batch(0, [put("gone", b"0"), delete("gone")])])
+    results = state.apply([data_batch(2, [put("a", b"1"), put("gone", b"2"), put("a", b"3")])])
+    expected = [
+        ApplyResult(2, 3, True, (OpResult(OpKind.PUT, "a", True, False,
+                                          Entry("a", b"1", "application/octet-stream", 3, 3)),), ()),
+        ApplyResult(3, 4, True, (OpResult(OpKind.PUT, "gone", True, False,
+                                          Entry("gone", b"2", "application/octet-stream", 4, 4)),), ()),
+        ApplyResult(4, 5, True, (OpResult(OpKind.PUT, "a", False, False,
+                                          Entry("a", b"3", "application/octet-stream", 5, 3)),), ()),
+    ]
+    assert type(results) is not list
+    assert len(results) == 3
+    assert list(results) == expected and results == expected and expected == results
+    assert results[-1] == expected[2] and results[1:] == expected[1:]
+    assert results != expected[:2]
+    assert {result.offset: result.version for result in results} == {2: 3, 3: 4, 4: 5}
+    with pytest.raises(TypeError):
+        hash(results)
