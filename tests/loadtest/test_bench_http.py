@@ -9,7 +9,16 @@ import time
 
 import httpx
 
-from loadtest.bench_http import ETCD, METAKV, closed_loop, fixed_rate
+from loadtest.bench_http import (
+    ETCD,
+    METAKV,
+    PHASES,
+    Store,
+    closed_loop,
+    fixed_rate,
+    interleaved_rounds,
+    median_ratios,
+)
 from loadtest.clusters import LocalCluster
 from loadtest.stores import _b64
 
@@ -61,3 +70,45 @@ def test_open_loop_sends_exactly_rate_times_duration(metakv_cluster: LocalCluste
         assert result["errors"] == 0, result["error_kinds"]
         assert result["requests"] == 40
         assert 0 < result["latency_ms_p50"] <= result["latency_ms_p99"]
+
+
+def _figures(per_s: float, p50: float, p99: float) -> dict:
+    return {"per_s": per_s, "latency_ms_p50": p50, "latency_ms_p99": p99}
+
+
+def test_interleaved_rounds_alternate_the_stores_phase_by_phase() -> None:
+    """Every phase runs against both stores back to back, the first store swapping every
+    round, and each store's figures land under the phase's name."""
+    calls: list[tuple[str, str]] = []
+    stores = {"metakv": Store(None, "m", [], METAKV), "etcd": Store(None, "e", [], ETCD)}
+
+    def run(store: Store, phase: str, _duration_s: float) -> dict:
+        calls.append((store.leader_url, phase))
+        return _figures(len(calls), 1.0, 2.0)
+
+    rounds = interleaved_rounds(stores, 2, 0.0, run)
+    assert calls[:2] == [("m", "writes_1"), ("e", "writes_1")]
+    assert calls[10:12] == [("e", "writes_1"), ("m", "writes_1")]
+    assert [phase for _url, phase in calls[0:10:2]] == list(PHASES)
+    assert len(calls) == 2 * 2 * len(PHASES)
+    assert rounds[0]["metakv"]["writes"]["64"]["per_s"] == 5
+    assert rounds[1]["etcd"]["fixed_rate_500_writes_per_s"]["per_s"] == 19
+
+
+def test_median_ratios_hold_each_round_against_the_issue_targets() -> None:
+    def store(write_64_per_s: float, p50_1: float, p99_500: float) -> dict:
+        return {"writes": {"1": _figures(100, p50_1, 10), "16": _figures(100, 5, 10), "64": _figures(write_64_per_s, 5, 10)},
+                "local_reads_64_clients": _figures(100, 1, 2),
+                "fixed_rate_500_writes_per_s": _figures(500, 3, p99_500)}
+
+    rounds = [{"metakv": store(1500, 5.0, 30), "etcd": store(3000, 2.0, 10)},   # 0.5, 2.5, 3.0
+              {"metakv": store(2000, 3.0, 20), "etcd": store(2500, 2.0, 10)},   # 0.8, 1.5, 2.0
+              {"metakv": store(1000, 4.0, 25), "etcd": store(2500, 2.0, 10)}]   # 0.4, 2.0, 2.5
+    ratios = median_ratios(rounds)
+    assert ratios["writes_64_clients_per_s"] == {
+        "median": 0.5, "rounds": [0.5, 0.8, 0.4], "target": ">= 0.5", "rounds_meeting_target": 2}
+    assert ratios["writes_1_clients_p50"]["median"] == 2.0
+    assert ratios["writes_1_clients_p50"]["rounds_meeting_target"] == 2
+    assert ratios["fixed_rate_500_p99"]["target"] == "<= 2.632"
+    assert ratios["fixed_rate_500_p99"]["rounds_meeting_target"] == 2
+    assert "target" not in ratios["local_reads_64_clients_per_s"]
