@@ -445,28 +445,18 @@ class StateMachine:
                 .where(key_heads.c.key == sa.bindparam("key"))),
             _NAMED_DIALECT,
         )
-        # Apply reads the keys it may touch: their heads (deletes too: a new change links to
-        # them) with the put's row, "key IN (...)" compiled once with a placeholder for as
-        # many "?" as a chunk needs.
+        # Heads (deletes too: a new change links to them) with the put's row. All of them
+        # fill the writer cache; apply reads the keys the cache lacks, "key IN (...)"
+        # compiled once with a placeholder for as many "?" as a chunk needs.
+        heads = (sa.select(key_heads.c.key, key_heads.c.mod_version, key_heads.c.mod_seq,
+                           history.c.op, history.c.value, history.c.content_type,
+                           history.c.create_version)
+                 .select_from(key_heads.join(history, sa.and_(
+                     history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq))))
+        self._sql_all_heads = _compile(heads, dialect)
         self._sql_lookup_keys = _compile(
-            sa.select(key_heads.c.key, key_heads.c.mod_version, key_heads.c.mod_seq,
-                      history.c.op, history.c.value, history.c.content_type,
-                      history.c.create_version)
-            .select_from(key_heads.join(history, sa.and_(
-                history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq)))
-            .where(key_heads.c.key.in_(sa.bindparam("keys", expanding=True))),
-            dialect,
-        )
+            heads.where(key_heads.c.key.in_(sa.bindparam("keys", expanding=True))), dialect)
         check(_KEYS_PLACEHOLDER in self._sql_lookup_keys, "unexpected compiled IN clause")
-        # Every head with its put's row: what fills the writer cache.
-        self._sql_all_heads = _compile(
-            sa.select(key_heads.c.key, key_heads.c.mod_version, key_heads.c.mod_seq,
-                      history.c.op, history.c.value, history.c.content_type,
-                      history.c.create_version)
-            .select_from(key_heads.join(history, sa.and_(
-                history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq))),
-            dialect,
-        )
         self._sql_lookup_by_count: dict[int, str] = {}
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
@@ -557,12 +547,8 @@ class StateMachine:
         as far as the cache's bound allows. When all fit, apply never asks SQLite for a
         head: a key the cache lacks has none (a metadata store's keys usually fit; etcd
         keeps its whole key index in memory the same way)."""
-        cursor = self._writer_cursor
-        rows = cursor.execute(self._sql_all_heads)
-        self._cache.fill(
-            (key, (value, content_type, create_version, mod_version, mod_seq)
-             if op == HISTORY_OP_PUT else (None, None, 0, mod_version, mod_seq))
-            for key, mod_version, mod_seq, op, value, content_type, create_version in rows)
+        rows = self._writer_cursor.execute(self._sql_all_heads)
+        self._cache.fill((row[0], _cached_row(*row[1:])) for row in rows)
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
         """Which batches (and from which record) to apply.
@@ -597,10 +583,8 @@ class StateMachine:
             return known  # the cache holds every head: the missing keys have none
         for start in range(0, len(missing), KEY_LOOKUP_CHUNK_KEYS):
             chunk = missing[start:start + KEY_LOOKUP_CHUNK_KEYS]
-            for key, mod_version, mod_seq, op, value, content_type, create_version in cursor.execute(
-                    self._sql_lookup(len(chunk)), chunk):
-                known[key] = ((value, content_type, create_version, mod_version, mod_seq)
-                              if op == HISTORY_OP_PUT else (None, None, 0, mod_version, mod_seq))
+            for row in cursor.execute(self._sql_lookup(len(chunk)), chunk):
+                known[row[0]] = _cached_row(*row[1:])
         return known
 
     def _insert_history(self, cursor: sqlite3.Cursor, rows: list[tuple[Any, ...]]) -> None:
@@ -906,6 +890,14 @@ class StateMachine:
 # untracks such a tuple the first time it sees it, so a cache of a hundred thousand keys
 # adds nothing to the cost of a full collection (Entry objects would stay tracked).
 CachedRow = tuple[bytes | None, str | None, int, int, int]
+
+
+def _cached_row(mod_version: int, mod_seq: int, op: int, value: bytes | None,
+                content_type: str | None, create_version: int) -> CachedRow:
+    """A head as the heads queries return it (after the key), as the cache keeps it."""
+    if op == HISTORY_OP_PUT:
+        return (value, content_type, create_version, mod_version, mod_seq)
+    return (None, None, 0, mod_version, mod_seq)
 
 
 class _WriterCache:
