@@ -303,24 +303,45 @@ try:
 
 
 def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> str | None:
+    """Wait until every node answers /healthz and one of them says it leads; return its URL.
+
+    A quorum elects a leader while a slower node may still be importing, so the leader alone
+    does not mean every URL in the banner works; the leader line waits for all of them."""
     import httpx
 
     deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
     headers = {"Authorization": f"Bearer {token}"} if token else None
+    serving: set[str] = set()
+    leader: str | None = None
+    unauthorized = False
     with httpx.Client(timeout=1.0, headers=headers) as client:
         while time.monotonic() < deadline and not stop():
             for url in urls:
+                if url not in serving:
+                    try:
+                        if client.get(f"{url}/healthz").status_code == 200:
+                            serving.add(url)
+                    except httpx.HTTPError:
+                        continue
+                if leader is not None or unauthorized:
+                    continue
                 try:
                     response = client.get(f"{url}/v1/status")
                     if response.status_code == 401:
-                        print("leader: not shown (auth is on: pass --token or set METAKV_TOKEN)",
-                              file=sys.stderr, flush=True)
-                        return None
+                        unauthorized = True
+                        continue
                     body = response.json()
                 except (httpx.HTTPError, ValueError):
                     continue
                 if body.get("role") == "leader":
-                    return str(url)
+                    leader = str(url)
+            if len(serving) == len(urls):
+                if unauthorized:
+                    print("leader: not shown (auth is on: pass --token or set METAKV_TOKEN)",
+                          file=sys.stderr, flush=True)
+                    return None
+                if leader is not None:
+                    return leader
             time.sleep(0.2)
     return None
 

@@ -230,3 +230,61 @@ def test_cluster_up_with_a_bad_auth_file_exits_2_before_starting_nodes(tmp_path:
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "--auth-file" in lines[0] and "TOML" in lines[0], result.stderr
     assert not (tmp_path / "data").exists()
+
+
+class _FakeNode:
+    """A loopback HTTP server answering /healthz and /v1/status like a node in ``role``."""
+
+    def __init__(self, port: int, role: str) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.healthz_hits = 0
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path == "/healthz":
+                    fake.healthz_hits += 1
+                body = json.dumps({"role": role, "ok": True}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_cluster_up_prints_the_leader_only_once_every_node_serves_http() -> None:
+    """A quorum can elect a leader while the third node is still starting: the leader line
+    (after which the user curls every URL of the banner) waits for that node too."""
+    from app.cli import _wait_for_leader
+
+    leader_port, late_port = free_ports(2)
+    leader = _FakeNode(leader_port, "leader")
+    late: list[_FakeNode] = []
+    started = time.monotonic()
+    try:
+        def stop() -> bool:
+            if not late and time.monotonic() - started > 1.0:
+                late.append(_FakeNode(late_port, "follower"))
+            return False
+
+        found = _wait_for_leader([f"http://127.0.0.1:{leader_port}", f"http://127.0.0.1:{late_port}"], stop)
+        assert found == f"http://127.0.0.1:{leader_port}"
+        assert late and late[0].healthz_hits >= 1, "the leader line came before the late node served"
+    finally:
+        leader.close()
+        for node in late:
+            node.close()
