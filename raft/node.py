@@ -159,8 +159,13 @@ class RaftNode:
         self._read_token = 0
         self._last_fetched_ms = now_ms  # last successful Fetch answer (start time before any)
         self.high_watermark = log.start_offset()
-        self.dirty_offset = 0
-        self.tombstone_horizon = 0
+        # Both live in memory and only rise. Every cleaning of this log used a dirty offset and
+        # horizon at or above the end it cleaned to (the horizon never trails the dirty
+        # offset), so after a restart the cleaned end is a safe lower bound for both: a
+        # restarted leader that has not heard every voter yet still sends a fetcher from
+        # below its cleaned prefix a snapshot (it used to start from 0 and serve it records).
+        self.dirty_offset = log.cleaned_end()
+        self.tombstone_horizon = log.cleaned_end()
         # True once a leader's dirty offset was learned in this run (a Fetch answer), or
         # while leading: before that this replica cannot know whether its state is real.
         self.dirty_offset_known = False

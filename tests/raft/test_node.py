@@ -306,6 +306,36 @@ def test_rebootstrap_rule_spares_fetchers_inside_the_tombstone_retention(retenti
             assert fetch_offset == 11 or answer.records[0].next_offset > fetch_offset
 
 
+def test_a_restarted_leader_still_sends_stale_fetchers_a_snapshot_before_hearing_every_voter() -> None:
+    """The tombstone horizon lives in memory, so a restarted voter starts without it. Its log
+    still holds the prefix it cleaned, tombstones dropped below (at most) its cleaned end;
+    elected with one voter still down, it must not serve that prefix to a fetcher from
+    below it as if nothing was dropped (the fetcher would keep the deleted keys forever)."""
+    node, log = _leader_of_three()
+    node.propose(2_020, [b"r%d" % index for index in range(10)])
+    log.flush()
+    node.on_flushed(2_021)
+    for voter in (2, 3):
+        node.handle(2_022, Envelope(voter, 1, FetchRequest(1, voter, 11, 1, 1, 0, "")))
+    log.replace_prefix(log.batches(), 11)
+    restarted_log = log.reopen()
+    restarted = _node(frozenset({1, 2, 3}), log=restarted_log, persisted=QuorumStateRecord(1, 1, 1))
+    now = 10_000
+    while restarted.role != Role.PROSPECTIVE:
+        now = max(now, restarted.next_deadline_ms())
+        restarted.tick(now)
+    restarted.handle(now + 1, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 1, -1, True, True)))
+    restarted.handle(now + 2, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 2, -1, True, False)))
+    assert restarted.role == Role.LEADER  # voter 3 is down: never heard from in this epoch
+    restarted.take_ready()
+    for fetch_offset in (1, 10):
+        restarted.handle(now + 3, Envelope(9, 1, FetchRequest(2, 9, fetch_offset, 1, 1, 0, "")))
+        answer = restarted.take_ready().messages[-1].message
+        assert isinstance(answer, FetchResponse)
+        assert answer.error == ErrorCode.SNAPSHOT_NOT_FOUND and not answer.records, (fetch_offset, answer)
+    assert restarted.snapshot_wanted_offset == 11
+
+
 def test_high_watermark_waits_for_an_entry_of_the_leaders_own_epoch() -> None:
     """Raft's figure-8 rule: a majority holding only older-epoch entries commits nothing."""
     log = MemoryLog()
