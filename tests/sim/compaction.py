@@ -274,6 +274,18 @@ class CompactionSim:
         else:
             cluster.at(down_ms, lambda: cluster.crash(observer))
             cluster.at(up_ms, lambda: cluster.restart(observer))
+        if rng.random() < 0.5:
+            # The whole quorum restarts while the observer is away, one voter staying down
+            # past the observer's return: the new leader has not heard every voter of its
+            # epoch when the observer fetches from far below its cleaned end.
+            cold_ms = rng.randrange(down_ms, up_ms - 400)
+            voters = sorted(cluster.voter_ids)
+            rng.shuffle(voters)
+            for voter in voters:
+                cluster.at(cold_ms, lambda v=voter: cluster.crash(v))
+            for voter in voters[:-1]:
+                cluster.at(cold_ms + rng.randrange(100, 300), lambda v=voter: cluster.restart(v))
+            cluster.at(up_ms + rng.randrange(500, 1500), lambda v=voters[-1]: cluster.restart(v))
         for _ in range(2):  # voters crash and come back too
             victim = rng.choice(sorted(cluster.voter_ids))
             at_ms = rng.randrange(300, RUN_MS - 600)
