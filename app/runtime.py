@@ -616,6 +616,9 @@ class NodeRuntime:
         log = self.log
         return (self._started and not self._closing and not self._installing_snapshot
                 and node.dirty_offset_known and log.end_offset() >= node.dirty_offset
+                # the core resets the log to a downloaded snapshot one loop turn before this
+                # runtime loads it: until then the state is older than the log's start
+                and self._applied_version >= log.start_offset()
                 # states applied from inside a copied cleaned prefix are not real versions
                 and self._applied_version >= min(node.dirty_offset, log.cleaned_end()))
 
