@@ -655,7 +655,20 @@ class RaftNode:
             and now_ms - state.fetched_ms < self.config.fetch_timeout_ms
         )
         granted = request.epoch > self.epoch and not recent_leader and self._log_ok(request)
+        if (granted and isinstance(state, ProspectiveState) and not state.rejected and src > self._id
+                and request.epoch == state.epoch + 1 and self._log_equal(request)):
+            # Two voters running the same pre-vote round with equal logs (their leader died
+            # while both fetches were parked, so their fetch timeouts expired together):
+            # granting each other, both would become candidates and split the vote, and the
+            # next try waits a whole candidate timeout. Only the lower id is granted; it wins
+            # the round with this node's grant and then its vote. A round that already met a
+            # rejection grants as usual, so a node that cannot win never blocks the other.
+            granted = False
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, True))
+
+    def _log_equal(self, request: VoteRequest) -> bool:
+        log = self._log
+        return (request.last_offset_epoch, request.last_offset) == (log.last_epoch(), log.end_offset())
 
     def _log_ok(self, request: VoteRequest) -> bool:
         log = self._log

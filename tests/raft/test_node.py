@@ -354,3 +354,53 @@ def test_high_watermark_waits_for_an_entry_of_the_leaders_own_epoch() -> None:
     assert node.high_watermark == 0  # ... but nothing of epoch 3 is on a majority yet
     node.handle(5_004, Envelope(2, 1, FetchRequest(3, 2, 5, 3, 0, 0, "")))
     assert node.high_watermark == 5
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_followers_timing_out_together_elect_one_leader_without_a_split_vote(seed: int) -> None:
+    """An idle leader answers both parked fetches at the same moment, so when it dies both
+    followers' fetch timeouts expire together and both run a pre-vote at once. Each grants
+    the other's pre-vote unless they break the tie; with the tie broken one of them becomes
+    candidate, the other votes for it, and the first election after the crash wins (a split
+    vote cost a whole candidate election timeout, ~1.5 s with default timeouts)."""
+    from tests.sim.cluster import NetworkFaults
+    cluster = Cluster(seed=seed, voters=3, faults=NetworkFaults(delay_min_ms=1, delay_max_ms=1,
+                                                                 flush_min_ms=1, flush_max_ms=1))
+    old_leader = elected(cluster)
+    old_epoch = cluster.nodes[old_leader].core.epoch  # type: ignore[union-attr]
+    cluster.run_for(1_000)  # idle: fetches parked and answered together
+    crashed_ms = cluster.now_ms
+    cluster.crash(old_leader)
+    assert cluster.run_until(lambda: cluster.leader() is not None, 5_000)
+    new_leader = cluster.leader()
+    assert new_leader is not None and new_leader.core is not None
+    assert new_leader.core.epoch == old_epoch + 1  # one election: nobody split the vote
+    # fetch timeout 200 ms (+ at most one park of 50 ms before it), then a few message hops
+    assert cluster.now_ms - crashed_ms <= 200 + 50 + 30
+
+
+def _prospective(node_id: int) -> RaftNode:
+    """A voter of {1, 2, 3} in epoch 1 with an empty log, just started its pre-vote round."""
+    node = _node(frozenset({1, 2, 3}), node_id=node_id, persisted=QuorumStateRecord(1, -1, -1))
+    node.tick(node.next_deadline_ms())
+    assert node.role == Role.PROSPECTIVE
+    node.take_ready()
+    return node
+
+
+def _pre_vote_answer(node: RaftNode, src: int, last_offset: int = 0) -> bool:
+    node.handle(node.next_deadline_ms() - 1, Envelope(src, node.node_id, VoteRequest(2, src, 0, last_offset, True)))
+    [envelope] = node.take_ready().messages
+    return envelope.message.vote_granted  # type: ignore[union-attr]
+
+
+def test_prospectives_with_equal_logs_grant_only_the_lower_id() -> None:
+    assert not _pre_vote_answer(_prospective(2), src=3)  # equal log, higher id
+    assert _pre_vote_answer(_prospective(2), src=1)  # equal log, lower id
+    assert _pre_vote_answer(_prospective(2), src=3, last_offset=1)  # a longer log wins as always
+    # A round that met a rejection grants as usual: this node cannot block the other.
+    node = _prospective(2)
+    node.handle(node.next_deadline_ms() - 2, Envelope(1, 2, VoteResponse(ErrorCode.NONE, 1, -1, False, True)))
+    node.take_ready()
+    assert node.role == Role.PROSPECTIVE
+    assert _pre_vote_answer(node, src=3)
