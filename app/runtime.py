@@ -609,18 +609,10 @@ class NodeRuntime:
         return self._applied_version
 
     def is_ready(self) -> bool:
-        """DESIGN sec. 3 consistency rule: the state is a real version only once the log end
-        reached the last dirty offset learned from a leader in this run (before hearing from
-        one, this replica cannot know, e.g. after being down while tombstones were dropped)."""
-        node = self.node
-        log = self.log
+        """DESIGN sec. 3 consistency rule (``RaftNode.is_real_state``), and not while this
+        runtime starts, stops or loads a snapshot."""
         return (self._started and not self._closing and not self._installing_snapshot
-                and node.dirty_offset_known and log.end_offset() >= node.dirty_offset
-                # the core resets the log to a downloaded snapshot one loop turn before this
-                # runtime loads it: until then the state is older than the log's start
-                and self._applied_version >= log.start_offset()
-                # states applied from inside a copied cleaned prefix are not real versions
-                and self._applied_version >= min(node.dirty_offset, log.cleaned_end()))
+                and self.node.is_real_state(self._applied_version))
 
     def status(self) -> dict[str, Any]:
         node = self.node
