@@ -667,7 +667,8 @@ class RaftNode:
             and now_ms - state.fetched_ms < self.config.fetch_timeout_ms
         )
         granted = request.epoch > self.epoch and not recent_leader and self._log_ok(request)
-        if (granted and isinstance(state, ProspectiveState) and not state.rejected and src > self._id
+        if (granted and isinstance(state, ProspectiveState) and state.leader_id != NO_LEADER
+                and not state.rejected and src > self._id
                 and request.epoch == state.epoch + 1 and self._log_equal(request)):
             # Two voters running the same pre-vote round with equal logs (their leader died
             # while both fetches were parked, so their fetch timeouts expired together):
@@ -675,6 +676,10 @@ class RaftNode:
             # next try waits a whole candidate timeout. Only the lower id is granted; it wins
             # the round with this node's grant and then its vote. A round that already met a
             # rejection grants as usual, so a node that cannot win never blocks the other.
+            # Only the first round after losing a leader does this: a lower id that hears
+            # nobody else (no grant, no rejection: a cut link) would otherwise refuse the
+            # higher id in every round and no leader would ever be elected; its later rounds
+            # (no leader known) grant as usual.
             granted = False
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, True))
 

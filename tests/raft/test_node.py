@@ -379,11 +379,26 @@ def test_followers_timing_out_together_elect_one_leader_without_a_split_vote(see
     assert cluster.now_ms - crashed_ms <= 200 + 50 + 30
 
 
-def _prospective(node_id: int) -> RaftNode:
-    """A voter of {1, 2, 3} in epoch 1 with an empty log, just started its pre-vote round."""
-    node = _node(frozenset({1, 2, 3}), node_id=node_id, persisted=QuorumStateRecord(1, -1, -1))
-    node.tick(node.next_deadline_ms())
-    assert node.role == Role.PROSPECTIVE
+def test_a_lower_id_cut_off_from_the_rest_does_not_block_the_election() -> None:
+    """Five voters, 4 and 5 down, the link between 1 and 3 cut: only 2 reaches a majority
+    (1, 2, 3). Node 1 hears only 2 (a grant, never a rejection); had it refused 2's equal-log
+    pre-vote in every round, nobody would ever be elected (a review found exactly that)."""
+    for seed in range(3):
+        cluster = Cluster(seed=seed, voters=5)
+        cluster.crash(4)
+        cluster.crash(5)
+        cluster.partition({1}, {3})
+        assert cluster.run_until(lambda: cluster.leader() is not None, 30_000), f"seed {seed}: no leader"
+        assert cluster.leader().node_id == 2  # type: ignore[union-attr]
+
+
+def _prospective(node_id: int, leader_id: int = 1) -> RaftNode:
+    """A voter of {1, 2, 3} in epoch 1 with an empty log that just started its pre-vote
+    round: after its fetch timeout on ``leader_id``, or (-1) with no leader known."""
+    node = _node(frozenset({1, 2, 3}), node_id=node_id, persisted=QuorumStateRecord(1, -1, leader_id))
+    while node.role != Role.PROSPECTIVE:
+        node.tick(node.next_deadline_ms())
+    assert node.leader_id in (leader_id, -1)
     node.take_ready()
     return node
 
@@ -396,6 +411,9 @@ def _pre_vote_answer(node: RaftNode, src: int, last_offset: int = 0) -> bool:
 
 def test_prospectives_with_equal_logs_grant_only_the_lower_id() -> None:
     assert not _pre_vote_answer(_prospective(2), src=3)  # equal log, higher id
+    # Only in the first round after losing a leader: with no leader known (a fresh cluster,
+    # or a later round) the higher id is granted as usual.
+    assert _pre_vote_answer(_prospective(2, leader_id=-1), src=3)
     assert _pre_vote_answer(_prospective(2), src=1)  # equal log, lower id
     assert _pre_vote_answer(_prospective(2), src=3, last_offset=1)  # a longer log wins as always
     # A round that met a rejection grants as usual: this node cannot block the other.
