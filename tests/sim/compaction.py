@@ -140,6 +140,9 @@ class CompactionSim:
                     command = str(exc)
                 evaluate_commands([(offset, command)], model.state)
             model.applied = max(model.applied, min(high_watermark, batch.next_offset))
+            # The runtime applies in bounded steps (and serves reads between them): every
+            # state this replica passes through must be real whenever the gate says so.
+            self._check_exposed(node, model)
 
     def _snapshot(self, node: SimNode) -> None:
         model = self._model(node)

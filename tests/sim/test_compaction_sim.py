@@ -9,7 +9,10 @@ import pytest
 from tests.sim.cluster import InvariantViolation
 from tests.sim.compaction import run_compaction_seed
 
-SEEDS = range(6)
+# 2003 and 2027: an observer copying a cleaned prefix took the states inside it, past the
+# last offset gap, for real versions (caught once the simulator checked every applied batch;
+# fixed in raft/node.py _follower_append).
+SEEDS = [*range(6), 2003, 2027]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
