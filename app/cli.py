@@ -268,7 +268,11 @@ def cluster_up(args: argparse.Namespace) -> int:
             # them in order with SIGTERM so each shuts down gracefully exactly once.
             children.append((node_id, url, subprocess.Popen(command, start_new_session=True)))
         _print_banner(children, voters, auth=bool(args.auth_file))
-        leader = _wait_for_leader([url for _, url, _ in children], lambda: stop_requested, args.token)
+        # A node that exits while starting (a taken port, a bad data dir) ends the wait at
+        # once; the loop below reports it and stops the rest.
+        leader = _wait_for_leader([url for _, url, _ in children],
+                                  lambda: stop_requested or any(p.poll() is not None for _, _, p in children),
+                                  args.token)
         if leader:
             print(f"leader: {leader}   (Ctrl-C stops the cluster)", flush=True)
         while not stop_requested:
