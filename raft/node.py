@@ -1113,7 +1113,6 @@ class RaftNode:
         log = self._log
         # Offsets may jump only inside the leader's cleaned prefix, which lies below the
         # dirty offset it announced (every replica cleans to at most that offset).
-        gap_end = 0
         end = log.end_offset()
         # Continuing a copy: the last answer's batches below the dirty offset were counted
         # as cleaned prefix already (or this log is empty, about to copy from 0).
@@ -1121,19 +1120,15 @@ class RaftNode:
         for batch in response.records:
             if batch.next_offset > response.dirty_offset:
                 break
-            if batch.base_offset > end:
-                gap_end = batch.next_offset
+            copying = copying or batch.base_offset > end  # an offset gap: a cleaned prefix
             end = max(end, batch.next_offset)
-        if gap_end or copying:
-            # A cleaned prefix lacks superseded records also where no offset is missing: a
-            # key's old value is gone at a gap and its new one may lie many contiguous
-            # batches later. Everything copied below the dirty offset after a gap counts
-            # as cleaned prefix, so no state inside it is taken for a real version
-            # (is_real_state); found by the compaction simulator checking every applied
-            # batch.
-            gap_end = end
-        if gap_end > log.cleaned_end():
-            log.allow_gaps_below(gap_end)
+        # A cleaned prefix lacks superseded records also where no offset is missing: a key's
+        # old value is gone at a gap and its new one may lie many contiguous batches later.
+        # So everything copied below the dirty offset counts as cleaned prefix, not just up
+        # to the last gap, and no state inside it is taken for a real version
+        # (is_real_state); found by the compaction simulator checking every applied batch.
+        if copying and end > log.cleaned_end():
+            log.allow_gaps_below(end)
         for batch in response.records:
             end = log.end_offset()
             if batch.next_offset <= end:
