@@ -58,7 +58,12 @@ from storage.commands import Command, encode_command
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import LogChangedError, SegmentLog
 from storage.snapshot_store import SnapshotStore
-from storage.state_machine import StateMachine, VersionCompactedError, VersionNotAppliedError
+from storage.state_machine import (
+    StateDatabaseError,
+    StateMachine,
+    VersionCompactedError,
+    VersionNotAppliedError,
+)
 
 logger = logging.getLogger("metakv.runtime")
 
@@ -180,7 +185,11 @@ class NodeRuntime:
         persisted = self.quorum_state_file.read()
         self.snapshots = SnapshotStore(self.snapshots_dir)
         self.state = StateMachine(str(self.data_dir / "state.db"))
-        self._recover_state()
+        try:
+            self._recover_state()
+        except BaseException:
+            self._close_storage()
+            raise
         cfg = self.config
         self.node = RaftNode(
             RaftConfig(
@@ -232,6 +241,23 @@ class NodeRuntime:
                     f"and no snapshot reaches it")
             self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
             self._applied_version = self.state.applied_version
+        cleaned = self.log.cleaner_end()
+        if self._applied_version < cleaned:
+            # The state is older than what this replica's cleaner compacted (state.db lost,
+            # or restored from a copy): replaying from the middle of that prefix would miss
+            # the deletes whose tombstones it dropped (docs/compaction.md rule 9). A log from
+            # offset 0 rebuilds the whole state; one that starts at a snapshot cannot. (A
+            # copy of the leader's cleaned prefix replays from anywhere: the leader kept
+            # every tombstone at and above the offset the copy started from.)
+            if start > 0:
+                raise StateDatabaseError(
+                    f"{self.state.db_path}: state at version {self._applied_version} is behind the log's "
+                    f"cleaned prefix [{start}, {cleaned}), which cannot rebuild it; restore state.db, or "
+                    f"remove this node's data directory so it fetches a snapshot from the leader")
+            logger.warning("node %d: state at version %d is behind the log's cleaned prefix [0, %d): "
+                           "rebuilding it from offset 0", self.node_id, self._applied_version, cleaned)
+            self.state.clear()
+            self._applied_version = 0
 
     async def begin_shutdown(self) -> None:
         """First half of a graceful stop, while HTTP still serves: refuse new writes and, on a
@@ -812,6 +838,9 @@ class NodeRuntime:
         log = self.log
         start = log.start_offset()
         cleaned_before = max(start, log.cleaned_end())
+        # Never past what SQLite holds durably: a power loss may take back its unsynced
+        # versions, and startup could not replay them from a cleaned prefix (rule 9).
+        dirty = min(dirty, self.state.sync())
         report: dict[str, Any] = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
                                   "cleaned_end": log.cleaned_end(), "log_start_offset": start}
         if dirty <= cleaned_before:

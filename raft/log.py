@@ -84,6 +84,7 @@ class MemoryLog:
         self._flushed_offset = 0
         self._snapshot_id: SnapshotId | None = None
         self._cleaned_end = 0  # offsets below may jump (compacted prefix)
+        self._cleaner_end = 0  # ... compacted by this log's own replace_prefix
         # Durable copy of what was flushed, kept separately so a crash after a
         # truncation followed by appends cannot resurrect or invent records.
         self._durable_batches: list[Batch] = []
@@ -163,9 +164,14 @@ class MemoryLog:
         self._durable_batches = []
         self._start_offset = snapshot_id.end_offset
         self._flushed_offset = snapshot_id.end_offset
+        self._cleaner_end = min(self._cleaner_end, snapshot_id.end_offset)
 
     def cleaned_end(self) -> int:
         return self._cleaned_end
+
+    def cleaner_end(self) -> int:
+        """SegmentLog.cleaner_end's twin: the end of what replace_prefix compacted."""
+        return self._cleaner_end
 
     def allow_gaps_below(self, offset: int) -> None:
         self._cleaned_end = max(self._cleaned_end, offset)
@@ -187,6 +193,7 @@ class MemoryLog:
         self._batches = list(batches) + [b for b in self._batches if b.base_offset >= clean_end]
         self._durable_batches = list(batches) + [b for b in self._durable_batches if b.base_offset >= clean_end]
         self._cleaned_end = max(self._cleaned_end, clean_end)
+        self._cleaner_end = max(self._cleaner_end, clean_end)
 
     def record_snapshot(self, snapshot_id: SnapshotId) -> None:
         """Remember a snapshot taken locally (SegmentLog.record_snapshot's twin), so the
@@ -225,6 +232,7 @@ class MemoryLog:
         log._start_offset = self._start_offset
         log._snapshot_id = self._snapshot_id
         log._cleaned_end = self._cleaned_end
+        log._cleaner_end = self._cleaner_end
         log._batches = list(self._durable_batches)
         log._durable_batches = list(self._durable_batches)
         log._flushed_offset = log.end_offset()

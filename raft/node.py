@@ -986,6 +986,9 @@ class RaftNode:
             self.high_watermark = candidate
             self._leader_wake_parked(now_ms, state)
             self._leader_complete_reads(state)
+            # Also here, not only when answering a fetch: a single voter (no fetchers) must
+            # still learn how far its own log may be cleaned.
+            self._leader_update_compaction_offsets(state)
 
     def _leader_update_compaction_offsets(self, state: LeaderState) -> None:
         """Dirty offset: min(HW, every voter's offset); tombstone horizon: min of voters'."""

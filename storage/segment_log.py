@@ -366,11 +366,14 @@ def decode_epoch_checkpoint(data: bytes) -> list[tuple[int, int]]:
 @dataclass(frozen=True, slots=True)
 class LogStartCheckpoint:
     """What cannot be derived from the segments: where the log starts, the newest snapshot,
-    and how far the prefix was compacted (offsets may jump below ``cleaned_end``)."""
+    how far the prefix was compacted (offsets may jump below ``cleaned_end``), and how far
+    this replica's own cleaner compacted it (``cleaner_end``; a copy of the leader's cleaned
+    prefix raises only ``cleaned_end``)."""
 
     start_offset: int
     snapshot_id: SnapshotId | None
     cleaned_end: int = 0
+    cleaner_end: int = 0
 
 
 def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
@@ -385,8 +388,10 @@ def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
         start_offset = value["start_offset"]
         snapshot = value["snapshot"]
         cleaned_end = value.get("cleaned_end", 0)
+        cleaner_end = value.get("cleaner_end", cleaned_end)  # older files: the cautious reading
         check(type(start_offset) is int and start_offset >= 0, "start_offset")
         check(type(cleaned_end) is int and cleaned_end >= 0, "cleaned_end")
+        check(type(cleaner_end) is int and 0 <= cleaner_end <= cleaned_end, "cleaner_end")
         snapshot_id = None
         if snapshot is not None:
             snapshot_id = SnapshotId(snapshot["end_offset"], snapshot["epoch"])
@@ -396,14 +401,14 @@ def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
     except Exception as exc:
         raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the "
                               "log start offset and snapshot id and cannot be rebuilt", None) from exc
-    return LogStartCheckpoint(start_offset, snapshot_id, cleaned_end)
+    return LogStartCheckpoint(start_offset, snapshot_id, cleaned_end, cleaner_end)
 
 
 def write_log_start_checkpoint(log_dir: Path, checkpoint: LogStartCheckpoint) -> None:
     snapshot_id = checkpoint.snapshot_id
     snapshot = None if snapshot_id is None else {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}
     data = json.dumps({"start_offset": checkpoint.start_offset, "snapshot": snapshot,
-                       "cleaned_end": checkpoint.cleaned_end}).encode()
+                       "cleaned_end": checkpoint.cleaned_end, "cleaner_end": checkpoint.cleaner_end}).encode()
     write_file_atomically(log_dir / LOG_START_CHECKPOINT_NAME, data)
 
 
@@ -488,6 +493,7 @@ class SegmentLog:
         self._start_offset = 0
         self._snapshot_id: SnapshotId | None = None
         self._cleaned_end = 0  # offsets below this were compacted by replace_prefix: gaps allowed
+        self._cleaner_end = 0  # ... by this replica's own replace_prefix (not copied)
         self._flushed_offset = 0
         self._truncation_generation = 0
         self._directory_dirty = False
@@ -626,7 +632,9 @@ class SegmentLog:
                 self._delete_segments(above)  # newest first: a crash leaves no gap
                 if above:
                     fsync_directory(self._log_dir)
-                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, snapshot_id, self._cleaned_end))
+                cleaner_end = min(self._cleaner_end, new_start)
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
+                    new_start, snapshot_id, self._cleaned_end, cleaner_end))
                 self._delete_segments([s for s in self._segments if s.base_offset < new_start])
                 self._segments, self._segment_bases = [], []
                 self._create_segment(new_start)
@@ -639,10 +647,19 @@ class SegmentLog:
             self._start_offset = new_start
             self._snapshot_id = snapshot_id
             self._flushed_offset = new_start
+            self._cleaner_end = cleaner_end
 
     def cleaned_end(self) -> int:
         with self._lock:
             return self._cleaned_end
+
+    def cleaner_end(self) -> int:
+        """Offsets below this were compacted by this replica's own cleaner (replace_prefix).
+        A state older than it cannot be replayed through the log (docs/compaction.md rule
+        9); one older than a copied cleaned prefix can (the leader kept every tombstone at
+        and above the offset the copy started from)."""
+        with self._lock:
+            return self._cleaner_end
 
     def allow_gaps_below(self, offset: int) -> None:
         """Durably raise cleaned_end to ``offset`` before appending batches copied from the
@@ -653,7 +670,7 @@ class SegmentLog:
                 return
             try:
                 write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
-                    self._start_offset, self._snapshot_id, offset))
+                    self._start_offset, self._snapshot_id, offset, self._cleaner_end))
             except OSError as exc:
                 raise self._fail(exc) from exc
             self._cleaned_end = offset
@@ -669,7 +686,8 @@ class SegmentLog:
             if self._snapshot_id is not None and snapshot_id.end_offset <= self._snapshot_id.end_offset:
                 return
             try:
-                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(self._start_offset, snapshot_id, self._cleaned_end))
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(self._start_offset, snapshot_id, self._cleaned_end,
+                                                                              self._cleaner_end))
             except OSError as exc:
                 raise self._fail(exc) from exc
             self._snapshot_id = snapshot_id
@@ -690,7 +708,8 @@ class SegmentLog:
                 return self._start_offset
             new_start = self._segments[len(doomed)].base_offset
             try:
-                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, self._snapshot_id, self._cleaned_end))
+                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, self._snapshot_id, self._cleaned_end,
+                                                                              self._cleaner_end))
                 self._delete_segments(doomed)
                 self._segments = self._segments[len(doomed):]
                 self._segment_bases = self._segment_bases[len(doomed):]
@@ -1094,8 +1113,9 @@ class SegmentLog:
         new_bases = [segment.base_offset for segment in pending]
         old_bases = self._segment_bases[: slot + 1]
         self._cleaned_end = max(self._cleaned_end, clean_end)
+        self._cleaner_end = max(self._cleaner_end, clean_end)
         write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
-            self._start_offset, self._snapshot_id, self._cleaned_end))
+            self._start_offset, self._snapshot_id, self._cleaned_end, self._cleaner_end))
         self._failpoints.hit("segment.before_swap_marker")
         write_file_atomically(self._log_dir / SWAP_MARKER_NAME,
                               json.dumps({"old": old_bases, "new": new_bases}).encode())
@@ -1209,6 +1229,7 @@ class SegmentLog:
         if checkpoint is not None:
             self._start_offset, self._snapshot_id = checkpoint.start_offset, checkpoint.snapshot_id
             self._cleaned_end = checkpoint.cleaned_end
+            self._cleaner_end = checkpoint.cleaner_end
             below = [base for base in bases if base < self._start_offset]
             for base in below:  # a delete_before or reset_to_snapshot interrupted by a crash
                 logger.info("deleting segment %s below the log start offset %d", base, self._start_offset)

@@ -479,6 +479,47 @@ class StateMachine:
     def oldest_version(self) -> int:
         return self._oldest_version
 
+    # ---- durability ----------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Make every applied version durable; return the newest version that now is.
+
+        SQLite runs with ``synchronous=NORMAL``: a commit reaches the WAL file without an
+        fsync, so a power loss may take back the newest versions. That is harmless while the
+        log holds every record above them (startup re-applies), but not once the log's prefix
+        was cleaned: a replay from the middle of a cleaned prefix misses the deletes whose
+        tombstones the cleaner dropped. So the runtime cleans only below the version this
+        returns (docs/compaction.md rule 9). An fsync of the WAL file makes every commit
+        written to it before the call durable; what a checkpoint already copied into the main
+        file was synced there by the checkpoint (synced again here, with the directory, for
+        a WAL file that was just created)."""
+        if self._closed:
+            raise RuntimeError("state machine is closed")
+        version = self._applied_version  # assigned only after its COMMIT returned
+        for path in (self.db_path + "-wal", self.db_path, os.path.dirname(self.db_path)):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return version
+
+    def clear(self) -> None:
+        """Drop every row and go back to version 0: the runtime rebuilds the state from a
+        log that starts at offset 0 when this state fell behind the log's cleaned prefix."""
+        with self._write_lock:
+            if self._closed:
+                raise RuntimeError("state machine is closed")
+            self._cache.clear()
+            with self._write_transaction() as connection:
+                connection.execute(history.delete())
+                connection.execute(key_heads.delete())
+                connection.execute(meta.update().values(applied_version=0, applied_epoch=0, oldest_version=0))
+            self._applied_version = self._applied_epoch = self._oldest_version = 0
+
     # ---- apply ---------------------------------------------------------------------
 
     def apply(self, batches: Sequence[Batch]) -> Sequence[ApplyResult]:

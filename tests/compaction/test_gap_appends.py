@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raft.log import MemoryLog
-from raft.types import Batch, ProtocolInvariantError
+from raft.types import Batch, ProtocolInvariantError, SnapshotId
 from storage.segment_log import SegmentLog
 
 
@@ -30,6 +30,7 @@ def test_segment_log_gap_appends_survive_reopen(tmp_path: Path) -> None:
     log.close()
     reopened = SegmentLog(tmp_path / "log")
     assert reopened.cleaned_end() == 10 and reopened.end_offset() == 11
+    assert reopened.cleaner_end() == 0  # a copy: this replica's own cleaner compacted nothing
     assert [b.base_offset for b in reopened.read(0, 1 << 20)] == [3, 7, 10]
     assert reopened.end_offset_for_epoch(1) == (1, 7)  # epoch 1 ends where epoch 2 starts
     reopened.close()
@@ -43,3 +44,23 @@ def test_memory_log_gap_appends_and_epoch_ends() -> None:
     assert log.end_offset() == 10
     assert log.end_offset_for_epoch(1) == (1, 7)
     assert log.reopen().cleaned_end() == 10
+    assert log.reopen().cleaner_end() == 0
+
+
+def test_segment_log_remembers_what_its_own_cleaner_compacted(tmp_path: Path) -> None:
+    """cleaner_end (docs/compaction.md rule 9): raised by replace_prefix, not by a copy of
+    the leader's cleaned prefix, kept across a reopen, lowered by a reset to a snapshot."""
+    log = SegmentLog(tmp_path / "log")
+    for base in range(6):
+        log.append(_batch(base, 1))
+    log.flush()
+    log.replace_prefix([_batch(1, 1), _batch(3, 1)], 4)
+    log.allow_gaps_below(5)
+    assert (log.cleaned_end(), log.cleaner_end()) == (5, 4)
+    log.close()
+    reopened = SegmentLog(tmp_path / "log")
+    assert (reopened.cleaned_end(), reopened.cleaner_end()) == (5, 4)
+    reopened.reset_to_snapshot(SnapshotId(2, 1))
+    assert reopened.cleaner_end() == 2
+    reopened.close()
+    assert SegmentLog(tmp_path / "log").cleaner_end() == 2

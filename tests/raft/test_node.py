@@ -278,6 +278,19 @@ def test_leader_computes_dirty_offset_and_tombstone_horizon() -> None:
     assert answers and answers[-1].dirty_offset == 1 and answers[-1].tombstone_horizon == 1
 
 
+def test_a_single_voter_learns_its_dirty_offset_without_any_fetcher() -> None:
+    """The dirty offset used to move only when the leader answered a fetch, so a one-node
+    cluster (nobody fetches) never cleaned its log."""
+    cluster = Cluster(seed=5, voters=1)
+    leader_id = elected(cluster)
+    proposal = cluster.propose((b"a", b"b", b"c"))
+    assert proposal is not None
+    core = cluster.nodes[leader_id].core
+    assert core is not None
+    assert cluster.run_until(lambda: core.high_watermark > proposal.last_offset, 2_000)
+    assert core.dirty_offset == core.tombstone_horizon == core.high_watermark == proposal.last_offset + 1
+
+
 @pytest.mark.parametrize("retention", [0, 4])
 def test_rebootstrap_rule_spares_fetchers_inside_the_tombstone_retention(retention: int) -> None:
     """DESIGN sec. 3 with tombstone_retention_records: the cleaners drop tombstones only below
@@ -388,7 +401,7 @@ def test_a_lower_id_cut_off_from_the_rest_does_not_block_the_election() -> None:
         cluster.crash(4)
         cluster.crash(5)
         cluster.partition({1}, {3})
-        assert cluster.run_until(lambda: cluster.leader() is not None, 30_000), f"seed {seed}: no leader"
+        assert cluster.run_until(lambda c=cluster: c.leader() is not None, 30_000), f"seed {seed}: no leader"
         assert cluster.leader().node_id == 2  # type: ignore[union-attr]
 
 

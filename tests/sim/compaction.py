@@ -12,6 +12,12 @@ Invariants, on top of tests/sim/cluster.py's (checked after every event):
   record up to that version produces, so no two replicas expose different states at one
   version, and a key deleted at a committed version never reappears later.
 
+The state machine's durability is modelled as the runtime has it (SQLite with relaxed sync):
+a crash keeps the state as of its last sync (taken before every cleaning, which cleans only
+below it, and at random applied batches), or, in a quarter of restarts, loses it entirely
+where the runtime could rebuild it (a log from offset 0, or one not cleaned past its start);
+a restart then reloads a snapshot if the log starts above the state, as the runtime does.
+
 Run: ``python -m tests.sim.compaction --seeds N [--seed S]``.
 """
 
@@ -63,6 +69,7 @@ class _Model:
     applied: int = 0
     state: State = field(default_factory=lambda: dict.fromkeys(KEYS))
     exposed: int = -1  # the last version checked as real
+    durable: tuple[int, State] | None = None  # (version, state) as of the last sync
 
 
 @dataclass
@@ -76,6 +83,7 @@ class CompactionSim:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed ^ 0x5EED)
+        self.disk_rng = random.Random(seed ^ 0xD15C)  # syncs and state losses, apart from the plan
         faults = NetworkFaults(drop_probability=0.03, duplicate_probability=0.02, delay_min_ms=1, delay_max_ms=8)
         self.cluster = Cluster(seed, voters=3, observers=1, faults=faults,
                                config_overrides={"tombstone_retention_records": TOMBSTONE_RETENTION_RECORDS})
@@ -93,15 +101,38 @@ class CompactionSim:
     def _model(self, node: SimNode) -> _Model:
         model = self.models.get(node.node_id)
         if model is None or model.incarnation != node.incarnation:
-            model = _Model(node.incarnation)  # a restart: SQLite is gone in this model
-            if node.log.start_offset() > 0:
-                snapshot_id = node.log.latest_snapshot_id()
+            previous, model = model, _Model(node.incarnation)  # a restart
+            log = node.log
+            start, cleaned = log.start_offset(), log.cleaner_end()  # what the runtime checks
+            rebuildable = start == 0 or cleaned <= start
+            if previous is not None and previous.durable is not None and not (
+                    rebuildable and self.disk_rng.random() < 0.25):
+                model.applied, model.state = previous.durable[0], dict(previous.durable[1])
+                model.durable = previous.durable
+            if log.start_offset() > model.applied:  # what the runtime's _recover_state does
+                snapshot_id = log.latest_snapshot_id()
                 if snapshot_id is None:
-                    raise InvariantViolation(f"node {node.node_id}: log starts at {node.log.start_offset()} "
+                    raise InvariantViolation(f"node {node.node_id}: log starts at {log.start_offset()} "
                                              "without a snapshot")
                 self._load(model, snapshot_id, node)
+            if model.applied < cleaned:
+                if start > 0:
+                    raise InvariantViolation(
+                        f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
+                        f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
+                model.applied, model.state = 0, dict.fromkeys(KEYS)  # rebuilt from offset 0
+                self.cluster.stats["sim_rebuilds_from_0"] += 1
             self.models[node.node_id] = model
         return model
+
+    def _clean_bound(self, model: _Model) -> int:
+        """The runtime's _clean_blocking: clean only below what StateMachine.sync returns."""
+        return self._sync(model)
+
+    def _sync(self, model: _Model) -> int:
+        """StateMachine.sync: the applied state becomes what a crash keeps."""
+        model.durable = (model.applied, dict(model.state))
+        return model.applied
 
     def _load(self, model: _Model, snapshot_id: SnapshotId, node: SimNode) -> None:
         applied, state = pickle.loads(node.snapshots.get(snapshot_id))
@@ -140,6 +171,8 @@ class CompactionSim:
                     command = str(exc)
                 evaluate_commands([(offset, command)], model.state)
             model.applied = max(model.applied, min(high_watermark, batch.next_offset))
+            if self.disk_rng.random() < 0.02:  # a checkpoint or an OS writeback
+                self._sync(model)
             # The runtime applies in bounded steps (and serves reads between them): every
             # state this replica passes through must be real whenever the gate says so.
             self._check_exposed(node, model)
@@ -209,7 +242,7 @@ class CompactionSim:
         model = self._model(node)
         log = node.log
         start = log.start_offset()
-        target = min(core.dirty_offset, model.applied, log.flushed_offset())
+        target = min(core.dirty_offset, self._clean_bound(model), log.flushed_offset())
         if target <= max(start, log.cleaned_end()):
             return
         batches = [batch for batch in log.batches() if batch.next_offset <= target]
@@ -304,6 +337,7 @@ class CompactionSim:
         self.cluster.crash(node_id)
         node = self.cluster.nodes[node_id]
         node.log, node.snapshots, node.durable_state = MemoryLog(), MemorySnapshotStore(), None
+        self.models.pop(node_id, None)
         node.checked_offset = node.last_high_watermark = node.last_end_offset = 0
 
     def _check_caught_up(self) -> None:

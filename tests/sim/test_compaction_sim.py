@@ -11,8 +11,12 @@ from tests.sim.compaction import run_compaction_seed
 
 # 2003 and 2027: an observer copying a cleaned prefix took the states inside it, past the
 # last offset gap, for real versions (caught once the simulator checked every applied batch;
-# fixed in raft/node.py _follower_append).
-SEEDS = [*range(6), 2003, 2027]
+# fixed in raft/node.py _follower_append). 82 and 2055: an observer restarted on a log that
+# starts at a snapshot rebuilt its state from it through its cleaned prefix, whose cleaner had
+# dropped the tombstone of a key alive in the snapshot (docs/compaction.md rule 9). 2207: an
+# observer restarted with a state older than a copied (not its own) cleaned prefix, which it
+# can replay.
+SEEDS = [*range(6), 82, 2003, 2027, 2055, 2207]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -38,3 +42,14 @@ def test_the_simulation_catches_a_resurrected_key(monkeypatch: pytest.MonkeyPatc
         except InvariantViolation:
             failures += 1
     assert failures > 0
+
+
+def test_the_simulation_catches_cleaning_past_the_durable_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without rule 9's bound (clean only below the version SQLite made durable), a crash
+    leaves a replica whose state is older than its cleaned prefix on a log that starts at a
+    snapshot: it could only rebuild by bringing deleted keys back."""
+    from tests.sim.compaction import CompactionSim
+
+    monkeypatch.setattr(CompactionSim, "_clean_bound", lambda self, model: model.applied)
+    with pytest.raises(InvariantViolation, match="behind the cleaned prefix"):
+        run_compaction_seed(7)
