@@ -229,35 +229,54 @@ class NodeRuntime:
 
         SQLite runs with relaxed sync, so it may be behind the log (replay catches up) or,
         after a crash, hold committed records the log's unflushed tail lost (harmless: they
-        are committed, the leader re-sends identical records). If the log's prefix was
-        replaced by a snapshot the state machine has not reached, load that snapshot."""
+        are committed, the leader re-sends identical records, and every tombstone at and
+        above the offset it fetches from). If the log's prefix was replaced by a snapshot
+        the state machine has not reached, load that snapshot.
+
+        A state must never be replayed through a prefix this replica's own cleaner compacted
+        from a version below that prefix's end (docs/compaction.md rule 9): the deletes
+        whose tombstones it dropped would be missed and deleted keys come back. Such a state
+        (state.db lost, or restored from a copy) is replaced by a snapshot that reaches past
+        the prefix, else rebuilt from offset 0 on a log that starts there, else startup is
+        refused. An empty log from 0 with a state above 0 starts over from 0 too: the leader
+        answers a fetch from 0 with its whole cleaned log, tombstones dropped anywhere."""
         self._applied_version = self.state.applied_version
-        start = self.log.start_offset()
-        if self._applied_version < start:
-            snapshot_id = self.log.latest_snapshot_id() or self.snapshots.latest_id()
-            if snapshot_id is None or snapshot_id.end_offset < start:
-                raise ProtocolInvariantError(
-                    f"state at version {self._applied_version} but the log starts at {start} "
-                    f"and no snapshot reaches it")
+        log = self.log
+        start, cleaner_end = log.start_offset(), log.cleaner_end()
+        if start == 0 and log.end_offset() == 0:
+            if self._applied_version > 0:
+                logger.warning("node %d: the log is empty but the state is at version %d: starting "
+                               "over from offset 0", self.node_id, self._applied_version)
+                self._rebuild_from_0()
+            return
+        if self._applied_version >= max(start, cleaner_end):
+            return
+        snapshot_id = self._newest_snapshot()
+        if snapshot_id is not None and snapshot_id.end_offset >= start and snapshot_id.end_offset > self._applied_version:
             self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
             self._applied_version = self.state.applied_version
-        cleaned = self.log.cleaner_end()
-        if self._applied_version < cleaned:
-            # The state is older than what this replica's cleaner compacted (state.db lost,
-            # or restored from a copy): replaying from the middle of that prefix would miss
-            # the deletes whose tombstones it dropped (docs/compaction.md rule 9). A log from
-            # offset 0 rebuilds the whole state; one that starts at a snapshot cannot. (A
-            # copy of the leader's cleaned prefix replays from anywhere: the leader kept
-            # every tombstone at and above the offset the copy started from.)
+        if self._applied_version < start:
+            raise ProtocolInvariantError(
+                f"state at version {self._applied_version} but the log starts at {start} "
+                f"and no snapshot reaches it")
+        if self._applied_version < cleaner_end:
             if start > 0:
                 raise StateDatabaseError(
                     f"{self.state.db_path}: state at version {self._applied_version} is behind the log's "
-                    f"cleaned prefix [{start}, {cleaned}), which cannot rebuild it; restore state.db, or "
-                    f"remove this node's data directory so it fetches a snapshot from the leader")
+                    f"cleaned prefix [{start}, {cleaner_end}), which cannot rebuild it; restore state.db, "
+                    f"or remove this node's data directory so it fetches a snapshot from the leader")
             logger.warning("node %d: state at version %d is behind the log's cleaned prefix [0, %d): "
-                           "rebuilding it from offset 0", self.node_id, self._applied_version, cleaned)
-            self.state.clear()
-            self._applied_version = 0
+                           "rebuilding it from offset 0", self.node_id, self._applied_version, cleaner_end)
+            self._rebuild_from_0()
+
+    def _newest_snapshot(self) -> SnapshotId | None:
+        """The newest snapshot the log or the snapshot directory knows of."""
+        known = [s for s in (self.log.latest_snapshot_id(), self.snapshots.latest_id()) if s is not None]
+        return max(known, key=lambda s: s.end_offset, default=None)
+
+    def _rebuild_from_0(self) -> None:
+        self.state.clear()
+        self._applied_version = 0
 
     async def begin_shutdown(self) -> None:
         """First half of a graceful stop, while HTTP still serves: refuse new writes and, on a
@@ -705,6 +724,8 @@ class NodeRuntime:
         wanted = self._applied_version
         if wanted == 0:
             raise NotReadyError("nothing applied yet: there is no state to snapshot")
+        if not self.node.is_real_state(wanted):
+            raise NotReadyError("this replica is catching up: its state is not a real version yet")
         while True:
             snapshot_id = await asyncio.shield(self._start_snapshot())
             if snapshot_id.end_offset >= wanted or self._closing:
@@ -741,8 +762,8 @@ class NodeRuntime:
         fetcher must re-bootstrap above the tombstone horizon and no snapshot reaches it.
         Started in the background; a failure is logged and retried at the next due point."""
         if (self._installing_snapshot or self._closing or self._applied_version == 0
-                or self._snapshot_task is not None):
-            return
+                or self._snapshot_task is not None or not self.node.is_real_state(self._applied_version)):
+            return  # (a state inside a cleaned prefix is no version to hand anyone: rule 9)
         wanted = self.node.snapshot_wanted_offset
         every = self.config.snapshot_every_records
         due = every > 0 and self._applied_version - self._snapshot_end >= every

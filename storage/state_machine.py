@@ -38,6 +38,7 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, overload
 
 import msgpack
@@ -57,6 +58,7 @@ from storage.commands import (
     OpKind,
     decode_command,
 )
+from storage.durable_files import fsync_directory
 from storage.snapshot_store import SnapshotStore, extract_database
 from storage.state_schema import (
     HISTORY_OP_DELETE,
@@ -287,6 +289,7 @@ class StateMachine:
             self._dispose()
             raise
         self._applied_version: int = row.applied_version
+        self._durable_version = 0  # the newest version sync() saw made durable
         self._applied_epoch: int = row.applied_epoch
         self._oldest_version: int = row.oldest_version
         self._prepare_statements()
@@ -482,29 +485,34 @@ class StateMachine:
     # ---- durability ----------------------------------------------------------------
 
     def sync(self) -> int:
-        """Make every applied version durable; return the newest version that now is.
+        """Make every applied version durable; return the newest version known to be.
 
         SQLite runs with ``synchronous=NORMAL``: a commit reaches the WAL file without an
         fsync, so a power loss may take back the newest versions. That is harmless while the
         log holds every record above them (startup re-applies), but not once the log's prefix
         was cleaned: a replay from the middle of a cleaned prefix misses the deletes whose
         tombstones the cleaner dropped. So the runtime cleans only below the version this
-        returns (docs/compaction.md rule 9). An fsync of the WAL file makes every commit
-        written to it before the call durable; what a checkpoint already copied into the main
-        file was synced there by the checkpoint (synced again here, with the directory, for
-        a WAL file that was just created)."""
+        returns (docs/compaction.md rule 9).
+
+        An fsync of the WAL file makes every commit written to it before the call durable;
+        what a checkpoint copied into the main file was synced there by SQLite before the WAL
+        could be reused. The main file is never opened here: closing any descriptor of it
+        would drop the POSIX locks SQLite holds on it, and another process opening the
+        database would then take itself for the last connection and delete the live WAL. No
+        WAL file (someone removed it) proves nothing: the last known version is returned."""
         if self._closed:
             raise RuntimeError("state machine is closed")
         version = self._applied_version  # assigned only after its COMMIT returned
-        for path in (self.db_path + "-wal", self.db_path, os.path.dirname(self.db_path)):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        try:
+            fd = os.open(self.db_path + "-wal", os.O_RDONLY)
+        except FileNotFoundError:
+            return self._durable_version
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(Path(self.db_path).parent)  # a WAL file created since the last sync
+        self._durable_version = version
         return version
 
     def clear(self) -> None:
@@ -519,6 +527,7 @@ class StateMachine:
                 connection.execute(key_heads.delete())
                 connection.execute(meta.update().values(applied_version=0, applied_epoch=0, oldest_version=0))
             self._applied_version = self._applied_epoch = self._oldest_version = 0
+            self._durable_version = 0
 
     # ---- apply ---------------------------------------------------------------------
 
@@ -875,6 +884,7 @@ class StateMachine:
                 self._applied_version = snapshot_meta.applied_version
                 self._applied_epoch = snapshot_meta.applied_epoch
                 self._oldest_version = snapshot_meta.oldest_version
+                self._durable_version = 0  # a power loss may still take the load back
         finally:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 if os.path.exists(temp_path + suffix):

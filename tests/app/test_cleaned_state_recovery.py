@@ -17,6 +17,7 @@ import pytest
 
 from app.config import HostPort, NodeConfig
 from app.runtime import NodeRuntime
+from app.service import NotReadyError
 from raft.types import Batch
 from storage.cleaner import clean_prefix
 from storage.commands import Command, Op, OpKind, encode_command
@@ -47,9 +48,9 @@ def _absent(keys, _version):  # noqa: ANN001, ANN202 (the cleaner's base_state: 
     return dict.fromkeys(keys)
 
 
-def test_a_snapshot_based_log_cleaned_past_the_state_refuses_to_start(tmp_path: Path) -> None:
-    """The log starts at a snapshot holding key k; k's delete above it was cleaned away
-    (its tombstone dropped). With state.db gone, snapshot + cleaned log would bring k back."""
+def _snapshot_based_cleaned_log(tmp_path: Path) -> Path:
+    """A node directory, no state.db: the log starts at a snapshot (version 3) holding key
+    k; k's delete at offset 3 was cleaned away by this replica's cleaner (tombstone dropped)."""
     node_dir = tmp_path / "node"
     (node_dir / "log").mkdir(parents=True)
     with StateMachine(str(tmp_path / "source.db")) as source:
@@ -64,7 +65,12 @@ def test_a_snapshot_based_log_cleaned_past_the_state_refuses_to_start(tmp_path: 
     assert result.tombstones_dropped == 1
     log.replace_prefix(result.batches, result.clean_end)
     log.close()
+    return node_dir
 
+
+def test_a_snapshot_based_log_cleaned_past_the_state_refuses_to_start(tmp_path: Path) -> None:
+    """With state.db gone, snapshot + cleaned log would bring k back."""
+    node_dir = _snapshot_based_cleaned_log(tmp_path)
     runtime = NodeRuntime(_config(node_dir), seed=1)
     with pytest.raises(StateDatabaseError) as raised:
         asyncio.run(runtime.start())
@@ -72,6 +78,47 @@ def test_a_snapshot_based_log_cleaned_past_the_state_refuses_to_start(tmp_path: 
     assert str(node_dir / "state.db") in message and "cleaned prefix [3, 5)" in message, message
     # Startup closed what it opened: the log opens again at once.
     SegmentLog(node_dir / "log").close()
+
+
+def test_a_snapshot_past_the_cleaned_prefix_replaces_a_state_behind_it(tmp_path: Path) -> None:
+    """The same log, but a snapshot at version 5 (past the cleaned prefix) is on disk: the
+    node loads it instead of refusing to start."""
+    node_dir = _snapshot_based_cleaned_log(tmp_path)
+    with StateMachine(str(tmp_path / "later.db")) as later:
+        later.apply([Batch(0, 1, 0, False, (_put("k", b"v0"), _put("k", b"v1"), _put("k", b"v2"))),
+                     Batch(3, 1, 0, False, (_delete("k"),)), Batch(4, 1, 0, False, (_put("other", b"x"),))])
+        later.create_snapshot(SnapshotStore(node_dir / "snapshots"))
+
+    async def scenario() -> tuple[int, object, object]:
+        runtime = NodeRuntime(_config(node_dir), seed=1)
+        await runtime.start()
+        try:
+            return runtime.applied_version, runtime.state.get("k")[1], runtime.state.get("other")[1]
+        finally:
+            await runtime.stop()
+
+    applied, k, other = asyncio.run(scenario())
+    assert applied == 5 and k is None and other is not None and other.value == b"x"  # type: ignore[attr-defined]
+
+
+def test_an_empty_log_with_a_state_above_0_starts_over_from_0(tmp_path: Path) -> None:
+    """The log is gone (or a power loss took all of it) but state.db is at version 3: the
+    leader will answer the fetch from 0 with its whole cleaned log, whose dropped tombstones
+    a replay from version 3 would miss. The node starts over from an empty state."""
+    node_dir = tmp_path / "node"
+    (node_dir / "log").mkdir(parents=True)
+    with StateMachine(str(node_dir / "state.db")) as state:
+        state.apply([Batch(0, 1, 0, False, (_put("k", b"v0"), _put("k", b"v1"), _put("k", b"v2")))])
+
+    async def scenario() -> tuple[int, object]:
+        runtime = NodeRuntime(_config(node_dir), seed=1)
+        await runtime.start()
+        try:
+            return runtime.applied_version, runtime.state.get("k")[1]
+        finally:
+            await runtime.stop()
+
+    assert asyncio.run(scenario()) == (0, None)
 
 
 def test_a_state_older_than_a_copied_cleaned_prefix_still_starts(tmp_path: Path) -> None:
@@ -96,6 +143,10 @@ def test_a_state_older_than_a_copied_cleaned_prefix_still_starts(tmp_path: Path)
         runtime = NodeRuntime(_config(node_dir), seed=1)
         await runtime.start()
         try:
+            # Not a real version until a leader is heard: no snapshot of it either (a
+            # snapshot of a state inside a cleaned prefix would be handed on as real).
+            with pytest.raises(NotReadyError):
+                await runtime.take_snapshot()
             return runtime.applied_version
         finally:
             await runtime.stop()

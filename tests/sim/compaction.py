@@ -109,19 +109,26 @@ class CompactionSim:
                     rebuildable and self.disk_rng.random() < 0.25):
                 model.applied, model.state = previous.durable[0], dict(previous.durable[1])
                 model.durable = previous.durable
-            if log.start_offset() > model.applied:  # what the runtime's _recover_state does
+            # What the runtime's _recover_state does:
+            if start == 0 and log.end_offset() == 0:
+                if model.applied > 0:  # the leader will send its whole cleaned log from 0
+                    model.applied, model.state = 0, dict.fromkeys(KEYS)
+                    self.cluster.stats["sim_restarts_from_empty_log"] += 1
+            elif model.applied < max(start, cleaned):
                 snapshot_id = log.latest_snapshot_id()
-                if snapshot_id is None:
-                    raise InvariantViolation(f"node {node.node_id}: log starts at {log.start_offset()} "
-                                             "without a snapshot")
-                self._load(model, snapshot_id, node)
-            if model.applied < cleaned:
-                if start > 0:
-                    raise InvariantViolation(
-                        f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
-                        f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
-                model.applied, model.state = 0, dict.fromkeys(KEYS)  # rebuilt from offset 0
-                self.cluster.stats["sim_rebuilds_from_0"] += 1
+                if (snapshot_id is not None and snapshot_id.end_offset >= start
+                        and snapshot_id.end_offset > model.applied):
+                    self._load(model, snapshot_id, node)
+                if model.applied < start:
+                    raise InvariantViolation(f"node {node.node_id}: log starts at {start} without a snapshot "
+                                             f"reaching it (state at version {model.applied})")
+                if model.applied < cleaned:
+                    if start > 0:
+                        raise InvariantViolation(
+                            f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
+                            f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
+                    model.applied, model.state = 0, dict.fromkeys(KEYS)  # rebuilt from offset 0
+                    self.cluster.stats["sim_rebuilds_from_0"] += 1
             self.models[node.node_id] = model
         return model
 
@@ -182,6 +189,8 @@ class CompactionSim:
         end = model.applied
         if end <= node.log.start_offset() or end == 0:
             return
+        if node.core is None or not node.core.is_real_state(end):
+            return  # the runtime's _maybe_snapshot: no snapshot of a state that is no version
         epoch = 0
         for batch in node.log.batches():
             if batch.base_offset > end - 1:
