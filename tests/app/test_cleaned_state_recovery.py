@@ -48,9 +48,9 @@ def _absent(keys, _version):  # noqa: ANN001, ANN202 (the cleaner's base_state: 
     return dict.fromkeys(keys)
 
 
-def _snapshot_based_cleaned_log(tmp_path: Path) -> Path:
-    """A node directory, no state.db: the log starts at a snapshot (version 3) holding key
-    k; k's delete at offset 3 was cleaned away by this replica's cleaner (tombstone dropped)."""
+def _log_from_a_snapshot(tmp_path: Path) -> tuple[Path, SegmentLog]:
+    """A node directory, no state.db, whose log was reset to a snapshot at version 3 that
+    holds key k (written three times)."""
     node_dir = tmp_path / "node"
     (node_dir / "log").mkdir(parents=True)
     with StateMachine(str(tmp_path / "source.db")) as source:
@@ -58,6 +58,13 @@ def _snapshot_based_cleaned_log(tmp_path: Path) -> Path:
         snapshot_id = source.create_snapshot(SnapshotStore(node_dir / "snapshots"))
     log = SegmentLog(node_dir / "log")
     log.reset_to_snapshot(snapshot_id)
+    return node_dir, log
+
+
+def _snapshot_based_cleaned_log(tmp_path: Path) -> Path:
+    """The log from a snapshot, then k's delete at offset 3, cleaned away by this replica's
+    own cleaner (tombstone dropped)."""
+    node_dir, log = _log_from_a_snapshot(tmp_path)
     log.append(Batch(3, 1, 0, False, (_delete("k"),)))
     log.append(Batch(4, 1, 0, False, (_put("other", b"x"),)))
     log.flush()
@@ -125,13 +132,7 @@ def test_a_state_older_than_a_copied_cleaned_prefix_still_starts(tmp_path: Path)
     """A replica that copied the leader's cleaned prefix (allow_gaps_below) may replay it from
     any version: the leader kept every tombstone at and above the offset the copy started
     from. Only this replica's own cleaning (cleaner_end) bounds the replay."""
-    node_dir = tmp_path / "node"
-    (node_dir / "log").mkdir(parents=True)
-    with StateMachine(str(tmp_path / "source.db")) as source:
-        source.apply([Batch(0, 1, 0, False, (_put("k", b"v0"), _put("k", b"v1"), _put("k", b"v2")))])
-        snapshot_id = source.create_snapshot(SnapshotStore(node_dir / "snapshots"))
-    log = SegmentLog(node_dir / "log")
-    log.reset_to_snapshot(snapshot_id)
+    node_dir, log = _log_from_a_snapshot(tmp_path)
     log.allow_gaps_below(6)
     log.append(Batch(4, 1, 0, False, (_delete("k"),)))  # offset 3 was cleaned away by the leader
     log.append(Batch(5, 1, 0, False, (_put("other", b"x"),)))
