@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import random
@@ -59,6 +60,7 @@ from storage.quorum_state import QuorumStateFile
 from storage.segment_log import LogChangedError, SegmentLog
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import (
+    SnapshotRejectedError,
     StateDatabaseError,
     StateMachine,
     VersionCompactedError,
@@ -727,7 +729,10 @@ class NodeRuntime:
         if not self.node.is_real_state(wanted):
             raise NotReadyError("this replica is catching up: its state is not a real version yet")
         while True:
-            snapshot_id = await asyncio.shield(self._start_snapshot())
+            try:
+                snapshot_id = await asyncio.shield(self._start_snapshot())
+            except SnapshotRejectedError as exc:
+                raise NotReadyError(f"this replica is catching up: {exc}") from None
             if snapshot_id.end_offset >= wanted or self._closing:
                 break
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
@@ -738,8 +743,13 @@ class NodeRuntime:
         writer) continues, the copy holds exactly one applied version, and the id is read
         from the copy itself (StateMachine.create_snapshot)."""
         if self._snapshot_task is None:
+            # Checked again on the copy: apply may have moved into a copied cleaned prefix
+            # between the loop's check and the copy. (Whatever makes a version unreal is
+            # recorded before that version is applied, so before the copy reads it.)
             copy = asyncio.get_running_loop().run_in_executor(
-                self._snapshot_executor, self.state.create_snapshot, self.snapshots)
+                self._snapshot_executor, functools.partial(
+                    self.state.create_snapshot, self.snapshots,
+                    accept=lambda snapshot_id: self.node.is_real_state(snapshot_id.end_offset)))
             self._snapshot_task = asyncio.ensure_future(self._finish_snapshot(copy))
         return self._snapshot_task
 
@@ -782,6 +792,9 @@ class NodeRuntime:
             return
         if self.log.failed():  # recording the snapshot failed to write: fail-stop
             self._fatal(exc)
+            return
+        if isinstance(exc, SnapshotRejectedError):  # taken again once the state is real
+            logger.info("node %d: snapshot not taken: %s", self.node_id, exc)
             return
         logger.error("node %d: snapshot at version %d failed: %s", self.node_id, self._applied_version, exc)
         self._snapshot_end = max(self._snapshot_end, self._applied_version)  # retry at the next due point

@@ -35,7 +35,7 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,6 +217,10 @@ class VersionNotAppliedError(ValueError):
         )
         self.requested_version = requested_version
         self.applied_version = applied_version
+
+
+class SnapshotRejectedError(ValueError):
+    """create_snapshot's ``accept`` refused the copy; nothing was published."""
 
 
 class StateDatabaseError(Exception):
@@ -838,12 +842,15 @@ class StateMachine:
 
     # ---- snapshots -----------------------------------------------------------------
 
-    def create_snapshot(self, snapshot_dir: str | SnapshotStore, epoch: int | None = None) -> SnapshotId:
+    def create_snapshot(self, snapshot_dir: str | SnapshotStore, epoch: int | None = None,
+                        accept: Callable[[SnapshotId], bool] | None = None) -> SnapshotId:
         """Copy the state at one applied version into ``snapshot_dir`` and publish it.
 
         The copy (VACUUM INTO) runs on a read connection, so apply is not blocked; the id is
         read from the copy itself, so it names exactly the version the copy holds. Pass the
         runtime's ``SnapshotStore`` instead of a directory to use its retention setting.
+        ``accept`` sees the id before anything is published (retention may delete older
+        snapshots then); a copy it refuses is thrown away (SnapshotRejectedError).
         """
         store = snapshot_dir if isinstance(snapshot_dir, SnapshotStore) else SnapshotStore(snapshot_dir)
         temp_path = store.new_temp_path()
@@ -857,6 +864,8 @@ class StateMachine:
                     f"snapshot at version {copy_meta.applied_version} has epoch "
                     f"{copy_meta.applied_epoch}, not {epoch}")
             snapshot_id = SnapshotId(copy_meta.applied_version, copy_meta.applied_epoch)
+            if accept is not None and not accept(snapshot_id):
+                raise SnapshotRejectedError(f"the state at version {snapshot_id.end_offset} is not a real version")
             store.publish_database(temp_path, snapshot_id)
             return snapshot_id
         finally:

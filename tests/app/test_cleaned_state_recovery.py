@@ -23,7 +23,7 @@ from storage.cleaner import clean_prefix
 from storage.commands import Command, Op, OpKind, encode_command
 from storage.segment_log import SegmentLog
 from storage.snapshot_store import SnapshotStore
-from storage.state_machine import StateDatabaseError, StateMachine
+from storage.state_machine import SnapshotRejectedError, StateDatabaseError, StateMachine
 from tests.cluster import free_ports
 
 
@@ -35,12 +35,13 @@ def _delete(key: str) -> bytes:
     return encode_command(Command((), (Op(OpKind.DELETE, key),)))
 
 
-def _config(node_dir: Path) -> NodeConfig:
+def _config(node_dir: Path, **settings: object) -> NodeConfig:
     http_port, raft_port, leader_raft_port = free_ports(3)
     return NodeConfig(
         node_id=1, data_dir=node_dir, listen_http=HostPort("127.0.0.1", http_port),
         listen_raft=HostPort("127.0.0.1", raft_port), voters={2: HostPort("127.0.0.1", leader_raft_port)},
         advertise_http=f"http://127.0.0.1:{http_port}", observer=True, cleaner_interval_ms=0,
+        **settings,  # type: ignore[arg-type]
     )
 
 
@@ -155,8 +156,8 @@ def test_a_state_older_than_a_copied_cleaned_prefix_still_starts(tmp_path: Path)
     assert asyncio.run(scenario()) == 3  # the snapshot, loaded; the log replays once a leader commits it
 
 
-def test_the_cleaner_stops_at_the_version_sqlite_made_durable(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def _log_and_state_at_10(tmp_path: Path) -> Path:
+    """A node directory whose log holds offsets 0..9 (puts over three keys), all applied."""
     node_dir = tmp_path / "node"
     (node_dir / "log").mkdir(parents=True)
     log = SegmentLog(node_dir / "log")
@@ -168,6 +169,35 @@ def test_the_cleaner_stops_at_the_version_sqlite_made_durable(tmp_path: Path,
     with StateMachine(str(node_dir / "state.db")) as state:
         state.apply(batches)
         assert state.sync() == 10  # every applied version is durable once sync returns
+    return node_dir
+
+
+def test_no_snapshot_is_taken_of_a_state_that_is_no_version(tmp_path: Path) -> None:
+    """Until a leader is heard this state is no real version (rule 7): neither the periodic
+    snapshot nor a snapshot started anyway (the copy is checked too) publishes it."""
+    node_dir = _log_and_state_at_10(tmp_path)
+
+    async def scenario() -> None:
+        runtime = NodeRuntime(_config(node_dir, snapshot_every_records=5), seed=1)
+        await runtime.start()
+        try:
+            assert runtime.applied_version == 10 and not runtime.is_ready()
+            runtime._maybe_snapshot()  # 10 applied records since the last snapshot: due
+            assert runtime._snapshot_task is None
+            with pytest.raises(SnapshotRejectedError):
+                await runtime._start_snapshot()
+            with pytest.raises(NotReadyError):
+                await runtime.take_snapshot()
+        finally:
+            await runtime.stop()
+
+    asyncio.run(scenario())
+    assert SnapshotStore(node_dir / "snapshots").list_ids() == []
+
+
+def test_the_cleaner_stops_at_the_version_sqlite_made_durable(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    node_dir = _log_and_state_at_10(tmp_path)
 
     async def scenario() -> dict:
         runtime = NodeRuntime(_config(node_dir), seed=1)

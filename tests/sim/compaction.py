@@ -157,8 +157,8 @@ class CompactionSim:
             self.cluster.stats["sim_snapshot_installs"] += 1
         self._apply(node, model, core.high_watermark)
         if core.role == Role.LEADER and 0 < core.snapshot_wanted_offset <= model.applied:
-            self._snapshot(node)
-            core.snapshot_wanted_offset = 0
+            if self._snapshot(node):  # (refused: asked again at the next fetch, as in the runtime)
+                core.snapshot_wanted_offset = 0
         self._check_exposed(node, model)
 
     def _apply(self, node: SimNode, model: _Model, high_watermark: int) -> None:
@@ -184,13 +184,13 @@ class CompactionSim:
             # state this replica passes through must be real whenever the gate says so.
             self._check_exposed(node, model)
 
-    def _snapshot(self, node: SimNode) -> None:
+    def _snapshot(self, node: SimNode) -> bool:
         model = self._model(node)
         end = model.applied
         if end <= node.log.start_offset() or end == 0:
-            return
+            return False
         if node.core is None or not node.core.is_real_state(end):
-            return  # the runtime's _maybe_snapshot: no snapshot of a state that is no version
+            return False  # the runtime's _maybe_snapshot: no snapshot of a state that is no version
         epoch = 0
         for batch in node.log.batches():
             if batch.base_offset > end - 1:
@@ -202,6 +202,7 @@ class CompactionSim:
         node.snapshots.put(snapshot_id, pickle.dumps((end, dict(model.state))))
         node.log.record_snapshot(snapshot_id)
         self.cluster.stats["sim_snapshots"] += 1
+        return True
 
     # ------------------------------------------------------------------ invariants
 
