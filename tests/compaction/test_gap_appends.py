@@ -3,13 +3,14 @@ below cleaned_end, durably announced first, so recovery accepts the gaps."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from raft.log import MemoryLog
 from raft.types import Batch, ProtocolInvariantError, SnapshotId
-from storage.segment_log import SegmentLog
+from storage.segment_log import LOG_START_CHECKPOINT_NAME, SegmentLog
 
 
 def _batch(base: int, epoch: int, count: int = 1) -> Batch:
@@ -64,3 +65,21 @@ def test_segment_log_remembers_what_its_own_cleaner_compacted(tmp_path: Path) ->
     assert reopened.cleaner_end() == 2
     reopened.close()
     assert SegmentLog(tmp_path / "log").cleaner_end() == 2
+
+
+def test_a_checkpoint_from_before_cleaner_end_reads_it_cautiously(tmp_path: Path) -> None:
+    """A log-start checkpoint written before cleaner_end existed cannot tell a copied
+    cleaned prefix from one this replica cleaned: it is read as all cleaned here, so startup
+    never replays a state through it from below (docs/compaction.md rule 9)."""
+    log = SegmentLog(tmp_path / "log")
+    log.allow_gaps_below(10)
+    log.append(_batch(3, 1))
+    log.flush()
+    log.close()
+    checkpoint = tmp_path / "log" / LOG_START_CHECKPOINT_NAME
+    old = json.loads(checkpoint.read_text())
+    del old["cleaner_end"]
+    checkpoint.write_text(json.dumps(old))
+    reopened = SegmentLog(tmp_path / "log")
+    assert (reopened.cleaned_end(), reopened.cleaner_end()) == (10, 10)
+    reopened.close()
