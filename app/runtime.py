@@ -872,9 +872,10 @@ class NodeRuntime:
         log = self.log
         start = log.start_offset()
         cleaned_before = max(start, log.cleaned_end())
-        # Never past what SQLite holds durably: a power loss may take back its unsynced
-        # versions, and startup could not replay them from a cleaned prefix (rule 9).
-        dirty = min(dirty, self.state.sync())
+        if dirty > cleaned_before:
+            # Never past what SQLite holds durably: a power loss may take back its unsynced
+            # versions, and startup could not replay them from a cleaned prefix (rule 9).
+            dirty = min(dirty, self.state.sync())
         report: dict[str, Any] = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
                                   "cleaned_end": log.cleaned_end(), "log_start_offset": start}
         if dirty <= cleaned_before:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -633,8 +634,8 @@ class SegmentLog:
                 if above:
                     fsync_directory(self._log_dir)
                 cleaner_end = min(self._cleaner_end, new_start)
-                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
-                    new_start, snapshot_id, self._cleaned_end, cleaner_end))
+                self._write_start_checkpoint(start_offset=new_start, snapshot_id=snapshot_id,
+                                             cleaner_end=cleaner_end)
                 self._delete_segments([s for s in self._segments if s.base_offset < new_start])
                 self._segments, self._segment_bases = [], []
                 self._create_segment(new_start)
@@ -653,6 +654,12 @@ class SegmentLog:
         with self._lock:
             return self._cleaned_end
 
+    def _write_start_checkpoint(self, **changes: int | SnapshotId | None) -> None:
+        """Persist the log-start checkpoint: this log's fields with ``changes`` applied (the
+        caller takes them over once the write succeeded)."""
+        current = LogStartCheckpoint(self._start_offset, self._snapshot_id, self._cleaned_end, self._cleaner_end)
+        write_log_start_checkpoint(self._log_dir, dataclasses.replace(current, **changes))  # type: ignore[arg-type]
+
     def cleaner_end(self) -> int:
         """Offsets below this were compacted by this replica's own cleaner (replace_prefix).
         A state older than it cannot be replayed through the log (docs/compaction.md rule
@@ -669,8 +676,7 @@ class SegmentLog:
             if offset <= self._cleaned_end:
                 return
             try:
-                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
-                    self._start_offset, self._snapshot_id, offset, self._cleaner_end))
+                self._write_start_checkpoint(cleaned_end=offset)
             except OSError as exc:
                 raise self._fail(exc) from exc
             self._cleaned_end = offset
@@ -686,8 +692,7 @@ class SegmentLog:
             if self._snapshot_id is not None and snapshot_id.end_offset <= self._snapshot_id.end_offset:
                 return
             try:
-                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(self._start_offset, snapshot_id, self._cleaned_end,
-                                                                              self._cleaner_end))
+                self._write_start_checkpoint(snapshot_id=snapshot_id)
             except OSError as exc:
                 raise self._fail(exc) from exc
             self._snapshot_id = snapshot_id
@@ -708,8 +713,7 @@ class SegmentLog:
                 return self._start_offset
             new_start = self._segments[len(doomed)].base_offset
             try:
-                write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(new_start, self._snapshot_id, self._cleaned_end,
-                                                                              self._cleaner_end))
+                self._write_start_checkpoint(start_offset=new_start)
                 self._delete_segments(doomed)
                 self._segments = self._segments[len(doomed):]
                 self._segment_bases = self._segment_bases[len(doomed):]
@@ -1114,8 +1118,7 @@ class SegmentLog:
         old_bases = self._segment_bases[: slot + 1]
         self._cleaned_end = max(self._cleaned_end, clean_end)
         self._cleaner_end = max(self._cleaner_end, clean_end)
-        write_log_start_checkpoint(self._log_dir, LogStartCheckpoint(
-            self._start_offset, self._snapshot_id, self._cleaned_end, self._cleaner_end))
+        self._write_start_checkpoint()
         self._failpoints.hit("segment.before_swap_marker")
         write_file_atomically(self._log_dir / SWAP_MARKER_NAME,
                               json.dumps({"old": old_bases, "new": new_bases}).encode())
