@@ -16,6 +16,7 @@ import base64
 import inspect
 import json
 import logging
+import math
 import re
 import time
 import weakref
@@ -79,6 +80,7 @@ log = logging.getLogger("metakv.http")
 
 KEY_MAX_BYTES = 1024
 MAX_VERSION = 2**63 - 1  # versions are SQLite INTEGERs
+VERSION_TEXT_PATTERN = re.compile(r"[0-9]{1,19}")
 CONTENT_TYPE_MAX_BYTES = 256
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 DEFAULT_MAX_TXN_BODY_BYTES = 8 * 1024 * 1024  # JSON (and base64) overhead over a few values
@@ -1190,14 +1192,19 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     async def _changes_after(prefix: str, since: int, deadline_s: float) -> tuple[int, list[Any], bool]:
         """Events under ``prefix`` newer than ``since``, waiting for one until the deadline.
         The flag says the service stopped waiting well before the deadline without a new
-        version (the node is closing): callers answer instead of asking again in a busy loop."""
+        version (the node is closing): callers answer instead of asking again in a busy loop.
+
+        A read that finds nothing under the prefix moves ``since`` up to the version it read
+        at: nothing under the prefix changed up to there, so the next read asks only for what
+        is newer. Otherwise a watch of a quiet prefix kept asking from its first version, and
+        was answered 410 as soon as the history horizon passed it while other keys changed."""
         while True:
             version, events = state.changes(prefix, since, settings.watch_events_max)
-            remaining_ms = int((deadline_s - time.monotonic()) * 1000)
+            remaining_ms = math.ceil((deadline_s - time.monotonic()) * 1000)
             if events or remaining_ms <= 0:
                 return version, list(events), False
-            waited_on = max(version, since)
-            if await service.wait_for_change(waited_on, remaining_ms) <= waited_on:
+            since = max(version, since)
+            if await service.wait_for_change(since, remaining_ms) <= since:
                 stopped_early = deadline_s - time.monotonic() > WAIT_EARLY_RETURN_S
                 return version, [], stopped_early
 
@@ -1224,7 +1231,9 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
             if stopped_early:
                 return  # the node stopped waiting (shutting down): end the stream, clients reconnect
             if not events:
-                yield b": keepalive\n\n"
+                since = max(since, version)  # nothing under the prefix up to there
+                if time.monotonic() < stream_end_s:
+                    yield b": keepalive\n\n"
                 continue
             parts = []
             for index, event in enumerate(events):
@@ -1254,9 +1263,13 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
         await service.wait_readable("local", None, 0)
         wants_sse = "text/event-stream" in request.headers.get("accept", "")
         if wants_sse and last_event_id is not None:
-            if not last_event_id.strip().isdigit():
-                raise ProblemError(400, "invalid-parameter", "Invalid Last-Event-ID", "Last-Event-ID must be a version")
-            since = int(last_event_id.strip())
+            # ASCII digits only (str.isdigit admits "²", which int() refuses), and within
+            # the range ``since`` accepts.
+            resume = last_event_id.strip()
+            if not VERSION_TEXT_PATTERN.fullmatch(resume) or int(resume) > MAX_VERSION:
+                raise ProblemError(400, "invalid-parameter", "Invalid Last-Event-ID",
+                                   f"Last-Event-ID must be a version between 0 and {MAX_VERSION}")
+            since = int(resume)
         # Checked before answering so a stale since is a 410 status, not an error mid-stream.
         version, events = state.changes(prefix, since, settings.watch_events_max)
         if wants_sse:

@@ -32,6 +32,7 @@ class InProcessService:
         self.metrics = CollectorRegistry()
         self.proposals = 0
         self.waiting = 0  # requests parked in wait_readable / wait_for_change right now
+        self.waits_started = 0  # every park so far (a watcher that woke and parked again counts twice)
         if max_value_bytes is not None:
             self.max_value_bytes = max_value_bytes
         self._changed: asyncio.Condition | None = None
@@ -63,6 +64,7 @@ class InProcessService:
     async def _wait_until(self, predicate: Any, timeout_ms: int) -> bool:
         condition = self._condition()
         self.waiting += 1
+        self.waits_started += 1
         try:
             async with condition:
                 try:
@@ -80,6 +82,14 @@ class InProcessService:
                 return
             await asyncio.sleep(0)
         raise AssertionError(f"{count} waiting requests expected, {self.waiting} found")
+
+    async def until_waits_started(self, count: int, max_steps: int = 10_000) -> None:
+        """Tests: yield to the loop until ``count`` parks happened in all (bounded by steps)."""
+        for _ in range(max_steps):
+            if self.waits_started >= count:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"{count} parks expected, {self.waits_started} happened")
 
     async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
         if min_version is None or self.state.applied_version >= min_version:

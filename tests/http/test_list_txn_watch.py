@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 
+from storage.commands import put
 from tests.http.conftest import TEST_SETTINGS
 from tests.http.service_double import InProcessService
 from tests.http.test_keys import assert_node_headers, assert_problem
@@ -231,6 +232,63 @@ async def test_watch_below_horizon_is_410(client: httpx.AsyncClient, service: In
     assert_problem(sse, 410)
 
 
+async def _quiet_prefix_while_the_horizon_passes(client: httpx.AsyncClient, service: InProcessService) -> None:
+    """With a watch of ``quiet/`` from version 1 parked: other keys change (the watch wakes,
+    finds nothing, parks again), the history horizon passes version 1, more changes, then
+    one under ``quiet/`` at version 4."""
+    await service.until_waits_started(1)
+    await client.put("/v1/kv/busy", content=b"1")  # v2: the watch wakes, finds nothing under quiet/
+    await service.until_waits_started(2)
+    service.state.prune_history(2)  # the cleaner moved the horizon past the watch's since
+    await client.put("/v1/kv/busy", content=b"2")  # v3
+    await service.until_waits_started(3)
+    await client.put("/v1/kv/quiet/a", content=b"x", headers={"content-type": "text/plain"})  # v4
+
+
+async def test_a_watch_of_a_quiet_prefix_outlives_the_horizon_passing_its_since(
+        client: httpx.AsyncClient, service: InProcessService) -> None:
+    """No change under the prefix is skipped, and none happened below the horizon: the watch
+    must go on, not answer 410 (which a client would meet again after re-listing)."""
+    await client.put("/v1/kv/busy", content=b"0")  # v1
+    watcher = asyncio.create_task(client.get("/v1/watch", params={"prefix": "quiet/", "since": 1, "timeout_ms": 2000}))
+    await _quiet_prefix_while_the_horizon_passes(client, service)
+    response = await asyncio.wait_for(watcher, 10)
+    assert response.status_code == 200, response.text
+    assert [(e["key"], e["mod_version"]) for e in response.json()["events"]] == [("quiet/a", 4)]
+
+
+async def test_an_sse_watch_of_a_quiet_prefix_outlives_the_horizon_passing_its_since(
+        client: httpx.AsyncClient, service: InProcessService) -> None:
+    await client.put("/v1/kv/busy", content=b"0")  # v1
+    stream = asyncio.create_task(client.get("/v1/watch", params={"prefix": "quiet/", "since": 1, "timeout_ms": 1000},
+                                            headers={"accept": "text/event-stream"}))
+    await _quiet_prefix_while_the_horizon_passes(client, service)
+    response = await asyncio.wait_for(stream, 10)
+    messages = parse_sse(response.text)
+    assert [m["event"] for m in messages] == ["put"], response.text
+    assert json.loads(messages[0]["data"])["key"] == "quiet/a"
+
+
+async def test_an_sse_stream_sends_keepalives_only_at_the_keepalive_interval(client: httpx.AsyncClient) -> None:
+    """A 500 ms stream with keepalives every 200 ms (TEST_SETTINGS) carries at most two; the
+    last sub-millisecond of a stream once spun, sending a keepalive per turn (50-200)."""
+    for _ in range(3):
+        response = await client.get("/v1/watch", params={"prefix": "none/", "timeout_ms": 500},
+                                    headers={"accept": "text/event-stream"})
+        assert response.status_code == 200
+        assert response.text.count(": keepalive") <= 2, response.text
+
+
+@pytest.mark.parametrize("last_event_id", [b"\xb2", b"\xb9", b"99999999999999999999999", b"9223372036854775808",
+                                           b"-1", b""])
+async def test_sse_last_event_id_outside_the_version_range_is_400(client: httpx.AsyncClient, last_event_id: bytes) -> None:
+    """Latin-1 superscript digits ("\u00b2" passed str.isdigit, then int() raised: a 500) and
+    numbers past the largest version are refused like a bad since."""
+    response = await client.get("/v1/watch", params={"timeout_ms": 0},
+                                headers={"accept": "text/event-stream", "last-event-id": last_event_id})
+    assert_problem(response, 400)
+
+
 async def test_watch_bad_parameters_are_400(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/v1/watch", params={"since": -1}), 400)
     assert_problem(await client.get("/v1/watch", params={"timeout_ms": "long"}), 400)
@@ -299,11 +357,13 @@ async def test_txn_content_type_must_be_a_media_type(client: httpx.AsyncClient, 
 
 async def test_sse_horizon_passing_since_mid_stream_ends_with_an_error_event(client: httpx.AsyncClient,
                                                                             service: InProcessService) -> None:
+    """The stream fell behind the horizon: it read at version 1, then (before it could read
+    again) two versions came and the horizon passed them."""
     await client.put("/v1/kv/e/0", content=b"v")
     stream = asyncio.create_task(client.get("/v1/watch", params={"prefix": "e/", "since": 1, "timeout_ms": 2000},
                                             headers={"accept": "text/event-stream"}))
     await service.until_waiting()
-    await client.put("/v1/kv/other", content=b"v")
+    service.apply_now(put("other", b"v"))  # no wake-up: the stream stays at 1
     service.state.prune_history(2)
     await client.put("/v1/kv/other", content=b"w")
     response = await asyncio.wait_for(stream, 10)
