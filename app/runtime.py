@@ -599,18 +599,30 @@ class NodeRuntime:
             future.set_exception(IndeterminateError(f"not committed within {self.config.commit_timeout_ms} ms"))
 
     async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
-        deadline_s = time.monotonic() + wait_ms / 1000
-        target = min_version or 0
+        """``wait_ms`` bounds only the wait for ``min_version`` (shared/API.md). What the
+        consistency level itself needs (the leader's quorum round, applying up to the high
+        watermark) is bounded by ``commit_timeout_ms`` like a write, and failing it is a 503:
+        with ``wait_ms=0`` a linearizable read used to answer 504 "version not reached"
+        though no version was asked for."""
+        now_s = time.monotonic()
         if consistency == "leader":
             self._require_leader()
-            target = max(target, self.node.high_watermark)
+            await self._wait_consistent(self.node.high_watermark, now_s)
         elif consistency == "linearizable":
-            target = max(target, await self._read_index(deadline_s))
+            await self._wait_consistent(await self._read_index(now_s + self.config.commit_timeout_ms / 1000), now_s)
         elif not self.is_ready():
             raise NotReadyError("this replica is catching up")
-        await self._wait_applied(target, deadline_s)
+        if min_version is not None:
+            await self._wait_applied(min_version, now_s + wait_ms / 1000)
         if consistency == "local" and not self.is_ready():
             raise NotReadyError("this replica is catching up")
+
+    async def _wait_consistent(self, version: int, started_s: float) -> None:
+        try:
+            await self._wait_applied(version, started_s + self.config.commit_timeout_ms / 1000)
+        except VersionWaitTimeoutError:
+            raise NotReadyError(f"the leader did not apply its high watermark {version} within "
+                                f"{self.config.commit_timeout_ms} ms") from None
 
     def _require_leader(self) -> None:
         if self.node.role != Role.LEADER or self._closing:
@@ -631,7 +643,7 @@ class NodeRuntime:
             return await asyncio.wait_for(future, max(0.0, deadline_s - time.monotonic()))
         except TimeoutError:
             self._reads.pop(token, None)
-            raise VersionWaitTimeoutError(self._applied_version) from None
+            raise NotReadyError(f"a quorum did not confirm this leader within {self.config.commit_timeout_ms} ms") from None
 
     async def _wait_applied(self, version: int, deadline_s: float) -> None:
         while self._applied_version < version:

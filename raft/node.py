@@ -484,10 +484,13 @@ class RaftNode:
                 persisted.epoch, persisted.voted_id, now_ms + self._random_election_timeout_ms(), now_ms
             )
 
-    def _leave_role(self) -> None:
+    def _leave_role(self, now_ms: int) -> None:
         """Drop what only the old role held; tell the runtime the role changed."""
         state = self._state
         if isinstance(state, LeaderState):
+            # A leader was in contact with the leader (itself) until now: X-Last-Contact-Ms
+            # counts from here, not from the last Fetch answer it got as a follower.
+            self._last_fetched_ms = now_ms
             self._ready.reads_failed.extend(state.reads)
             state.reads.clear()
             for parked in state.parked.values():  # tell waiting fetchers at once
@@ -498,7 +501,7 @@ class RaftNode:
 
     def _become_unattached(self, now_ms: int, epoch: int, voted_id: int = -1, delay_ms: int | None = None) -> None:
         """Rules 1, 2, 8: no leader known in ``epoch``."""
-        self._leave_role()
+        self._leave_role(now_ms)
         if epoch > self._persisted.epoch:
             self._persist(epoch, voted_id, NO_LEADER)
         wait_ms = self._random_election_timeout_ms() if delay_ms is None else delay_ms
@@ -508,7 +511,7 @@ class RaftNode:
         """Rules 1, 3, 4, 7: a leader of ``epoch`` is known."""
         check(leader_id != self._id, "cannot follow itself")
         voted_id = self._persisted.voted_id if epoch == self._persisted.epoch else -1
-        self._leave_role()
+        self._leave_role(now_ms)
         self._persist(epoch, voted_id, leader_id)
         if leader_endpoint:
             self.peer_endpoints[leader_id] = leader_endpoint
@@ -533,7 +536,7 @@ class RaftNode:
         old = self._state
         leader_id = old.leader_id if isinstance(old, FollowerState) else NO_LEADER
         if not isinstance(old, ProspectiveState):
-            self._leave_role()
+            self._leave_role(now_ms)
         state = ProspectiveState(
             old.epoch, self._persisted.voted_id, leader_id, now_ms + self._random_election_timeout_ms()
         )
@@ -548,7 +551,7 @@ class RaftNode:
     def _become_candidate(self, now_ms: int) -> None:
         """Rule 4: persist epoch + 1 and a vote for itself, ask for votes."""
         epoch = self._state.epoch + 1
-        self._leave_role()
+        self._leave_role(now_ms)
         self._persist(epoch, self._id, NO_LEADER)
         state = CandidateState(epoch, now_ms + self._random_election_timeout_ms())
         state.granted.add(self._id)
@@ -563,7 +566,7 @@ class RaftNode:
     def _become_leader(self, now_ms: int) -> None:
         """Rule 6: append LeaderChange, announce with BeginQuorumEpoch."""
         epoch = self._state.epoch
-        self._leave_role()
+        self._leave_role(now_ms)
         self._persist(epoch, self._id, self._id)
         log = self._log
         start = log.end_offset()
@@ -583,7 +586,7 @@ class RaftNode:
         successors = tuple(
             p.replica_id for p in sorted(leader.voters.values(), key=lambda p: (-p.end_offset, p.replica_id))
         )
-        self._leave_role()
+        self._leave_role(now_ms)
         state = ResignedState(
             leader.epoch, now_ms + self._random_election_timeout_ms(), successors, set(successors), now_ms
         )

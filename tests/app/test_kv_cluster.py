@@ -252,6 +252,10 @@ def test_linearizable_and_leader_reads_are_served_by_the_leader_only(cluster: Cl
         on_follower = client.get(f"{follower.url}/v1/kv/linear/k", params={"consistency": consistency})
         assert on_follower.status_code == 307
         assert on_follower.headers["location"].startswith(leader.url)
+        # wait_ms bounds only a min_version wait: the quorum round itself is not cut short
+        # by it (a linearizable read with wait_ms=0 was a 504 "version not reached").
+        immediate = client.get(f"{leader.url}/v1/kv/linear/k", params={"consistency": consistency, "wait_ms": 0})
+        assert immediate.status_code == 200 and immediate.content == b"v", immediate.text
 
 
 def test_admin_snapshot_is_taken_at_the_applied_version(cluster: Cluster) -> None:

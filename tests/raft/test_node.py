@@ -160,6 +160,22 @@ def test_read_index_fails_without_a_quorum() -> None:
     assert not any(t == token for _, t, _ in cluster.reads_done)
 
 
+def test_a_leader_that_steps_down_counts_its_last_contact_from_then() -> None:
+    """X-Last-Contact-Ms on a partitioned leader that resigned: time since it stopped being
+    leader (it was in contact with the leader, itself, until then), not since the last
+    Fetch answer it received as a follower before it was elected."""
+    cluster = Cluster(seed=4, voters=3)
+    leader_id = elected(cluster)
+    cluster.run_for(5_000)  # a long leadership: its follower days are long past
+    node = cluster.nodes[leader_id]
+    assert node.core is not None and node.core.last_contact_ms(cluster.now_ms) == 0
+    cluster.partition({leader_id}, cluster.voter_ids - {leader_id})
+    assert cluster.run_until(lambda: node.core is not None and node.core.role != Role.LEADER, 5_000)
+    stepped_down_ms = cluster.now_ms
+    cluster.run_for(100)
+    assert node.core.last_contact_ms(cluster.now_ms) <= cluster.now_ms - stepped_down_ms
+
+
 def _node(voters: frozenset[int], node_id: int = 1, log: MemoryLog | None = None,
           persisted: QuorumStateRecord | None = None, tombstone_retention_records: int = 0) -> RaftNode:
     config = RaftConfig(node_id=node_id, voters=voters, endpoint=f"http://n{node_id}",
