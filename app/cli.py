@@ -60,6 +60,7 @@ class _Parser(argparse.ArgumentParser):
 SERVE_HELP = {
     "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
     "cleaner_min_dirty_ratio": "clean only when uncleaned bytes below the dirty offset are at least this fraction of the log (0..1)",
+    "min_compaction_lag_ms": "leave records younger than this uncleaned, so at_version reads and watches reach back at least this far",
     "tombstone_retention_records": "keep tombstones this many offsets below the cleaned end (same on every node)",
     "snapshot_every_records": "take a snapshot after this many applied offsets (0 = only on demand)",
     "node_id": "this node's id (an integer)",
@@ -297,7 +298,8 @@ try:
   curl -L -X PUT --data-binary 'hello' {first}/v1/kv/greeting
   curl {first}/v1/kv/greeting
   curl '{first}/v1/kv?prefix=gr'
-  curl '{first}/v1/watch?prefix=gr&since=0&timeout_ms=10000'
+  V=$(curl -s '{first}/v1/kv?prefix=gr' | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
+  curl "{first}/v1/watch?prefix=gr&since=$V&timeout_ms=10000"   # waits for the next change under gr
   curl {first}/v1/status
   metakv status --url {first}
 """, flush=True)

@@ -74,6 +74,9 @@ class NodeConfig:
     # node: it is part of what makes cleaned prefixes byte-identical.
     cleaner_interval_ms: int = 10_000
     cleaner_min_dirty_ratio: float = 0.5
+    # Records stay uncleaned (and their history readable: at_version, watch since) at least
+    # this long after the leader appended them (Kafka's min.compaction.lag.ms).
+    min_compaction_lag_ms: int = 60_000
     tombstone_retention_records: int = 0
     snapshot_every_records: int = 100_000
     # HTTP auth (app/auth.py, docs/http.md "Auth"): off unless a token file is given. The
@@ -203,6 +206,7 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "log_level": parse_log_level,
     "cleaner_interval_ms": _ms(0),
     "cleaner_min_dirty_ratio": parse_ratio,
+    "min_compaction_lag_ms": _ms(0),
     "tombstone_retention_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "snapshot_every_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "auth_file": lambda name, raw: Path(_non_empty(name, raw)),

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import math
 import os
 import random
 import time
@@ -896,15 +897,27 @@ class NodeRuntime:
         batches: list[Batch] = []
         prefix_bytes = dirty_bytes = 0
         throttle = _Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S)
+        # Records younger than min_compaction_lag_ms stay as they are (an admin compaction
+        # cleans them too): their history stays readable that long (the history horizon
+        # follows the cleaned end), so a watch or a paged list can resume from a version
+        # for at least the lag, not only until the next cleaning.
+        young_after_ms = math.inf if force else time.time() * 1000 - self.config.min_compaction_lag_ms
         for batch in log.iter_batches(start):
             throttle.pause()
             if batch.next_offset > dirty:
+                break
+            if batch.base_offset >= cleaned_before and batch.timestamp_ms > young_after_ms:
+                dirty = batch.base_offset
+                report["dirty_offset"] = dirty
                 break
             batches.append(batch)
             size = batch.size_bytes()
             prefix_bytes += size
             if batch.base_offset >= cleaned_before:
                 dirty_bytes += size
+        if dirty <= cleaned_before:
+            report["reason"] = "the records above the cleaned end are younger than min_compaction_lag_ms"
+            return report
         total_bytes = max(1, log.size_bytes())
         report["dirty_ratio"] = round(dirty_bytes / total_bytes, 4)
         if not batches or (not force and dirty_bytes / total_bytes < self.config.cleaner_min_dirty_ratio):

@@ -45,6 +45,8 @@ CHAOS_SETTINGS = {
     "fetch_max_wait_ms": 400,
     "request_timeout_ms": 1500,
     "commit_timeout_ms": 4000,
+    # Short enough that a short run still cleans (under faults), long enough to exercise it.
+    "min_compaction_lag_ms": 2000,
 }
 # How long the cluster may take to recover after the final heal.
 RECOVERY_TIMEOUT_S = 90.0

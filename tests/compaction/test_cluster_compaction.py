@@ -22,7 +22,7 @@ import httpx
 
 from tests.cluster import Cluster, Node
 
-FAST = {"election_timeout_ms": 500, "fetch_timeout_ms": 1000, "fetch_max_wait_ms": 200}
+FAST = {"election_timeout_ms": 500, "fetch_timeout_ms": 1000, "fetch_max_wait_ms": 200, "min_compaction_lag_ms": 0}
 WAIT_S = 60.0
 
 
