@@ -48,6 +48,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -282,13 +283,22 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 # Request and response models
 
 
+KEY_TOO_LARGE_ERROR = "key_too_large"  # the pydantic error type the txn route answers 413 for
+
+
 def _check_key_text(key: str) -> str:
+    """A txn key's rules, in bytes as the key routes count them. Too long is its own error
+    type (not a ValueError, which pydantic reports as any other 422) so that the txn route
+    answers 413 ``key-too-large`` for it, as the key routes do for the same key."""
     try:
         encoded = key.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError("key is not valid UTF-8") from exc
-    if not encoded or len(encoded) > KEY_MAX_BYTES:
+    if not encoded:
         raise ValueError(f"key must be 1-{KEY_MAX_BYTES} bytes of UTF-8")
+    if len(encoded) > KEY_MAX_BYTES:
+        raise PydanticCustomError(KEY_TOO_LARGE_ERROR, "the key is {size} bytes; at most {limit} are allowed",
+                                  {"size": len(encoded), "limit": KEY_MAX_BYTES})
     if b"\x00" in encoded:
         raise ValueError("key must not contain NUL")
     return key
@@ -303,7 +313,8 @@ _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 CONTENT_TYPE_PATTERN = (rf'^{_TOKEN}/{_TOKEN}([ \t]*;[ \t]*{_TOKEN}=({_TOKEN}|"[\x20\x21\x23-\x5b\x5d-\x7e]*"))*$')
 _CONTENT_TYPE_RE = re.compile(CONTENT_TYPE_PATTERN)
 
-Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_BYTES, pattern=NO_NUL_PATTERN,
+# maxLength is documented, not validated as characters: _check_key_text counts bytes (413).
+Key = Annotated[str, Field(min_length=1, pattern=NO_NUL_PATTERN, json_schema_extra={"maxLength": KEY_MAX_BYTES},
                            description="UTF-8, 1-1024 bytes, no NUL"), AfterValidator(_check_key_text)]
 ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES, pattern=CONTENT_TYPE_PATTERN)]
 Base64Text = Annotated[str, Field(pattern=BASE64_PATTERN, description="standard base64 with padding")]
@@ -1176,6 +1187,11 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
             body = TxnRequest.model_validate_json(raw)
         except ValidationError as exc:
             errors = _validation_errors(exc)
+            too_large = [error for error, raw_error in zip(errors, exc.errors(), strict=True)
+                         if raw_error["type"] == KEY_TOO_LARGE_ERROR]
+            if too_large:  # as the key routes answer for the same key
+                raise ProblemError(413, "key-too-large", "Key too large", _describe(too_large[0]),
+                                   errors=too_large) from exc
             detail = "; ".join(_describe(e) for e in errors[:10]) or "invalid txn body"
             raise ProblemError(422, "invalid-body", "Invalid txn body", detail, errors=errors) from exc
         result = await service.propose(_txn_command(body, settings.max_value_bytes))
