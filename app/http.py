@@ -306,7 +306,17 @@ def _check_key_text(key: str) -> str:
 
 NO_NUL_PATTERN = r"^[^\x00]*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}"|[0-9]{1,18})$'  # quotes optional, leniently'
+# If-Match (RFC 9110 §13.1.1): * or a list of entity tags, quotes optional on a strong one
+# (leniently). Weak tags never match (strong comparison); a write's condition is one compare
+# on the key's mod_version, so a list may name at most one strong tag. _parse_if_match
+# enforces exactly this grammar, with a detail saying what is wrong.
+_ETAG_NUMBER = "[0-9]{1,18}"
+_WEAK_ETAG = f'W/"{_ETAG_NUMBER}"'
+_OWS = "[ \t]*"
+IF_MATCH_PATTERN = (rf'^{_OWS}(\*|({_WEAK_ETAG}{_OWS},{_OWS})*({_WEAK_ETAG}|"{_ETAG_NUMBER}"|{_ETAG_NUMBER})'
+                    rf'({_OWS},{_OWS}{_WEAK_ETAG})*){_OWS}$')
+_STRONG_ETAG_RE = re.compile(f'"?({_ETAG_NUMBER})"?')
+_WEAK_ETAG_RE = re.compile(f'W/"{_ETAG_NUMBER}"')
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 # An RFC 9110 media type (type/subtype; name=value or name="quoted"): it is sent back as the
 # Content-Type of GET, so it must be one a client can parse.
@@ -687,19 +697,38 @@ async def _read_body_bounded(request: Request, limit_bytes: int, what: str, slug
     return b"".join(chunks)
 
 
-def _parse_if_match(value: str, key: str) -> Compare:
-    """``If-Match: "<mod_version>"`` is compare-and-set; ``If-Match: *`` requires existence."""
-    text = value.strip()
-    if text == "*":
-        return Compare(key, CompareKind.EXISTS, True)
-    if text.startswith("W/"):
-        text = text[2:]
-    if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
-        text = text[1:-1]
-    if not text.isascii() or not text.isdigit() or int(text) > MAX_VERSION:
+def _parse_if_match(value: str, key: str) -> tuple[Compare, ...]:
+    """``If-Match: "<mod_version>"`` is compare-and-set; ``If-Match: *`` requires existence.
+
+    Strong comparison (RFC 9110 §13.1.1): a weak tag ``W/"5"`` never matches, whatever the
+    key's version, so a list of weak tags only is a condition that cannot hold. It is still
+    proposed (as two contradicting compares) rather than answered here, so that it fails at
+    apply time like any other condition: on the leader, with the key's current_version.
+    A list of several strong tags would need an OR of compares, which a command cannot
+    express (storage/commands.py: all compares must hold): 400, saying so."""
+    elements = [element.strip(" \t") for element in value.split(",")]
+    if "*" in elements:
+        if len(elements) > 1:
+            raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
+                               "If-Match: * cannot be combined with entity tags")
+        return (Compare(key, CompareKind.EXISTS, True),)
+    strong: list[int] = []
+    for element in elements:
+        if _WEAK_ETAG_RE.fullmatch(element):
+            continue  # never matches
+        match = _STRONG_ETAG_RE.fullmatch(element)
+        if match is None or element.count('"') == 1:
+            raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
+                               'If-Match must be * or "<mod_version>" (a quoted integer; a list may add weak W/"<n>" '
+                               f"tags, which never match): {element[:40]!r} is not an entity tag")
+        strong.append(int(match.group(1)))
+    if len(strong) > 1:
         raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
-                           'If-Match must be "<mod_version>" (a single quoted integer) or *')
-    return Compare(key, CompareKind.MOD_VERSION, int(text))
+                           "If-Match lists of several entity tags are not supported: a write's condition is one "
+                           'compare of the key\'s mod_version; send one "<mod_version>"')
+    if not strong:
+        return (Compare(key, CompareKind.EXISTS, True), Compare(key, CompareKind.EXISTS, False))
+    return (Compare(key, CompareKind.MOD_VERSION, strong[0]),)
 
 
 def _parse_if_none_match(value: str, key: str) -> Compare:
@@ -713,7 +742,7 @@ def _write_compares(key: str, if_match: str | None, if_none_match: str | None) -
     """Both headers may be sent; both must hold (RFC 9110 evaluates If-Match, then If-None-Match)."""
     compares = []
     if if_match is not None:
-        compares.append(_parse_if_match(if_match, key))
+        compares.extend(_parse_if_match(if_match, key))
     if if_none_match is not None:
         compares.append(_parse_if_none_match(if_none_match, key))
     return tuple(compares)
@@ -878,8 +907,9 @@ AtVersionQuery = Annotated[int | None, Query(ge=0, le=MAX_VERSION, description="
 KeyPath = Annotated[str, Path(description="the key: UTF-8, 1-1024 bytes, no NUL; may contain /",
                               json_schema_extra={"minLength": 1, "maxLength": KEY_MAX_BYTES, "pattern": NO_NUL_PATTERN})]
 IfMatchHeader = Annotated[str | None, Header(
-    alias="If-Match", pattern=IF_MATCH_PATTERN,
-    description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it exists')]
+    alias="If-Match", json_schema_extra={"pattern": IF_MATCH_PATTERN},  # enforced by _parse_if_match
+    description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it '
+                'exists. Weak tags (W/"<n>") never match (strong comparison); a list may hold one strong tag at most')]
 IfNoneMatchHeader = Annotated[Literal["*"] | None, Header(
     alias="If-None-Match", description="*: only if the key does not exist")]
 

@@ -142,6 +142,47 @@ async def test_if_match_on_delete(client: httpx.AsyncClient) -> None:
     assert ok.json()["deleted"] is True
 
 
+async def test_weak_if_match_never_matches_and_is_412(client: httpx.AsyncClient, service: InProcessService) -> None:
+    # RFC 9110 §13.1.1: If-Match compares strongly, so W/"1" fails even when the key is at 1.
+    await client.put("/v1/kv/weak", content=b"a")
+    for weak in ('W/"1"', 'W/"1", W/"7"'):
+        document = assert_problem(await client.put("/v1/kv/weak", content=b"b", headers={"if-match": weak}), 412)
+        assert document["type"] == "urn:metakv:problem:precondition-failed"
+        assert document["current_version"] == 1
+        assert_problem(await client.delete("/v1/kv/weak", headers={"if-match": weak}), 412)
+    got = await client.get("/v1/kv/weak")
+    assert got.content == b"a" and got.headers["etag"] == '"1"'
+    assert_problem(await client.put("/v1/kv/never", content=b"b", headers={"if-match": 'W/"0"'}), 412)
+    assert (await client.get("/v1/kv/never")).status_code == 404
+
+
+async def test_if_match_list_matches_its_one_strong_tag_and_ignores_weak_ones(client: httpx.AsyncClient) -> None:
+    await client.put("/v1/kv/l", content=b"a")
+    ok = await client.put("/v1/kv/l", content=b"b", headers={"if-match": 'W/"1", "1"'})
+    assert ok.status_code == 200 and ok.json()["version"] == 2
+    document = assert_problem(await client.put("/v1/kv/l", content=b"c", headers={"if-match": '"1" , W/"2"'}), 412)
+    assert document["current_version"] == 2
+    assert (await client.get("/v1/kv/l")).content == b"b"
+
+
+@pytest.mark.parametrize("value", ['"1", "2"', '"2", "2"', 'W/"9", "1", 2'])
+async def test_if_match_list_of_several_strong_tags_is_400_not_supported(client: httpx.AsyncClient,
+                                                                         value: str) -> None:
+    await client.put("/v1/kv/many", content=b"a")
+    await client.put("/v1/kv/many", content=b"b")
+    document = assert_problem(await client.put("/v1/kv/many", content=b"c", headers={"if-match": value}), 400)
+    assert document["type"] == "urn:metakv:problem:invalid-precondition"
+    assert "lists of several entity tags are not supported" in document["detail"]
+    assert (await client.get("/v1/kv/many")).content == b"b"
+
+
+async def test_if_match_star_with_entity_tags_is_400(client: httpx.AsyncClient) -> None:
+    await client.put("/v1/kv/star", content=b"a")
+    document = assert_problem(await client.put("/v1/kv/star", content=b"b", headers={"if-match": '*, "1"'}), 400)
+    assert "cannot be combined" in document["detail"]
+    assert (await client.get("/v1/kv/star")).content == b"a"
+
+
 @pytest.mark.parametrize("header", [{"if-match": "abc"}, {"if-match": '"1", "2"'}, {"if-none-match": '"3"'},
                                     {"if-none-match": ""}, {"if-match": '"99999999999999999999"'}])
 async def test_malformed_preconditions_are_400(client: httpx.AsyncClient, header: dict[str, str]) -> None:
