@@ -1114,7 +1114,10 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     registry = getattr(service, "metrics", None)
     if not isinstance(registry, CollectorRegistry):
         registry = CollectorRegistry()
-    app = MetakvApp(title="metakv", version="1", description="Replicated key-value metadata store (shared/API.md).")
+    # No slash redirects: Starlette would answer /v1/status/ with a bare 307 to /v1/status on
+    # this very node (no body, no problem document), which a client reads as "not the leader".
+    app = MetakvApp(title="metakv", version="1", description="Replicated key-value metadata store (shared/API.md).",
+                    redirect_slashes=False)
     state = service.state
 
     # ---- exception mapping (the key routes map through the same _as_problem) ---------------

@@ -178,6 +178,23 @@ async def test_admin_routes(faulty: FaultyService, faulty_client: httpx.AsyncCli
     assert_problem(await faulty_client.post("/v1/admin/compact"), 503)
 
 
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/status/"), ("GET", "/v1/watch/?prefix=a"),
+                                             ("POST", "/v1/txn/"), ("GET", "/healthz/"), ("GET", "/v1/quorum/")])
+async def test_trailing_slash_on_a_route_is_404_problem_not_a_redirect(client: httpx.AsyncClient, service: InProcessService,
+                                                                       method: str, path: str) -> None:
+    response = await client.request(method, path, json={"success": [{"op": "put", "key": "a", "value": "x"}]}
+                                    if method == "POST" else None)
+    document = assert_problem(response, 404)
+    assert document["type"] == "urn:metakv:problem:not-found"
+    assert "location" not in response.headers
+    assert service.proposals == 0
+
+
+async def test_list_route_with_trailing_slash_stays_an_invalid_empty_key(client: httpx.AsyncClient) -> None:
+    document = assert_problem(await client.get("/v1/kv/?prefix=app"), 400)
+    assert document["type"] == "urn:metakv:problem:invalid-key"
+
+
 async def test_compact_route_exists_only_when_the_service_compacts(client: httpx.AsyncClient) -> None:
     assert_problem(await client.post("/v1/admin/compact"), 404)
     paths = (await client.get("/openapi.json")).json()["paths"]
