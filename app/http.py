@@ -822,7 +822,8 @@ def _http_metrics(registry: CollectorRegistry) -> _HttpMetrics:
 
 
 class _EdgeMiddleware:
-    """Node headers on every response, request metrics, and the last-resort 500."""
+    """Node headers on every response, no body on a HEAD answer, request metrics, and the
+    last-resort 500."""
 
     def __init__(self, app: ASGIApp, service: KVService, metrics: _HttpMetrics,
                  route_label: Callable[[Scope], str]) -> None:
@@ -849,6 +850,7 @@ class _EdgeMiddleware:
         started_s = time.perf_counter()
         status_code = 500
         response_started = False
+        head = scope["method"] == "HEAD"
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status_code, response_started
@@ -857,6 +859,9 @@ class _EdgeMiddleware:
                 status_code = message["status"]
                 # Routes never set these headers themselves, so they are appended, not merged.
                 message = {**message, "headers": [*message.get("headers", ()), *self._node_headers()]}
+            elif head and message.get("body"):
+                # HEAD: GET's status and headers (Content-Length included), never a body.
+                message = {**message, "body": b""}
             await send(message)
 
         try:
@@ -1193,7 +1198,18 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     async def _wait(consistency: Consistency, min_version: int | None, wait_ms: int, at_version: int | None) -> None:
         await _wait_readable(service, settings, consistency, min_version, wait_ms, at_version)
 
-    @app.get("/v1/kv", tags=["keys"], summary="List entries at one version", response_model=ListResponse,
+    def get_and_head(path: str, *, summary: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A GET route and its HEAD twin (same endpoint and options, so the same status and
+        headers; _EdgeMiddleware drops the body): load balancers and probes send HEAD. Two
+        routes, not methods=["GET", "HEAD"], so /openapi.json gets two operation ids."""
+        def register(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+            app.add_api_route(path, endpoint, methods=["GET"], summary=summary, **options)
+            app.add_api_route(path, endpoint, methods=["HEAD"], name=f"head_{endpoint.__name__}",
+                              summary=f"{summary}: the headers of GET, no body", **options)
+            return endpoint
+        return register
+
+    @get_and_head("/v1/kv", tags=["keys"], summary="List entries at one version", response_model=ListResponse,
              responses=_problems(307, 400, 410, 503, 504))
     async def list_keys(
         prefix: Annotated[str, Query(description="only keys starting with this")] = "",
@@ -1317,21 +1333,21 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
 
     # ---- cluster ----------------------------------------------------------------------------
 
-    @app.get("/v1/status", tags=["cluster"], summary="This node's state", response_model=StatusResponse,
+    @get_and_head("/v1/status", tags=["cluster"], summary="This node's state", response_model=StatusResponse,
              response_model_exclude_unset=True)
     async def status() -> dict[str, Any]:
         return service.status()
 
-    @app.get("/v1/quorum", tags=["cluster"], summary="The leader's view of the quorum",
+    @get_and_head("/v1/quorum", tags=["cluster"], summary="The leader's view of the quorum",
              response_model=QuorumResponse, response_model_exclude_unset=True, responses=_problems(307, 503))
     async def quorum() -> dict[str, Any]:
         return service.quorum()
 
-    @app.get("/healthz", tags=["cluster"], summary="200 while the process serves", response_model=HealthResponse)
+    @get_and_head("/healthz", tags=["cluster"], summary="200 while the process serves", response_model=HealthResponse)
     async def healthz() -> HealthResponse:
         return HealthResponse(status="ok")
 
-    @app.get("/readyz", tags=["cluster"], summary="200 when this node can serve consistent reads",
+    @get_and_head("/readyz", tags=["cluster"], summary="200 when this node can serve consistent reads",
              response_model=ReadyResponse, responses=_problems(503))
     async def readyz() -> ReadyResponse:
         if not service.is_ready():
@@ -1339,7 +1355,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         return ReadyResponse(ready=True)
 
-    @app.get("/metrics", tags=["cluster"], summary="Prometheus metrics", response_class=Response,
+    @get_and_head("/metrics", tags=["cluster"], summary="Prometheus metrics", response_class=Response,
              responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         return Response(generate_latest(registry), headers={"content-type": CONTENT_TYPE_LATEST})
@@ -1431,6 +1447,8 @@ def _complete_openapi(app: FastAPI, key_routes: list[BaseRoute]) -> dict[str, An
             default_422 = responses.get("422", {}).get("content", {}).get("application/json", {})
             if default_422.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
                 del responses["422"]
-            for response in responses.values():
+            for status, response in responses.items():
+                if operation is path_item.get("head") and status == "200":
+                    response.pop("content", None)  # HEAD: the headers of GET, no body
                 response.setdefault("headers", {}).update(node_headers)
     return schema
