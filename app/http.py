@@ -315,7 +315,7 @@ _WEAK_ETAG = f'W/"{_ETAG_NUMBER}"'
 _OWS = "[ \t]*"
 IF_MATCH_PATTERN = (rf'^{_OWS}(\*|({_WEAK_ETAG}{_OWS},{_OWS})*({_WEAK_ETAG}|"{_ETAG_NUMBER}"|{_ETAG_NUMBER})'
                     rf'({_OWS},{_OWS}{_WEAK_ETAG})*){_OWS}$')
-_STRONG_ETAG_RE = re.compile(f'"?({_ETAG_NUMBER})"?')
+_STRONG_ETAG_RE = re.compile(f'"({_ETAG_NUMBER})"|({_ETAG_NUMBER})')
 _WEAK_ETAG_RE = re.compile(f'W/"{_ETAG_NUMBER}"')
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 # An RFC 9110 media type (type/subtype; name=value or name="quoted"): it is sent back as the
@@ -717,11 +717,11 @@ def _parse_if_match(value: str, key: str) -> tuple[Compare, ...]:
         if _WEAK_ETAG_RE.fullmatch(element):
             continue  # never matches
         match = _STRONG_ETAG_RE.fullmatch(element)
-        if match is None or element.count('"') == 1:
+        if match is None:
             raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
                                'If-Match must be * or "<mod_version>" (a quoted integer; a list may add weak W/"<n>" '
                                f"tags, which never match): {element[:40]!r} is not an entity tag")
-        strong.append(int(match.group(1)))
+        strong.append(int(match.group(1) or match.group(2)))
     if len(strong) > 1:
         raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
                            "If-Match lists of several entity tags are not supported: a write's condition is one "
@@ -1210,7 +1210,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
         return register
 
     @get_and_head("/v1/kv", tags=["keys"], summary="List entries at one version", response_model=ListResponse,
-             responses=_problems(307, 400, 410, 503, 504))
+                  responses=_problems(307, 400, 410, 503, 504))
     async def list_keys(
         prefix: Annotated[str, Query(description="only keys starting with this")] = "",
         limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = LIST_LIMIT_DEFAULT,
@@ -1334,12 +1334,12 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     # ---- cluster ----------------------------------------------------------------------------
 
     @get_and_head("/v1/status", tags=["cluster"], summary="This node's state", response_model=StatusResponse,
-             response_model_exclude_unset=True)
+                  response_model_exclude_unset=True)
     async def status() -> dict[str, Any]:
         return service.status()
 
     @get_and_head("/v1/quorum", tags=["cluster"], summary="The leader's view of the quorum",
-             response_model=QuorumResponse, response_model_exclude_unset=True, responses=_problems(307, 503))
+                  response_model=QuorumResponse, response_model_exclude_unset=True, responses=_problems(307, 503))
     async def quorum() -> dict[str, Any]:
         return service.quorum()
 
@@ -1348,7 +1348,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
         return HealthResponse(status="ok")
 
     @get_and_head("/readyz", tags=["cluster"], summary="200 when this node can serve consistent reads",
-             response_model=ReadyResponse, responses=_problems(503))
+                  response_model=ReadyResponse, responses=_problems(503))
     async def readyz() -> ReadyResponse:
         if not service.is_ready():
             raise ProblemError(503, "not-ready", "Not ready", "this node cannot serve consistent reads yet",
@@ -1356,7 +1356,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
         return ReadyResponse(ready=True)
 
     @get_and_head("/metrics", tags=["cluster"], summary="Prometheus metrics", response_class=Response,
-             responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+                  responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         return Response(generate_latest(registry), headers={"content-type": CONTENT_TYPE_LATEST})
 

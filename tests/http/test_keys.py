@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from urllib.parse import quote
 
 import httpx
@@ -181,6 +182,22 @@ async def test_if_match_star_with_entity_tags_is_400(client: httpx.AsyncClient) 
     document = assert_problem(await client.put("/v1/kv/star", content=b"b", headers={"if-match": '*, "1"'}), 400)
     assert "cannot be combined" in document["detail"]
     assert (await client.get("/v1/kv/star")).content == b"a"
+
+
+IF_MATCH_VALUES = ['*', '"5"', '5', 'W/"5"', 'W/"1", "2"', '"1",W/"2"', 'W/"1" , W/"2"', '"1", "2"', '*, "1"',
+                   'abc', '"1', '1"', 'W/5', '"1",', '"99999999999999999999"', '"1"2', 'W/"1"W/"2"', '","']
+
+
+async def test_if_match_is_refused_exactly_when_the_documented_pattern_does_not_match(client: httpx.AsyncClient) -> None:
+    """The fuzzer trusts /openapi.json: a value matching its If-Match pattern must be
+    accepted (200 or 412), any other must be 400."""
+    operation = (await client.get("/openapi.json")).json()["paths"]["/v1/kv/{key}"]["put"]
+    [parameter] = [p for p in operation["parameters"] if p["name"] == "If-Match"]
+    pattern = re.compile(parameter["schema"]["pattern"])
+    await client.put("/v1/kv/pattern", content=b"a")
+    for value in IF_MATCH_VALUES:
+        status = (await client.put("/v1/kv/pattern", content=b"b", headers={"if-match": value})).status_code
+        assert (status != 400) == bool(pattern.fullmatch(value)), (value, status)
 
 
 @pytest.mark.parametrize("header", [{"if-match": "abc"}, {"if-match": '"1", "2"'}, {"if-none-match": '"3"'},
