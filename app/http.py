@@ -49,6 +49,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -284,13 +285,22 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 # Request and response models
 
 
+KEY_TOO_LARGE_ERROR = "key_too_large"  # the pydantic error type the txn route answers 413 for
+
+
 def _check_key_text(key: str) -> str:
+    """A txn key's rules, in bytes as the key routes count them. Too long is its own error
+    type (not a ValueError, which pydantic reports as any other 422) so that the txn route
+    answers 413 ``key-too-large`` for it, as the key routes do for the same key."""
     try:
         encoded = key.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError("key is not valid UTF-8") from exc
-    if not encoded or len(encoded) > KEY_MAX_BYTES:
+    if not encoded:
         raise ValueError(f"key must be 1-{KEY_MAX_BYTES} bytes of UTF-8")
+    if len(encoded) > KEY_MAX_BYTES:
+        raise PydanticCustomError(KEY_TOO_LARGE_ERROR, "the key is {size} bytes; at most {limit} are allowed",
+                                  {"size": len(encoded), "limit": KEY_MAX_BYTES})
     if b"\x00" in encoded:
         raise ValueError("key must not contain NUL")
     return key
@@ -298,14 +308,25 @@ def _check_key_text(key: str) -> str:
 
 NO_NUL_PATTERN = r"^[^\x00]*$"
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-IF_MATCH_PATTERN = r'^(\*|(W/)?"[0-9]{1,18}"|[0-9]{1,18})$'  # quotes optional, leniently'
+# If-Match (RFC 9110 §13.1.1): * or a list of entity tags, quotes optional on a strong one
+# (leniently). Weak tags never match (strong comparison); a write's condition is one compare
+# on the key's mod_version, so a list may name at most one strong tag. _parse_if_match
+# enforces exactly this grammar, with a detail saying what is wrong.
+_ETAG_NUMBER = "[0-9]{1,18}"
+_WEAK_ETAG = f'W/"{_ETAG_NUMBER}"'
+_OWS = "[ \t]*"
+IF_MATCH_PATTERN = (rf'^{_OWS}(\*|({_WEAK_ETAG}{_OWS},{_OWS})*({_WEAK_ETAG}|"{_ETAG_NUMBER}"|{_ETAG_NUMBER})'
+                    rf'({_OWS},{_OWS}{_WEAK_ETAG})*){_OWS}$')
+_STRONG_ETAG_RE = re.compile(f'"({_ETAG_NUMBER})"|({_ETAG_NUMBER})')
+_WEAK_ETAG_RE = re.compile(f'W/"{_ETAG_NUMBER}"')
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 # An RFC 9110 media type (type/subtype; name=value or name="quoted"): it is sent back as the
 # Content-Type of GET, so it must be one a client can parse.
 CONTENT_TYPE_PATTERN = (rf'^{_TOKEN}/{_TOKEN}([ \t]*;[ \t]*{_TOKEN}=({_TOKEN}|"[\x20\x21\x23-\x5b\x5d-\x7e]*"))*$')
 _CONTENT_TYPE_RE = re.compile(CONTENT_TYPE_PATTERN)
 
-Key = Annotated[str, Field(min_length=1, max_length=KEY_MAX_BYTES, pattern=NO_NUL_PATTERN,
+# maxLength is documented, not validated as characters: _check_key_text counts bytes (413).
+Key = Annotated[str, Field(min_length=1, pattern=NO_NUL_PATTERN, json_schema_extra={"maxLength": KEY_MAX_BYTES},
                            description="UTF-8, 1-1024 bytes, no NUL"), AfterValidator(_check_key_text)]
 ContentType = Annotated[str, Field(min_length=1, max_length=CONTENT_TYPE_MAX_BYTES, pattern=CONTENT_TYPE_PATTERN)]
 Base64Text = Annotated[str, Field(pattern=BASE64_PATTERN, description="standard base64 with padding")]
@@ -678,19 +699,38 @@ async def _read_body_bounded(request: Request, limit_bytes: int, what: str, slug
     return b"".join(chunks)
 
 
-def _parse_if_match(value: str, key: str) -> Compare:
-    """``If-Match: "<mod_version>"`` is compare-and-set; ``If-Match: *`` requires existence."""
-    text = value.strip()
-    if text == "*":
-        return Compare(key, CompareKind.EXISTS, True)
-    if text.startswith("W/"):
-        text = text[2:]
-    if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
-        text = text[1:-1]
-    if not text.isascii() or not text.isdigit() or int(text) > MAX_VERSION:
+def _parse_if_match(value: str, key: str) -> tuple[Compare, ...]:
+    """``If-Match: "<mod_version>"`` is compare-and-set; ``If-Match: *`` requires existence.
+
+    Strong comparison (RFC 9110 §13.1.1): a weak tag ``W/"5"`` never matches, whatever the
+    key's version, so a list of weak tags only is a condition that cannot hold. It is still
+    proposed (as two contradicting compares) rather than answered here, so that it fails at
+    apply time like any other condition: on the leader, with the key's current_version.
+    A list of several strong tags would need an OR of compares, which a command cannot
+    express (storage/commands.py: all compares must hold): 400, saying so."""
+    elements = [element.strip(" \t") for element in value.split(",")]
+    if "*" in elements:
+        if len(elements) > 1:
+            raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
+                               "If-Match: * cannot be combined with entity tags")
+        return (Compare(key, CompareKind.EXISTS, True),)
+    strong: list[int] = []
+    for element in elements:
+        if _WEAK_ETAG_RE.fullmatch(element):
+            continue  # never matches
+        match = _STRONG_ETAG_RE.fullmatch(element)
+        if match is None:
+            raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
+                               'If-Match must be * or "<mod_version>" (a quoted integer; a list may add weak W/"<n>" '
+                               f"tags, which never match): {element[:40]!r} is not an entity tag")
+        strong.append(int(match.group(1) or match.group(2)))
+    if len(strong) > 1:
         raise ProblemError(400, "invalid-precondition", "Invalid If-Match",
-                           'If-Match must be "<mod_version>" (a single quoted integer) or *')
-    return Compare(key, CompareKind.MOD_VERSION, int(text))
+                           "If-Match lists of several entity tags are not supported: a write's condition is one "
+                           'compare of the key\'s mod_version; send one "<mod_version>"')
+    if not strong:
+        return (Compare(key, CompareKind.EXISTS, True), Compare(key, CompareKind.EXISTS, False))
+    return (Compare(key, CompareKind.MOD_VERSION, strong[0]),)
 
 
 def _parse_if_none_match(value: str, key: str) -> Compare:
@@ -704,7 +744,7 @@ def _write_compares(key: str, if_match: str | None, if_none_match: str | None) -
     """Both headers may be sent; both must hold (RFC 9110 evaluates If-Match, then If-None-Match)."""
     compares = []
     if if_match is not None:
-        compares.append(_parse_if_match(if_match, key))
+        compares.extend(_parse_if_match(if_match, key))
     if if_none_match is not None:
         compares.append(_parse_if_none_match(if_none_match, key))
     return tuple(compares)
@@ -784,7 +824,8 @@ def _http_metrics(registry: CollectorRegistry) -> _HttpMetrics:
 
 
 class _EdgeMiddleware:
-    """Node headers on every response, request metrics, and the last-resort 500."""
+    """Node headers on every response, no body on a HEAD answer, request metrics, and the
+    last-resort 500."""
 
     def __init__(self, app: ASGIApp, service: KVService, metrics: _HttpMetrics,
                  route_label: Callable[[Scope], str]) -> None:
@@ -811,6 +852,7 @@ class _EdgeMiddleware:
         started_s = time.perf_counter()
         status_code = 500
         response_started = False
+        head = scope["method"] == "HEAD"
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status_code, response_started
@@ -819,6 +861,9 @@ class _EdgeMiddleware:
                 status_code = message["status"]
                 # Routes never set these headers themselves, so they are appended, not merged.
                 message = {**message, "headers": [*message.get("headers", ()), *self._node_headers()]}
+            elif head and message.get("body"):
+                # HEAD: GET's status and headers (Content-Length included), never a body.
+                message = {**message, "body": b""}
             await send(message)
 
         try:
@@ -869,8 +914,9 @@ AtVersionQuery = Annotated[int | None, Query(ge=0, le=MAX_VERSION, description="
 KeyPath = Annotated[str, Path(description="the key: UTF-8, 1-1024 bytes, no NUL; may contain /",
                               json_schema_extra={"minLength": 1, "maxLength": KEY_MAX_BYTES, "pattern": NO_NUL_PATTERN})]
 IfMatchHeader = Annotated[str | None, Header(
-    alias="If-Match", pattern=IF_MATCH_PATTERN,
-    description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it exists')]
+    alias="If-Match", json_schema_extra={"pattern": IF_MATCH_PATTERN},  # enforced by _parse_if_match
+    description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it '
+                'exists. Weak tags (W/"<n>") never match (strong comparison); a list may hold one strong tag at most')]
 IfNoneMatchHeader = Annotated[Literal["*"] | None, Header(
     alias="If-None-Match", description="*: only if the key does not exist")]
 
@@ -1075,7 +1121,10 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     registry = getattr(service, "metrics", None)
     if not isinstance(registry, CollectorRegistry):
         registry = CollectorRegistry()
-    app = MetakvApp(title="metakv", version="1", description="Replicated key-value metadata store (shared/API.md).")
+    # No slash redirects: Starlette would answer /v1/status/ with a bare 307 to /v1/status on
+    # this very node (no body, no problem document), which a client reads as "not the leader".
+    app = MetakvApp(title="metakv", version="1", description="Replicated key-value metadata store (shared/API.md).",
+                    redirect_slashes=False)
     state = service.state
 
     # ---- exception mapping (the key routes map through the same _as_problem) ---------------
@@ -1151,8 +1200,19 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     async def _wait(consistency: Consistency, min_version: int | None, wait_ms: int, at_version: int | None) -> None:
         await _wait_readable(service, settings, consistency, min_version, wait_ms, at_version)
 
-    @app.get("/v1/kv", tags=["keys"], summary="List entries at one version", response_model=ListResponse,
-             responses=_problems(307, 400, 410, 503, 504))
+    def get_and_head(path: str, *, summary: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A GET route and its HEAD twin (same endpoint and options, so the same status and
+        headers; _EdgeMiddleware drops the body): load balancers and probes send HEAD. Two
+        routes, not methods=["GET", "HEAD"], so /openapi.json gets two operation ids."""
+        def register(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+            app.add_api_route(path, endpoint, methods=["GET"], summary=summary, **options)
+            app.add_api_route(path, endpoint, methods=["HEAD"], name=f"head_{endpoint.__name__}",
+                              summary=f"{summary}: the headers of GET, no body", **options)
+            return endpoint
+        return register
+
+    @get_and_head("/v1/kv", tags=["keys"], summary="List entries at one version", response_model=ListResponse,
+                  responses=_problems(307, 400, 410, 503, 504))
     async def list_keys(
         prefix: Annotated[str, Query(description="only keys starting with this")] = "",
         limit: Annotated[int, Query(ge=1, le=LIST_LIMIT_MAX)] = LIST_LIMIT_DEFAULT,
@@ -1178,6 +1238,11 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
             body = TxnRequest.model_validate_json(raw)
         except ValidationError as exc:
             errors = _validation_errors(exc)
+            too_large = [error for error, raw_error in zip(errors, exc.errors(), strict=True)
+                         if raw_error["type"] == KEY_TOO_LARGE_ERROR]
+            if too_large:  # as the key routes answer for the same key
+                raise ProblemError(413, "key-too-large", "Key too large", _describe(too_large[0]),
+                                   errors=too_large) from exc
             detail = "; ".join(_describe(e) for e in errors[:10]) or "invalid txn body"
             raise ProblemError(422, "invalid-body", "Invalid txn body", detail, errors=errors) from exc
         result = await service.propose(_txn_command(body, settings.max_value_bytes))
@@ -1281,30 +1346,30 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
 
     # ---- cluster ----------------------------------------------------------------------------
 
-    @app.get("/v1/status", tags=["cluster"], summary="This node's state", response_model=StatusResponse,
-             response_model_exclude_unset=True)
+    @get_and_head("/v1/status", tags=["cluster"], summary="This node's state", response_model=StatusResponse,
+                  response_model_exclude_unset=True)
     async def status() -> dict[str, Any]:
         return service.status()
 
-    @app.get("/v1/quorum", tags=["cluster"], summary="The leader's view of the quorum",
-             response_model=QuorumResponse, response_model_exclude_unset=True, responses=_problems(307, 503))
+    @get_and_head("/v1/quorum", tags=["cluster"], summary="The leader's view of the quorum",
+                  response_model=QuorumResponse, response_model_exclude_unset=True, responses=_problems(307, 503))
     async def quorum() -> dict[str, Any]:
         return service.quorum()
 
-    @app.get("/healthz", tags=["cluster"], summary="200 while the process serves", response_model=HealthResponse)
+    @get_and_head("/healthz", tags=["cluster"], summary="200 while the process serves", response_model=HealthResponse)
     async def healthz() -> HealthResponse:
         return HealthResponse(status="ok")
 
-    @app.get("/readyz", tags=["cluster"], summary="200 when this node can serve consistent reads",
-             response_model=ReadyResponse, responses=_problems(503))
+    @get_and_head("/readyz", tags=["cluster"], summary="200 when this node can serve consistent reads",
+                  response_model=ReadyResponse, responses=_problems(503))
     async def readyz() -> ReadyResponse:
         if not service.is_ready():
             raise ProblemError(503, "not-ready", "Not ready", "this node cannot serve consistent reads yet",
                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         return ReadyResponse(ready=True)
 
-    @app.get("/metrics", tags=["cluster"], summary="Prometheus metrics", response_class=Response,
-             responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+    @get_and_head("/metrics", tags=["cluster"], summary="Prometheus metrics", response_class=Response,
+                  responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         return Response(generate_latest(registry), headers={"content-type": CONTENT_TYPE_LATEST})
 
@@ -1395,6 +1460,8 @@ def _complete_openapi(app: FastAPI, key_routes: list[BaseRoute]) -> dict[str, An
             default_422 = responses.get("422", {}).get("content", {}).get("application/json", {})
             if default_422.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
                 del responses["422"]
-            for response in responses.values():
+            for status, response in responses.items():
+                if operation is path_item.get("head") and status == "200":
+                    response.pop("content", None)  # HEAD: the headers of GET, no body
                 response.setdefault("headers", {}).update(node_headers)
     return schema

@@ -10,14 +10,23 @@ a connection and hands it to the real transport as one buffer at the end of that
 
 Everything else is uvicorn's: parsing, keep-alive, flow control (the real transport still
 pauses and resumes the protocol), timeouts. ``close`` sends what is pending first.
+
+One more difference: a request the parser refuses before the app sees it (raw non-ASCII
+bytes or a space in the request target, a malformed request line or header) is answered
+with an RFC 9457 problem document, like every other error of the API, instead of uvicorn's
+``text/plain`` "Invalid HTTP request received.".
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from app.http import PROBLEM_MEDIA_TYPE, _problem_body
 
 
 class _CoalescingTransport:
@@ -70,3 +79,30 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # The real transport keeps calling pause_writing/resume_writing on this protocol.
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def send_400_response(self, msg: str) -> None:
+        """The parser refused the request: a 400 problem document, then the connection closes
+        (the parser cannot resynchronise on the stream), as uvicorn does with plain text.
+
+        uvicorn calls this only inside its ``except httptools.HttpParserError`` of
+        ``data_received``, so the exception being handled says what was wrong. llhttp refuses
+        a request target with raw bytes above 0x7f (``prefix=é`` unencoded) before any
+        callback sees the URL, so it cannot be percent-encoded here and accepted: the detail
+        tells the client to percent-encode it."""
+        error = sys.exc_info()[1]
+        if isinstance(error, httptools.HttpParserInvalidURLError) or isinstance(
+                getattr(error, "__context__", None), httptools.HttpParserInvalidURLError):
+            body = _problem_body(400, "invalid-request-target", "Invalid request target",
+                                 "the request target (path and query) is not a valid URL: percent-encode "
+                                 "non-ASCII bytes (UTF-8, as %C3%A9), spaces and control characters", {})
+        else:
+            body = _problem_body(400, "bad-request", "Bad request",
+                                 f"the request is not valid HTTP/1.1 ({error or msg})", {})
+        content = [STATUS_LINE[400]]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend([b"content-type: ", PROBLEM_MEDIA_TYPE.encode(), b"\r\n",
+                        b"content-length: ", str(len(body)).encode("ascii"), b"\r\n",
+                        b"connection: close\r\n\r\n", body])
+        self.transport.write(b"".join(content))
+        self.transport.close()

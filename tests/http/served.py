@@ -22,13 +22,14 @@ SERVER_STOP_TIMEOUT_S = 30
 
 
 @contextmanager
-def serve_in_thread(app: Any) -> Iterator[str]:
-    """Yield the base URL of ``app`` served on 127.0.0.1; stop the server on exit."""
+def serve_in_thread(app: Any, http: Any = "auto") -> Iterator[str]:
+    """Yield the base URL of ``app`` served on 127.0.0.1; stop the server on exit.
+    ``http``: uvicorn's protocol (``CoalescingHttpToolsProtocol``, as ``metakv serve`` runs)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    config = uvicorn.Config(app, http=http, log_level="warning", lifespan="off", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[listener])), daemon=True)
     thread.start()

@@ -178,6 +178,58 @@ async def test_admin_routes(faulty: FaultyService, faulty_client: httpx.AsyncCli
     assert_problem(await faulty_client.post("/v1/admin/compact"), 503)
 
 
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/status/"), ("GET", "/v1/watch/?prefix=a"),
+                                             ("POST", "/v1/txn/"), ("GET", "/healthz/"), ("GET", "/v1/quorum/")])
+async def test_trailing_slash_on_a_route_is_404_problem_not_a_redirect(client: httpx.AsyncClient, service: InProcessService,
+                                                                       method: str, path: str) -> None:
+    response = await client.request(method, path, json={"success": [{"op": "put", "key": "a", "value": "x"}]}
+                                    if method == "POST" else None)
+    document = assert_problem(response, 404)
+    assert document["type"] == "urn:metakv:problem:not-found"
+    assert "location" not in response.headers
+    assert service.proposals == 0
+
+
+async def test_list_route_with_trailing_slash_stays_an_invalid_empty_key(client: httpx.AsyncClient) -> None:
+    document = assert_problem(await client.get("/v1/kv/?prefix=app"), 400)
+    assert document["type"] == "urn:metakv:problem:invalid-key"
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/v1/status", "/v1/quorum", "/v1/kv?prefix=a", "/metrics"])
+async def test_head_on_a_get_route_answers_the_get_status_and_headers_without_body(client: httpx.AsyncClient,
+                                                                                   path: str) -> None:
+    await client.put("/v1/kv/a", content=b"v", headers={"content-type": "text/plain"})
+    got = await client.get(path)
+    head = await client.head(path)
+    assert got.status_code == head.status_code == 200
+    assert got.content and head.content == b""
+    assert_node_headers(head, version=1)
+    assert head.headers["content-type"] == got.headers["content-type"]
+    if path == "/metrics":  # the GET itself was counted in between: only the length differs
+        assert int(head.headers["content-length"]) > 0
+    else:
+        assert dict(head.headers) == dict(got.headers)
+        assert int(head.headers["content-length"]) == len(got.content)
+
+
+async def test_head_answers_the_get_problem_status_without_body(faulty: FaultyService,
+                                                                faulty_client: httpx.AsyncClient) -> None:
+    faulty.ready = False
+    not_ready = await faulty_client.head("/readyz")
+    assert not_ready.status_code == 503 and not_ready.content == b""
+    assert int(not_ready.headers["retry-after"]) >= 1
+    assert not_ready.headers["content-type"] == "application/problem+json"
+    assert_node_headers(not_ready)
+    bad = await faulty_client.head("/v1/kv", params={"limit": 0})
+    assert bad.status_code == 400 and bad.content == b""
+    faulty.faults["wait_readable"] = NotLeaderError("http://leader:8001", leader_id=3)
+    moved = await faulty_client.head("/v1/kv", params={"consistency": "leader"})
+    assert moved.status_code == 307 and moved.content == b""
+    assert moved.headers["location"] == "http://leader:8001/v1/kv?consistency=leader"
+    not_allowed = await faulty_client.head("/v1/txn")
+    assert not_allowed.status_code == 405 and not_allowed.content == b""
+
+
 async def test_compact_route_exists_only_when_the_service_compacts(client: httpx.AsyncClient) -> None:
     assert_problem(await client.post("/v1/admin/compact"), 404)
     paths = (await client.get("/openapi.json")).json()["paths"]
@@ -243,13 +295,19 @@ EXPECTED_STATUSES = {
     ("/v1/kv/{key}", "put"): {"200", "307", "400", "412", "413", "503", "504"},
     ("/v1/kv/{key}", "delete"): {"200", "307", "400", "412", "413", "503", "504"},
     ("/v1/kv", "get"): {"200", "307", "400", "410", "503", "504"},
+    ("/v1/kv", "head"): {"200", "307", "400", "410", "503", "504"},
     ("/v1/txn", "post"): {"200", "307", "400", "413", "422", "503", "504"},
     ("/v1/watch", "get"): {"200", "400", "410", "503"},
     ("/v1/status", "get"): {"200"},
+    ("/v1/status", "head"): {"200"},
     ("/v1/quorum", "get"): {"200", "307", "503"},
+    ("/v1/quorum", "head"): {"200", "307", "503"},
     ("/healthz", "get"): {"200"},
+    ("/healthz", "head"): {"200"},
     ("/readyz", "get"): {"200", "503"},
+    ("/readyz", "head"): {"200", "503"},
     ("/metrics", "get"): {"200"},
+    ("/metrics", "head"): {"200"},
     ("/v1/admin/snapshot", "post"): {"200", "503"},
     ("/v1/admin/resign", "post"): {"200", "307", "503"},
     ("/v1/admin/compact", "post"): {"200", "307", "503"},
@@ -270,6 +328,9 @@ async def test_openapi_documents_every_route_status_and_problem_schema(faulty_cl
         for status in statuses - {"200"}:
             assert responses[status]["content"]["application/problem+json"]["schema"] == {"$ref": "#/components/schemas/Problem"}
         assert "X-Metadata-Version" in responses["200"]["headers"]
+    for path, item in document["paths"].items():
+        if "head" in item:  # the headers of GET, never a body
+            assert "content" not in item["head"]["responses"]["200"], path
     get_params = {p["name"] for p in document["paths"]["/v1/kv/{key}"]["get"]["parameters"]}
     assert get_params == {"key", "consistency", "min_version", "wait_ms", "at_version"}
     list_params = {p["name"] for p in document["paths"]["/v1/kv"]["get"]["parameters"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from urllib.parse import quote
 
 import httpx
@@ -140,6 +141,63 @@ async def test_if_match_on_delete(client: httpx.AsyncClient) -> None:
     assert_problem(await client.delete("/v1/kv/dm", headers={"if-match": '"7"'}), 412)
     ok = await client.delete("/v1/kv/dm", headers={"if-match": '"1"'})
     assert ok.json()["deleted"] is True
+
+
+async def test_weak_if_match_never_matches_and_is_412(client: httpx.AsyncClient, service: InProcessService) -> None:
+    # RFC 9110 §13.1.1: If-Match compares strongly, so W/"1" fails even when the key is at 1.
+    await client.put("/v1/kv/weak", content=b"a")
+    for weak in ('W/"1"', 'W/"1", W/"7"'):
+        document = assert_problem(await client.put("/v1/kv/weak", content=b"b", headers={"if-match": weak}), 412)
+        assert document["type"] == "urn:metakv:problem:precondition-failed"
+        assert document["current_version"] == 1
+        assert_problem(await client.delete("/v1/kv/weak", headers={"if-match": weak}), 412)
+    got = await client.get("/v1/kv/weak")
+    assert got.content == b"a" and got.headers["etag"] == '"1"'
+    assert_problem(await client.put("/v1/kv/never", content=b"b", headers={"if-match": 'W/"0"'}), 412)
+    assert (await client.get("/v1/kv/never")).status_code == 404
+
+
+async def test_if_match_list_matches_its_one_strong_tag_and_ignores_weak_ones(client: httpx.AsyncClient) -> None:
+    await client.put("/v1/kv/l", content=b"a")
+    ok = await client.put("/v1/kv/l", content=b"b", headers={"if-match": 'W/"1", "1"'})
+    assert ok.status_code == 200 and ok.json()["version"] == 2
+    document = assert_problem(await client.put("/v1/kv/l", content=b"c", headers={"if-match": '"1" , W/"2"'}), 412)
+    assert document["current_version"] == 2
+    assert (await client.get("/v1/kv/l")).content == b"b"
+
+
+@pytest.mark.parametrize("value", ['"1", "2"', '"2", "2"', 'W/"9", "1", 2'])
+async def test_if_match_list_of_several_strong_tags_is_400_not_supported(client: httpx.AsyncClient,
+                                                                         value: str) -> None:
+    await client.put("/v1/kv/many", content=b"a")
+    await client.put("/v1/kv/many", content=b"b")
+    document = assert_problem(await client.put("/v1/kv/many", content=b"c", headers={"if-match": value}), 400)
+    assert document["type"] == "urn:metakv:problem:invalid-precondition"
+    assert "lists of several entity tags are not supported" in document["detail"]
+    assert (await client.get("/v1/kv/many")).content == b"b"
+
+
+async def test_if_match_star_with_entity_tags_is_400(client: httpx.AsyncClient) -> None:
+    await client.put("/v1/kv/star", content=b"a")
+    document = assert_problem(await client.put("/v1/kv/star", content=b"b", headers={"if-match": '*, "1"'}), 400)
+    assert "cannot be combined" in document["detail"]
+    assert (await client.get("/v1/kv/star")).content == b"a"
+
+
+IF_MATCH_VALUES = ['*', '"5"', '5', 'W/"5"', 'W/"1", "2"', '"1",W/"2"', 'W/"1" , W/"2"', '"1", "2"', '*, "1"',
+                   'abc', '"1', '1"', 'W/5', '"1",', '"99999999999999999999"', '"1"2', 'W/"1"W/"2"', '","']
+
+
+async def test_if_match_is_refused_exactly_when_the_documented_pattern_does_not_match(client: httpx.AsyncClient) -> None:
+    """The fuzzer trusts /openapi.json: a value matching its If-Match pattern must be
+    accepted (200 or 412), any other must be 400."""
+    operation = (await client.get("/openapi.json")).json()["paths"]["/v1/kv/{key}"]["put"]
+    [parameter] = [p for p in operation["parameters"] if p["name"] == "If-Match"]
+    pattern = re.compile(parameter["schema"]["pattern"])
+    await client.put("/v1/kv/pattern", content=b"a")
+    for value in IF_MATCH_VALUES:
+        status = (await client.put("/v1/kv/pattern", content=b"b", headers={"if-match": value})).status_code
+        assert (status != 400) == bool(pattern.fullmatch(value)), (value, status)
 
 
 @pytest.mark.parametrize("header", [{"if-match": "abc"}, {"if-match": '"1", "2"'}, {"if-none-match": '"3"'},

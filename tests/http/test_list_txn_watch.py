@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -161,6 +162,33 @@ async def test_txn_value_and_body_size_limits_are_413(client: httpx.AsyncClient,
     huge = [{"op": "put", "key": f"k{index}", "value": "v" * 4000} for index in range(20)]
     assert_problem(await client.post("/v1/txn", json={"success": huge}), 413)
     assert service.proposals == 0
+
+
+@pytest.mark.parametrize("too_large", ["k" * 1025, "é" * 600, "é" * 512 + "a"])
+@pytest.mark.parametrize("place", ["put", "delete", "get", "compare", "failure"])
+async def test_txn_key_over_1024_bytes_is_413_key_too_large_like_the_key_routes(
+        client: httpx.AsyncClient, service: InProcessService, too_large: str, place: str) -> None:
+    body = {
+        "put": {"success": [{"op": "put", "key": too_large, "value": "x"}]},
+        "delete": {"success": [{"op": "delete", "key": too_large}]},
+        "get": {"success": [{"op": "get", "key": too_large}]},
+        "compare": {"compare": [{"key": too_large, "mod_version": 0}], "success": [{"op": "put", "key": "a"}]},
+        "failure": {"failure": [{"op": "put", "key": too_large, "value": "x", "encoding": "utf-8"}]},
+    }[place]
+    txn_document = assert_problem(await client.post("/v1/txn", json=body), 413)
+    key_document = assert_problem(await client.get("/v1/kv/" + quote(too_large)), 413)
+    assert txn_document["type"] == key_document["type"] == "urn:metakv:problem:key-too-large"
+    assert txn_document["title"] == key_document["title"]
+    size = len(too_large.encode())
+    assert f"{size} bytes" in txn_document["detail"] and "1024" in txn_document["detail"]
+    assert service.proposals == 0
+
+
+async def test_txn_key_of_exactly_1024_bytes_is_accepted(client: httpx.AsyncClient) -> None:
+    largest = "é" * 512
+    response = await client.post("/v1/txn", json={"success": [{"op": "put", "key": largest, "value": "x"}]})
+    assert response.status_code == 200 and response.json()["succeeded"] is True
+    assert (await client.get("/v1/kv/" + quote(largest))).content == b"x"
 
 
 # ---- watch (long-poll) -----------------------------------------------------------------------
