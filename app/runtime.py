@@ -57,6 +57,7 @@ from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
 from raft.types import Batch, ProtocolInvariantError, SnapshotId, check
 from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix_digest
 from storage.commands import Command, encode_command
+from storage.data_dir import DataDirLock, check_identity
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import LogChangedError, SegmentLog
 from storage.snapshot_store import SnapshotStore
@@ -181,14 +182,18 @@ class NodeRuntime:
         """Open storage, recover the state machine, start the transport and the timer."""
         self._loop = asyncio.get_running_loop()
         self._applied_changed = asyncio.Event()
-        (self.data_dir / "log").mkdir(parents=True, exist_ok=True)
-        self.snapshots_dir.mkdir(parents=True, exist_ok=True)
-        self.log = SegmentLog(self.data_dir / "log", segment_bytes=self.config.segment_bytes)
-        self.quorum_state_file = QuorumStateFile(self.data_dir)
-        persisted = self.quorum_state_file.read()
-        self.snapshots = SnapshotStore(self.snapshots_dir)
-        self.state = StateMachine(str(self.data_dir / "state.db"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Before anything is opened: log recovery may cut a tail and delete files.
+        self._data_dir_lock = DataDirLock(self.data_dir)
         try:
+            check_identity(self.data_dir, self.config.cluster_id, self.node_id)
+            (self.data_dir / "log").mkdir(exist_ok=True)
+            self.snapshots_dir.mkdir(parents=True, exist_ok=True)
+            self.log = SegmentLog(self.data_dir / "log", segment_bytes=self.config.segment_bytes)
+            self.quorum_state_file = QuorumStateFile(self.data_dir)
+            persisted = self.quorum_state_file.read()
+            self.snapshots = SnapshotStore(self.snapshots_dir)
+            self.state = StateMachine(str(self.data_dir / "state.db"))
             self._recover_state()
         except BaseException:
             self._close_storage()
@@ -246,6 +251,15 @@ class NodeRuntime:
         self._applied_version = self.state.applied_version
         log = self.log
         start, cleaner_end = log.start_offset(), log.cleaner_end()
+        if self._applied_version > log.end_offset() and set(self.config.voters) == {self.node_id}:
+            # The records past the log's end were committed and applied, and no other voter
+            # holds them to send again: this node would append other records at their offsets
+            # (its observers and its own state would disagree). Their loss must not be silent.
+            raise StateDatabaseError(
+                f"{self.state.db_path}: state at version {self._applied_version} but the log ends at "
+                f"{log.end_offset()}: the log lost records this node had committed and applied (a "
+                f"corrupt tail was cut, or the log was repaired), and it is the only voter. To go on "
+                f"without them, move state.db away: the node rebuilds it from the log")
         if start == 0 and log.end_offset() == 0:
             if self._applied_version > 0:
                 logger.warning("node %d: the log is empty but the state is at version %d: starting "
@@ -338,8 +352,8 @@ class NodeRuntime:
             await self._wait_applied_change(deadline_s - time.monotonic())
 
     def _close_storage(self) -> None:
-        for resource in (self.log, self.state):
-            close = getattr(resource, "close", None)
+        for name in ("log", "state", "_data_dir_lock"):  # the lock last: nothing is open then
+            close = getattr(getattr(self, name, None), "close", None)
             if close is not None:
                 close()
 

@@ -1,0 +1,89 @@
+"""Who may use a data directory: one process at a time, and one node of one cluster.
+
+Two processes on one data directory append to the same segments and apply to the same
+state.db: acknowledged writes are lost and the node no longer starts (seen: a second
+``serve`` on a running node's directory, or a ``repair`` of a running node). ``DataDirLock``
+takes an exclusive ``flock`` on ``<data-dir>/LOCK`` for as long as the process uses the
+directory; a second process is refused with the pid of the first.
+
+A directory copied from another node or another cluster would be adopted silently (its
+keys served as this cluster's, its vote record taken for this node's, which may let one
+node vote twice in an epoch). ``check_identity`` records the cluster id and node id in
+``<data-dir>/identity.json`` at the first start and refuses a later start under another.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from storage.durable_files import write_file_atomically
+
+LOCK_FILE_NAME = "LOCK"
+IDENTITY_FILE_NAME = "identity.json"
+IDENTITY_MAX_BYTES = 64 * 1024
+
+
+class DataDirError(Exception):
+    """The data directory cannot be used by this process: one line saying why and what to do."""
+
+
+class DataDirLock:
+    """An exclusive lock on a data directory, held until ``close`` (or the process ends:
+    the kernel drops a flock with the last descriptor, so a SIGKILLed node leaves none)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        path = data_dir / LOCK_FILE_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise DataDirError(f"{path}: cannot lock the data directory: {exc.strerror}") from None
+            raise DataDirError(
+                f"{data_dir} is in use by another process{f' (pid {holder})' if holder else ''}: "
+                f"stop it first; two processes on one data directory lose acknowledged writes") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def _read_pid(fd: int) -> int | None:
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdecimal() else None
+
+
+def check_identity(data_dir: Path, cluster_id: str, node_id: int) -> None:
+    """Record (cluster id, node id) in a data directory that has none; refuse one that names
+    another. A directory from before this check has no record and is taken as this node's."""
+    path = data_dir / IDENTITY_FILE_NAME
+    if not path.exists():
+        write_file_atomically(path, json.dumps({"cluster_id": cluster_id, "node_id": node_id}).encode())
+        return
+    raw = path.read_bytes()[:IDENTITY_MAX_BYTES]
+    try:
+        recorded = json.loads(raw)
+    except ValueError as exc:
+        position = getattr(exc, "pos", 0)
+        raise DataDirError(f"{path}: not a data directory identity at byte {position}: {exc}; if this is "
+                           f"node {node_id}'s directory of cluster {cluster_id!r}, delete the file "
+                           f"(it is written again at the next start)") from None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("cluster_id"), str) \
+            or type(recorded.get("node_id")) is not int:
+        raise DataDirError(f"{path}: not a data directory identity (expected cluster_id and node_id); if "
+                           f"this is node {node_id}'s directory of cluster {cluster_id!r}, delete the file")
+    if (recorded["cluster_id"], recorded["node_id"]) != (cluster_id, node_id):
+        raise DataDirError(
+            f"{data_dir} belongs to node {recorded['node_id']} of cluster {recorded['cluster_id']!r}, "
+            f"not node {node_id} of cluster {cluster_id!r}: start that node with it, or give this "
+            f"node an empty data directory (it fetches what it needs from the leader)")
