@@ -24,6 +24,7 @@ from pathlib import Path
 
 from raft.types import Batch
 from storage.batch_codec import CorruptBatchError, decode_batch, encode_batch
+from storage.data_dir import DataDirError, DataDirLock
 from storage.durable_files import fsync_directory, write_file_atomically
 from storage.segment_log import (
     EPOCH_CHECKPOINT_NAME,
@@ -183,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {log_dir} is not a directory", file=sys.stderr)
         return EXIT_USAGE
     try:
+        lock = DataDirLock(args.data_dir)  # never under a running node
+    except DataDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
         if args.verify:
             batch_count, total_bytes = verify_log(log_dir)
             print(f"ok: {batch_count} batches, {total_bytes} bytes in {log_dir}")
@@ -191,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RepairError, CorruptLogError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, CorruptLogError) else EXIT_USAGE
+    finally:
+        lock.close()
     verb = "would remove" if args.dry_run else "removed"
     files = ", ".join(path.name for path in report.deleted_files) or "no whole segment"
     print(f"{verb} every record at offset {report.truncate_at} and above: {report.dropped_bytes} bytes; "

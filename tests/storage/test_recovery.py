@@ -235,3 +235,19 @@ def test_missing_first_segment_stops_startup(log_dir: Path) -> None:
     segment_files(log_dir)[0].unlink()
     with pytest.raises(CorruptLogError, match="segment files are missing"):
         open_log(log_dir)
+
+
+def test_repair_refuses_a_data_directory_a_running_node_holds(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Truncating a running node's log under it would lose what it appends meanwhile."""
+    from storage.data_dir import DataDirLock
+
+    batches = write_log(log_dir, 5)
+    holder = DataDirLock(log_dir.parent)
+    try:
+        assert repair_main(["--data-dir", str(log_dir.parent), "--truncate-at", "0"]) == 1
+        assert "in use by another process" in capsys.readouterr().err
+    finally:
+        holder.close()
+    with open_log(log_dir) as log:
+        assert log.read(0, EVERYTHING) == batches  # nothing was cut
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 0  # runs once it is free
