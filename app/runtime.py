@@ -281,7 +281,8 @@ class NodeRuntime:
                 raise StateDatabaseError(
                     f"{self.state.db_path}: state at version {self._applied_version} is behind the log's "
                     f"cleaned prefix [{start}, {cleaner_end}), which cannot rebuild it; restore state.db, "
-                    f"or remove this node's data directory so it fetches a snapshot from the leader")
+                    f"or, while a majority of the other voters is up, move log/, snapshots/ and state.db away (keep "
+                    f"quorum-state and identity.json) and restart: the node fetches a snapshot from the leader")
             logger.warning("node %d: state at version %d is behind the log's cleaned prefix [0, %d): "
                            "rebuilding it from offset 0", self.node_id, self._applied_version, cleaner_end)
             self._rebuild_from_0()
