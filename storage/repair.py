@@ -1,7 +1,10 @@
 """The way out of a CorruptLogError: discard the log from a record offset on, explicitly.
 
-    python -m storage.repair --data-dir D --verify
-    python -m storage.repair --data-dir D --truncate-at OFFSET [--dry-run]
+    metakv repair --data-dir D --verify
+    metakv repair --data-dir D --truncate-at OFFSET [--dry-run]
+
+(``metakv repair`` is app/cli.py's front end to this module; ``python -m storage.repair``
+runs it too, but only from the repository root.)
 
 Opening a log never repairs corruption below its tail by itself: that would silently drop
 records a quorum may have committed. An operator runs this instead, with the node stopped,
@@ -170,7 +173,7 @@ def _cut_epoch_checkpoint(log_dir: Path, truncate_at: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m storage.repair", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="metakv repair", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", required=True, type=Path, help="the node's data directory (holds log/)")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--truncate-at", type=int, metavar="OFFSET",

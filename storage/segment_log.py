@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import struct
 import sys
 import threading
@@ -92,7 +93,9 @@ class CorruptLogError(Exception):
     """The log holds bad bytes that are not a torn tail; startup must stop, nothing is repaired.
 
     ``truncate_at_offset`` is the first record offset that cannot be trusted: discarding it and
-    everything after it (``python -m storage.repair``) lets the node re-fetch from the leader.
+    everything after it (``metakv repair``) lets the node re-fetch from the leader. The message
+    prints the ``metakv`` console script, not ``python -m storage.repair``: the module form only
+    works from the repository root, the console script from anywhere.
     """
 
     def __init__(self, path: Path, position: int, reason: str, truncate_at_offset: int | None) -> None:
@@ -103,7 +106,7 @@ class CorruptLogError(Exception):
         data_dir = path.parent.parent
         way_out = (
             f"; to discard offset {truncate_at_offset} and everything after it (this node then "
-            f"re-fetches them from the leader) run: python -m storage.repair --data-dir {data_dir} "
+            f"re-fetches them from the leader) run: metakv repair --data-dir {shlex.quote(str(data_dir))} "
             f"--truncate-at {truncate_at_offset}"
             if truncate_at_offset is not None
             else ""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 from pathlib import Path
 
 import pytest
 
+from app.cli import main as metakv_main
 from raft.types import Batch, SnapshotId
 from storage.repair import main as repair_main
 from storage.segment_log import EPOCH_CHECKPOINT_NAME, CorruptLogError, SegmentLog
@@ -101,7 +104,7 @@ def test_flipped_bit_followed_by_good_batches_stops_startup(log_dir: Path) -> No
         open_log(log_dir)
     message = str(caught.value)
     assert str(last) in message and f"at byte {positions[1]}" in message
-    assert f"--truncate-at {bad_offset}" in message and "python -m storage.repair" in message
+    assert f"run: metakv repair --data-dir {log_dir.parent} --truncate-at {bad_offset}" in message
     assert caught.value.truncate_at_offset == bad_offset
     # Nothing was changed on disk by the failed open.
     assert len(batch_positions(last)) == len(positions)
@@ -235,3 +238,31 @@ def test_missing_first_segment_stops_startup(log_dir: Path) -> None:
     segment_files(log_dir)[0].unlink()
     with pytest.raises(CorruptLogError, match="segment files are missing"):
         open_log(log_dir)
+
+
+def printed_command(message: str, program: str) -> list[str]:
+    """The argv of the command a corruption message tells the operator to run."""
+    match = re.search(rf"run: ({program} .*)$", message)
+    assert match is not None, message
+    return shlex.split(match.group(1))
+
+
+def test_the_printed_repair_command_works_as_printed_from_any_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir = tmp_path / "data dir" / "log"  # a space in the path: the command must quote it
+    batches = write_log(log_dir, 30)
+    last = segment_files(log_dir)[-1]
+    flip_bit(last, batch_positions(last)[1] + 40)
+    with pytest.raises(CorruptLogError) as caught:
+        open_log(log_dir)
+    argv = printed_command(str(caught.value), "metakv")
+    assert argv[:2] == ["metakv", "repair"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # not the repository root: python -m storage.repair fails here
+    assert metakv_main(argv[1:]) == 0
+    bad_offset = caught.value.truncate_at_offset
+    assert f"removed every record at offset {bad_offset} and above" in capsys.readouterr().out
+    with open_log(log_dir) as log:
+        assert log.read(0, EVERYTHING) == [b for b in batches if b.next_offset <= bad_offset]
+
