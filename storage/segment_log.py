@@ -98,20 +98,37 @@ class CorruptLogError(Exception):
     works from the repository root, the console script from anywhere.
     """
 
-    def __init__(self, path: Path, position: int, reason: str, truncate_at_offset: int | None) -> None:
+    def __init__(self, path: Path, position: int, reason: str, truncate_at_offset: int | None,
+                 way_out: str | None = None) -> None:
         self.path = path
         self.position = position
         self.reason = reason
         self.truncate_at_offset = truncate_at_offset
         data_dir = path.parent.parent
-        way_out = (
-            f"; to discard offset {truncate_at_offset} and everything after it (this node then "
-            f"re-fetches them from the leader) run: metakv repair --data-dir {shlex.quote(str(data_dir))} "
-            f"--truncate-at {truncate_at_offset}"
-            if truncate_at_offset is not None
-            else ""
-        )
-        super().__init__(f"corrupt log file {path} at byte {position}: {reason}{way_out}")
+        if way_out is None and truncate_at_offset is not None:
+            way_out = (f"to discard offset {truncate_at_offset} and everything after it (this node then "
+                       f"re-fetches them from the leader) run: metakv repair --data-dir "
+                       f"{shlex.quote(str(data_dir))} --truncate-at {truncate_at_offset}")
+        self.way_out = way_out
+        super().__init__(f"corrupt log file {path} at byte {position}: {reason}"
+                         + (f"; {way_out}" if way_out else ""))
+
+
+def refetch_way_out(data_dir: Path) -> str:
+    """The way out when the damaged file cannot be rebuilt from what is left on this node.
+
+    The log start checkpoint (start offset, snapshot id, cleaned_end, cleaner_end) and the
+    segment swap marker say things the segments do not: guessing them could replay a state
+    through a prefix this node's cleaner compacted (deleted keys come back) or accept a gap as
+    compaction. Starting over from the leader is the only safe answer. quorum-state stays: it
+    holds this voter's vote, and a voter that forgets it can vote twice in one epoch.
+    """
+    quoted = shlex.quote(str(data_dir))
+    return (f"this file cannot be rebuilt from the segments; with the node stopped, move {quoted}/log, "
+            f"{quoted}/snapshots and {quoted}/state.db (with any state.db-wal and state.db-shm) away, "
+            f"keep {quoted}/quorum-state, and restart: the node fetches a snapshot and the log from the "
+            "leader (do this only while a majority of the other voters is up; a lone node has no leader "
+            "to fetch from: restore the directory from a backup instead)")
 
 
 class LogWriteError(Exception):
@@ -388,7 +405,12 @@ def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
     except FileNotFoundError:
         return None
     try:
-        value = json.loads(data)
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise CorruptLogError(path, exc.start, "not UTF-8 JSON; it holds the log start offset, the snapshot id "
+                              "and how far the log was compacted", None, refetch_way_out(log_dir.parent)) from exc
+    try:
+        value = json.loads(text)
         start_offset = value["start_offset"]
         snapshot = value["snapshot"]
         cleaned_end = value.get("cleaned_end", 0)
@@ -401,10 +423,13 @@ def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
             snapshot_id = SnapshotId(snapshot["end_offset"], snapshot["epoch"])
             check(type(snapshot_id.end_offset) is int and type(snapshot_id.epoch) is int, "snapshot")
     except json.JSONDecodeError as exc:
-        raise CorruptLogError(path, exc.pos, f"not JSON ({exc.msg})", None) from exc
+        raise CorruptLogError(path, len(text[: exc.pos].encode()), f"not JSON ({exc.msg}); it holds the log start offset, the "
+                              "snapshot id and how far the log was compacted", None,
+                              refetch_way_out(log_dir.parent)) from exc
     except Exception as exc:
-        raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the "
-                              "log start offset and snapshot id and cannot be rebuilt", None) from exc
+        raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the log start "
+                              "offset, the snapshot id and how far the log was compacted", None,
+                              refetch_way_out(log_dir.parent)) from exc
     return LogStartCheckpoint(start_offset, snapshot_id, cleaned_end, cleaner_end)
 
 
@@ -453,7 +478,8 @@ def finish_or_drop_swap(log_dir: Path) -> None:
             old_bases, new_bases = value["old"], value["new"]
             check(all(type(base) is int for base in old_bases + new_bases), "bases")
         except Exception as exc:
-            raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None) from exc
+            raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None,
+                                  refetch_way_out(log_dir.parent)) from exc
         logger.warning("finishing a segment swap interrupted by a crash: %s replace %s", new_bases, old_bases)
         _swap_files(log_dir, old_bases, new_bases)
         marker.unlink()
@@ -1247,7 +1273,8 @@ class SegmentLog:
                 raise CorruptLogError(
                     _segment_path(self._log_dir, bases[0]), 0,
                     f"the log start offset is {self._start_offset} ({LOG_START_CHECKPOINT_NAME}) but the "
-                    f"first segment starts at offset {bases[0]}: segment files are missing", None)
+                    f"first segment starts at offset {bases[0]}: segment files are missing", None,
+                    refetch_way_out(self._log_dir.parent))
         elif bases:
             self._start_offset = bases[0]
         self._delete_orphan_indexes(set(bases))

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,13 @@ import pytest
 from app.cli import main as metakv_main
 from raft.types import Batch, SnapshotId
 from storage.repair import main as repair_main
-from storage.segment_log import EPOCH_CHECKPOINT_NAME, CorruptLogError, SegmentLog
+from storage.segment_log import (
+    EPOCH_CHECKPOINT_NAME,
+    LOG_START_CHECKPOINT_NAME,
+    CorruptLogError,
+    SegmentLog,
+)
+from storage.state_machine import StateDatabaseError, StateMachine
 from tests.storage.helpers import make_batch, segment_files
 
 SEGMENT_BYTES = 2048
@@ -266,3 +273,56 @@ def test_the_printed_repair_command_works_as_printed_from_any_directory(
     with open_log(log_dir) as log:
         assert log.read(0, EVERYTHING) == [b for b in batches if b.next_offset <= bad_offset]
 
+
+def write_cut_log(log_dir: Path) -> list[Batch]:
+    """A log whose start moved past a snapshot, so its log start checkpoint says something."""
+    batches = write_log(log_dir, 60)
+    with open_log(log_dir) as log:
+        log.record_snapshot(SnapshotId(batches[20].base_offset, batches[20].epoch))
+        log.delete_before(batches[20].base_offset)
+    return batches
+
+
+@pytest.mark.parametrize(("garbage", "position"), [
+    (b"\x00" * 40, 0), (b'{"start_offset": 3, "snapsh', 20), (b"\xff\xfe{}", 0), (b"[1, 2]", 0)])
+def test_garbage_log_start_checkpoint_names_file_byte_and_the_way_out(
+        log_dir: Path, garbage: bytes, position: int) -> None:
+    write_cut_log(log_dir)
+    (log_dir / LOG_START_CHECKPOINT_NAME).write_bytes(garbage)
+    with pytest.raises(CorruptLogError) as caught:
+        open_log(log_dir)
+    message = str(caught.value)
+    data_dir = log_dir.parent
+    assert message.startswith(f"corrupt log file {log_dir / LOG_START_CHECKPOINT_NAME} at byte {position}: ")
+    assert "cannot be rebuilt from the segments" in message
+    assert (f"move {data_dir}/log, {data_dir}/snapshots and {data_dir}/state.db" in message
+            and f"keep {data_dir}/quorum-state" in message and "fetches a snapshot and the log from the leader"
+            in message)
+    assert caught.value.truncate_at_offset is None and "--truncate-at" not in message
+
+
+def test_missing_first_segment_names_the_way_out(log_dir: Path) -> None:
+    write_cut_log(log_dir)
+    segment_files(log_dir)[0].unlink()
+    with pytest.raises(CorruptLogError) as caught:
+        open_log(log_dir)
+    assert "segment files are missing" in str(caught.value)
+    assert f"keep {log_dir.parent}/quorum-state" in str(caught.value)
+
+
+def test_garbage_state_database_names_the_file_and_the_way_out_that_works(tmp_path: Path) -> None:
+    db_path = tmp_path / "data" / "state.db"
+    db_path.parent.mkdir()
+    db_path.write_bytes(b"this is no sqlite file, just garbage " * 200)
+    with pytest.raises(StateDatabaseError) as caught:
+        StateMachine(str(db_path), background_checkpoint=False)
+    message = str(caught.value)
+    assert message.startswith(f"{db_path}: cannot open the state database: file is not a database")
+    assert f"move {db_path} (and any {db_path}-wal and -shm next to it) away and restart" in message
+    # The way out as printed: once the file is moved away, a fresh state database opens.
+    shutil.move(db_path, tmp_path / "state.db.bad")
+    state = StateMachine(str(db_path), background_checkpoint=False)
+    try:
+        assert state.applied_version == 0
+    finally:
+        state.close()
