@@ -307,6 +307,41 @@ def _find_good_batch_after(buffer: bytes, position: int, min_base_offset: int) -
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """Bytes at the end of the last segment that recovery cuts: a write the crash tore."""
+
+    path: Path
+    valid_bytes: int  # the file is cut here, at the end of the last good batch
+    dropped_bytes: int
+    end_offset: int  # the log's end offset after the cut
+    reason: str
+
+
+def scan_last_segment(fd: int, path: Path, size_bytes: int, base_offset: int,
+                      index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+                      cleaned_end: int = 0) -> tuple[_ScanResult, TornTail | None]:
+    """The recovery rule for the last segment, shared by opening a log and ``metakv repair --verify``.
+
+    At the first bad batch: if no valid batch (good CRC, offset at or above the expected one)
+    follows anywhere in the rest of the file, the rest is a torn tail (returned, not cut here);
+    otherwise it is corruption in the middle and raises CorruptLogError. Only the last segment
+    can have a torn tail: every sealed one was fsynced before the next was created.
+    """
+    scan = _scan_file(fd, size_bytes, base_offset, index_interval_bytes, cleaned_end)
+    if scan.error_position is None:
+        return scan, None
+    rest = _read_exact(fd, size_bytes - scan.error_position, scan.error_position)
+    found = _find_good_batch_after(rest, 0, scan.next_offset)
+    if found is not None:
+        raise CorruptLogError(
+            path, scan.error_position,
+            f"{scan.error_reason}, yet a valid batch follows at byte {scan.error_position + found}: "
+            "this is not a torn tail", scan.next_offset)
+    return scan, TornTail(path, scan.valid_bytes, size_bytes - scan.valid_bytes, scan.next_offset,
+                          scan.error_reason)
+
+
 def _index_entries_not_batch_starts(entries: list[tuple[int, int]], scan: _ScanResult) -> str | None:
     """Why an index does not fit its segment (an entry that is not a batch start), or None.
 
@@ -1379,22 +1414,13 @@ class SegmentLog:
 
     def _recover_last_segment(self, segment: _Segment) -> None:
         """Scan the last segment; cut a torn or corrupt tail, refuse corruption with data after it."""
-        scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
-                          self._cleaned_end)
-        if scan.error_position is not None:
-            rest = _read_exact(segment.fd, segment.size_bytes - scan.error_position, scan.error_position)
-            found = _find_good_batch_after(rest, 0, scan.next_offset)
-            following = None if found is None else scan.error_position + found
-            if following is not None:
-                raise CorruptLogError(
-                    segment.path, scan.error_position,
-                    f"{scan.error_reason}, yet a valid batch follows at byte {following}: "
-                    "this is not a torn tail", scan.next_offset)
-            dropped_bytes = segment.size_bytes - scan.valid_bytes
+        scan, tail = scan_last_segment(segment.fd, segment.path, segment.size_bytes, segment.base_offset,
+                                       self._index_interval_bytes, self._cleaned_end)
+        if tail is not None:
             logger.warning("cutting torn or corrupt tail of %s at byte %d (%s): dropped %d bytes",
-                           segment.path, scan.valid_bytes, scan.error_reason, dropped_bytes)
-            os.ftruncate(segment.fd, scan.valid_bytes)
-            segment.size_bytes = scan.valid_bytes
+                           segment.path, tail.valid_bytes, tail.reason, tail.dropped_bytes)
+            os.ftruncate(segment.fd, tail.valid_bytes)
+            segment.size_bytes = tail.valid_bytes
         self._adopt_scan(segment, scan)
         self._last_segment_epochs = scan.epoch_starts
 

@@ -326,3 +326,54 @@ def test_garbage_state_database_names_the_file_and_the_way_out_that_works(tmp_pa
         assert state.applied_version == 0
     finally:
         state.close()
+
+
+@pytest.mark.parametrize("damage", ["zeros appended", "half-written last batch", "flipped bit in the last batch"])
+def test_verify_reports_a_torn_tail_as_startup_will_cut_it_with_exit_0(
+        log_dir: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    batches = write_log(log_dir, 30)
+    last = segment_files(log_dir)[-1]
+    size, last_batch_position = last.stat().st_size, batch_positions(last)[-1]
+    if damage == "zeros appended":
+        with open(last, "ab") as file:
+            file.write(bytes(100))
+        cut_at, dropped, end_offset = size, 100, batches[-1].next_offset
+    elif damage == "half-written last batch":
+        os.truncate(last, last_batch_position + (size - last_batch_position) // 2)
+        cut_at, dropped = last_batch_position, (size - last_batch_position) // 2
+        end_offset = batches[-1].base_offset
+    else:
+        flip_bit(last, last_batch_position + 40)
+        cut_at, dropped, end_offset = last_batch_position, size - last_batch_position, batches[-1].base_offset
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert (f"torn tail: {dropped} bytes after byte {cut_at} of {last}" in out
+            and "will be cut at the next start" in out and f"the log then ends at offset {end_offset}" in out)
+    with caplog.at_level(logging.WARNING), open_log(log_dir) as log:  # startup cuts exactly that
+        assert log.end_offset() == end_offset
+    assert f"at byte {cut_at}" in caplog.text and f"dropped {dropped} bytes" in caplog.text
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 0
+    assert "torn tail" not in capsys.readouterr().out
+
+
+def test_verify_still_fails_on_corruption_before_the_tail_of_the_last_segment(
+        log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    batches = write_log(log_dir, 30)
+    last = segment_files(log_dir)[-1]
+    positions = batch_positions(last)
+    flip_bit(last, positions[1] + 40)
+    with open(last, "ab") as file:
+        file.write(bytes(100))  # a torn tail after the corruption changes nothing
+    bad_offset = [b for b in batches if b.base_offset >= int(last.stem)][1].base_offset
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 1
+    err = capsys.readouterr().err
+    assert f"corrupt log file {last} at byte {positions[1]}" in err and "this is not a torn tail" in err
+    assert f"--truncate-at {bad_offset}" in err
+
+
+def test_verify_still_fails_on_a_torn_end_of_an_older_segment(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(log_dir, 60)
+    old = segment_files(log_dir)[1]
+    os.truncate(old, old.stat().st_size - 5)  # only the last segment can have a torn tail
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 1
+    assert f"corrupt log file {old}" in capsys.readouterr().err
