@@ -1375,8 +1375,15 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
 
     admin_statuses = _problems(307, 503)
 
+    snapshot_statuses = _problems(503)
+    snapshot_statuses[503]["description"] = (
+        "nothing applied yet, this replica is catching up, the node is shutting down, or the "
+        "snapshot failed on an I/O error (detail); retry after Retry-After")
+    snapshot_statuses[507] = {"description": "the disk holding the snapshots is full (detail names the error); "
+                              "nothing was published; free space and retry", "content": _problem_content()}
+
     @app.post("/v1/admin/snapshot", tags=["admin"], summary="Take a snapshot now",
-              response_model=AdminResponse, response_model_exclude_unset=True, responses=_problems(503))
+              response_model=AdminResponse, response_model_exclude_unset=True, responses=snapshot_statuses)
     async def admin_snapshot() -> dict[str, Any]:
         return await service.take_snapshot()
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import functools
 import logging
 import math
 import os
 import random
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,9 +40,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from sqlalchemy.exc import DBAPIError
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
+from app.http import RETRY_AFTER_SECONDS, ProblemError
 from app.service import (
     Consistency,
     IndeterminateError,
@@ -59,7 +63,7 @@ from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix
 from storage.commands import Command, encode_command
 from storage.data_dir import DataDirLock, check_identity
 from storage.quorum_state import QuorumStateFile
-from storage.segment_log import LogChangedError, SegmentLog
+from storage.segment_log import LogChangedError, LogWriteError, SegmentLog
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import (
     SnapshotRejectedError,
@@ -761,6 +765,14 @@ class NodeRuntime:
                 snapshot_id = await asyncio.shield(self._start_snapshot())
             except SnapshotRejectedError as exc:
                 raise NotReadyError(f"this replica is catching up: {exc}") from None
+            except (OSError, sqlite3.Error, DBAPIError, LogWriteError) as exc:
+                problem = _snapshot_storage_problem(exc, self.snapshots_dir)
+                if problem is None:
+                    raise
+                logger.warning("node %d: snapshot failed: %s", self.node_id, problem.detail)
+                if isinstance(exc, LogWriteError):  # recording it failed: fail-stop, as in the background
+                    self._fatal(exc)
+                raise problem from exc
             if snapshot_id.end_offset >= wanted or self._closing:
                 break
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
@@ -1015,6 +1027,38 @@ def _trim(batches: list[Batch], start: int, end: int) -> list[Batch]:
                           batch.records[low:high])
         trimmed.append(batch)
     return trimmed
+
+
+def _snapshot_storage_problem(exc: BaseException, snapshots_dir: Path) -> ProblemError | None:
+    """A snapshot that failed on the disk, as the problem document POST /v1/admin/snapshot
+    answers (never the 500 fallback): 507 when the disk is full (ENOSPC, EDQUOT, SQLite's
+    "database or disk is full"), which only freeing space cures; 503 with Retry-After for
+    any other I/O error, which may pass. None for an error that is not about storage.
+
+    Nothing half-written is left published: StateMachine.create_snapshot removes its temp
+    copy whatever fails, and SnapshotStore.publish_database renames a file into place only
+    after its trailer is written and fsynced.
+    """
+    cause: BaseException = exc
+    if isinstance(cause, LogWriteError) and cause.__cause__ is not None:
+        cause = cause.__cause__  # the log could not record the snapshot
+    if isinstance(cause, DBAPIError) and cause.orig is not None:
+        cause = cause.orig
+    if isinstance(cause, OSError):
+        full = cause.errno in (errno.ENOSPC, errno.EDQUOT)
+        text = (cause.strerror or repr(cause)) + (f": {cause.filename}" if cause.filename else "")
+    elif isinstance(cause, sqlite3.OperationalError):
+        full = getattr(cause, "sqlite_errorname", "") == "SQLITE_FULL" or "disk is full" in str(cause)
+        text = str(cause)
+    else:
+        return None
+    if full:
+        return ProblemError(507, "insufficient-storage", "Insufficient storage",
+                            f"the snapshot failed, the disk holding {snapshots_dir} is full ({text}); "
+                            "free space and retry")
+    return ProblemError(503, "snapshot-io-error", "Snapshot I/O error",
+                        f"the snapshot failed on an I/O error ({text}); retry",
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 def _exit_on_fatal(exc: BaseException) -> None:

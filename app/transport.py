@@ -12,7 +12,9 @@ secret, without sending it:
     client_mac = HMAC-SHA256(secret, b"C" | cluster_id | server_nonce | client_nonce | client_node_id)
 
 A peer with another cluster id, a wrong MAC, an oversized or malformed frame is logged and
-its connection closed; nothing else is affected. After the handshake every frame is
+its connection closed; nothing else is affected. Refusals during the handshake are logged
+with their reason (a silent peer: "no handshake within N ms") at most once per remote host
+per ``refusal_log_interval_ms``; the next line counts the ones held back. After the handshake every frame is
 ``[kind, correlation_id, message_bytes]`` with kind 0 = request, 1 = response and
 ``message_bytes`` encoded by ``raft.messages.encode_message``.
 
@@ -38,6 +40,7 @@ import logging
 import os
 import random
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -100,6 +103,10 @@ class TransportConfig:
     connect_timeout_ms: int = 2000
     reconnect_backoff_min_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
+    # Refused-connection warnings: at most one line per remote host per interval (the next
+    # line counts the ones held back), remembering at most refusal_log_max_hosts hosts.
+    refusal_log_interval_ms: int = 10_000
+    refusal_log_max_hosts: int = 1024
 
 
 @dataclass
@@ -108,6 +115,7 @@ class TransportStats:
     frames_received: int = 0
     frames_dropped: int = 0
     connections_refused: int = 0
+    refusal_warnings_suppressed: int = 0
     connections_closed_bad_frame: int = 0
     handshakes_completed: int = 0
 
@@ -137,6 +145,53 @@ def _unpack_list(data: bytes, what: str) -> list[object]:
     if type(value) is not list:
         raise FrameError(f"{what}: expected a list")
     return value
+
+
+def describe_refusal(exc: BaseException, handshake_timeout_ms: int) -> str:
+    """Why a handshake failed, never empty: ``str(TimeoutError())`` is ``""``."""
+    if isinstance(exc, TimeoutError):
+        return f"no handshake within {handshake_timeout_ms} ms"
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return (f"peer closed the connection during the handshake ({len(exc.partial)} of "
+                f"{exc.expected} bytes of a frame received)")
+    if isinstance(exc, OSError):
+        return f"socket error during the handshake: {exc.strerror or exc!r}"
+    return str(exc) or repr(exc)
+
+
+class RefusalLogLimiter:
+    """Decides which refused-connection warnings get a log line.
+
+    Anyone who can reach the raft port can open connections; one warning line each would let
+    a scanner or a misconfigured peer flood the log. At most one line per remote host per
+    ``interval_s``; the next line says how many were held back. Hosts are remembered in an
+    LRU of at most ``max_hosts`` entries (the named bound), so a spray from many addresses
+    cannot grow memory; a forgotten host simply logs again.
+    """
+
+    def __init__(self, interval_s: float, max_hosts: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.max_hosts = max_hosts
+        self.clock = clock
+        # host -> (time of its last logged line, refusals held back since)
+        self._hosts: collections.OrderedDict[str, tuple[float, int]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def admit(self, host: str) -> int | None:
+        """None: hold this line back; else log it, with this many held back since the last one."""
+        now = self.clock()
+        last = self._hosts.get(host)
+        if last is not None and now - last[0] < self.interval_s:
+            self._hosts[host] = (last[0], last[1] + 1)
+            self._hosts.move_to_end(host)
+            return None
+        self._hosts[host] = (now, 0)
+        self._hosts.move_to_end(host)
+        while len(self._hosts) > self.max_hosts:
+            self._hosts.popitem(last=False)
+        return last[1] if last is not None else 0
 
 
 @dataclass(eq=False)
@@ -195,6 +250,8 @@ class RaftTransport:
         self._next_correlation_id = 1
         self._random = random.Random(os.urandom(8))
         self._stopping = False
+        self._refusal_log = RefusalLogLimiter(self.config.refusal_log_interval_ms / 1000,
+                                              self.config.refusal_log_max_hosts)
 
     @property
     def port(self) -> int:
@@ -299,7 +356,7 @@ class RaftTransport:
                 await asyncio.wait_for(self._client_handshake(connection), self.config.handshake_timeout_ms / 1000)
             except (TimeoutError, HandshakeError, FrameError, OSError, RuntimeError, asyncio.IncompleteReadError) as exc:
                 self.stats.connections_refused += 1
-                log.warning("node %d: handshake with peer %d at %s:%d failed: %s", self.node_id, peer_id, host, port, exc)
+                self._warn_refusal(host, f"handshake with peer {peer_id} at {host}:{port} failed", exc)
                 await self._close(connection)
                 await self._sleep_backoff(peer_id, backoff_ms)
                 backoff_ms = min(backoff_ms * 2, self.config.reconnect_backoff_max_ms)
@@ -397,7 +454,8 @@ class RaftTransport:
             except (TimeoutError, HandshakeError, FrameError, asyncio.IncompleteReadError, OSError,
                     RuntimeError) as exc:
                 self.stats.connections_refused += 1
-                log.warning("node %d: refused raft connection from %s: %s", self.node_id, peer, exc)
+                host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
+                self._warn_refusal(str(host), f"refused raft connection from {peer}", exc)
                 return
             writer_task = asyncio.get_running_loop().create_task(self._write_loop(connection))
             try:
@@ -408,6 +466,15 @@ class RaftTransport:
                     await writer_task
         finally:
             connection.mark_closed()
+
+    def _warn_refusal(self, host: str, what: str, exc: BaseException) -> None:
+        held_back = self._refusal_log.admit(host)
+        if held_back is None:
+            self.stats.refusal_warnings_suppressed += 1
+            return
+        reason = describe_refusal(exc, self.config.handshake_timeout_ms)
+        suffix = f" ({held_back} more from {host} not logged since the previous line)" if held_back else ""
+        log.warning("node %d: %s: %s%s", self.node_id, what, reason, suffix)
 
     async def _server_handshake(self, connection: _Connection) -> None:
         hello = _unpack_list(await _read_frame(connection.reader, 4096), "hello")

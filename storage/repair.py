@@ -1,7 +1,10 @@
 """The way out of a CorruptLogError: discard the log from a record offset on, explicitly.
 
-    python -m storage.repair --data-dir D --verify
-    python -m storage.repair --data-dir D --truncate-at OFFSET [--dry-run]
+    metakv repair --data-dir D --verify
+    metakv repair --data-dir D --truncate-at OFFSET [--dry-run]
+
+(``metakv repair`` is app/cli.py's front end to this module; ``python -m storage.repair``
+runs it too, but only from the repository root.)
 
 Opening a log never repairs corruption below its tail by itself: that would silently drop
 records a quorum may have committed. An operator runs this instead, with the node stopped,
@@ -30,12 +33,14 @@ from storage.segment_log import (
     EPOCH_CHECKPOINT_NAME,
     INDEX_SUFFIX,
     CorruptLogError,
+    TornTail,
     _segment_path,
     decode_epoch_checkpoint,
     encode_epoch_checkpoint,
     finish_or_drop_swap,
     list_segment_bases,
     read_log_start_checkpoint,
+    scan_last_segment,
 )
 
 EXIT_USAGE = 2
@@ -54,26 +59,46 @@ class RepairReport:
     dropped_bytes: int
 
 
-def verify_log(log_dir: Path) -> tuple[int, int]:
-    """Check every batch of every segment (CRC, body, offset continuity); return (batches, bytes).
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    batch_count: int
+    total_bytes: int
+    torn_tail: TornTail | None  # what the next start will cut from the last segment
+
+
+def verify_log(log_dir: Path) -> VerifyReport:
+    """Check every batch of every segment (CRC, body, offset continuity).
 
     Raises CorruptLogError at the first bad batch, naming file, byte and the offset to truncate at.
-    Offsets may jump only below the cleaned end recorded in the log start checkpoint.
+    Offsets may jump only below the cleaned end recorded in the log start checkpoint. The last
+    segment's tail is judged by the rule startup recovery applies (``scan_last_segment``): a
+    torn tail is reported, not raised, since the next start cuts it as normal recovery.
     """
     finish_or_drop_swap(log_dir)
     checkpoint = read_log_start_checkpoint(log_dir)
     cleaned_end = checkpoint.cleaned_end if checkpoint is not None else 0
     batch_count = total_bytes = 0
+    torn_tail: TornTail | None = None
     expected_offset: int | None = None
-    for base in list_segment_bases(log_dir):
+    bases = list_segment_bases(log_dir)
+    for slot, base in enumerate(bases):
         path = _segment_path(log_dir, base)
         data = path.read_bytes()
         if expected_offset is not None and base != expected_offset and not expected_offset < base < cleaned_end:
             raise CorruptLogError(path, 0, f"segment starts at offset {base}, the previous one ends at "
                                   f"{expected_offset}", expected_offset)
         expected_offset = base
+        checked_bytes = len(data)
+        if slot == len(bases) - 1:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                _scan, torn_tail = scan_last_segment(fd, path, len(data), base, cleaned_end=cleaned_end)
+            finally:
+                os.close(fd)
+            if torn_tail is not None:
+                checked_bytes = torn_tail.valid_bytes
         position = 0
-        while position < len(data):
+        while position < checked_bytes:
             try:
                 batch, end = decode_batch(data, position)
             except CorruptBatchError as exc:
@@ -85,7 +110,7 @@ def verify_log(log_dir: Path) -> tuple[int, int]:
             batch_count += 1
             position = end
         total_bytes += len(data)
-    return batch_count, total_bytes
+    return VerifyReport(batch_count, total_bytes, torn_tail)
 
 
 def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> RepairReport:
@@ -171,12 +196,14 @@ def _cut_epoch_checkpoint(log_dir: Path, truncate_at: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m storage.repair", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="metakv repair", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", required=True, type=Path, help="the node's data directory (holds log/)")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--truncate-at", type=int, metavar="OFFSET",
                         help="remove every record at OFFSET and above")
-    action.add_argument("--verify", action="store_true", help="check every batch of every segment")
+    action.add_argument("--verify", action="store_true",
+                        help="check every batch of every segment (exit 1 on corruption; a torn tail of the "
+                        "last segment, which the next start cuts, is reported with exit 0)")
     parser.add_argument("--dry-run", action="store_true", help="say what --truncate-at would remove")
     args = parser.parse_args(argv)
     log_dir = args.data_dir / "log"
@@ -190,8 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.verify:
-            batch_count, total_bytes = verify_log(log_dir)
-            print(f"ok: {batch_count} batches, {total_bytes} bytes in {log_dir}")
+            verified = verify_log(log_dir)
+            print(f"ok: {verified.batch_count} batches, {verified.total_bytes} bytes in {log_dir}")
+            tail = verified.torn_tail
+            if tail is not None:
+                print(f"torn tail: {tail.dropped_bytes} bytes after byte {tail.valid_bytes} of {tail.path} "
+                      f"({tail.reason}) will be cut at the next start; the log then ends at offset "
+                      f"{tail.end_offset} (normal crash recovery, nothing to repair)")
             return 0
         report = truncate_log_at(log_dir, args.truncate_at, dry_run=args.dry_run)
     except (RepairError, CorruptLogError) as exc:

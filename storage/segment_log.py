@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import struct
 import sys
 import threading
@@ -92,23 +93,42 @@ class CorruptLogError(Exception):
     """The log holds bad bytes that are not a torn tail; startup must stop, nothing is repaired.
 
     ``truncate_at_offset`` is the first record offset that cannot be trusted: discarding it and
-    everything after it (``python -m storage.repair``) lets the node re-fetch from the leader.
+    everything after it (``metakv repair``) lets the node re-fetch from the leader. The message
+    prints the ``metakv`` console script, not ``python -m storage.repair``: the module form only
+    works from the repository root, the console script from anywhere.
     """
 
-    def __init__(self, path: Path, position: int, reason: str, truncate_at_offset: int | None) -> None:
+    def __init__(self, path: Path, position: int, reason: str, truncate_at_offset: int | None,
+                 way_out: str | None = None) -> None:
         self.path = path
         self.position = position
         self.reason = reason
         self.truncate_at_offset = truncate_at_offset
         data_dir = path.parent.parent
-        way_out = (
-            f"; to discard offset {truncate_at_offset} and everything after it (this node then "
-            f"re-fetches them from the leader) run: python -m storage.repair --data-dir {data_dir} "
-            f"--truncate-at {truncate_at_offset}"
-            if truncate_at_offset is not None
-            else ""
-        )
-        super().__init__(f"corrupt log file {path} at byte {position}: {reason}{way_out}")
+        if way_out is None and truncate_at_offset is not None:
+            way_out = (f"to discard offset {truncate_at_offset} and everything after it (this node then "
+                       f"re-fetches them from the leader) run: metakv repair --data-dir "
+                       f"{shlex.quote(str(data_dir))} --truncate-at {truncate_at_offset}")
+        self.way_out = way_out
+        super().__init__(f"corrupt log file {path} at byte {position}: {reason}"
+                         + (f"; {way_out}" if way_out else ""))
+
+
+def refetch_way_out(data_dir: Path) -> str:
+    """The way out when the damaged file cannot be rebuilt from what is left on this node.
+
+    The log start checkpoint (start offset, snapshot id, cleaned_end, cleaner_end) and the
+    segment swap marker say things the segments do not: guessing them could replay a state
+    through a prefix this node's cleaner compacted (deleted keys come back) or accept a gap as
+    compaction. Starting over from the leader is the only safe answer. quorum-state stays: it
+    holds this voter's vote, and a voter that forgets it can vote twice in one epoch.
+    """
+    quoted = shlex.quote(str(data_dir))
+    return (f"this file cannot be rebuilt from the segments; with the node stopped, move {quoted}/log, "
+            f"{quoted}/snapshots and {quoted}/state.db (with any state.db-wal and state.db-shm) away, "
+            f"keep {quoted}/quorum-state (and identity.json), and restart: the node fetches a snapshot and the log from the "
+            "leader (do this only while a majority of the other voters is up; a lone node has no leader "
+            "to fetch from: restore the directory from a backup instead)")
 
 
 class LogWriteError(Exception):
@@ -287,6 +307,41 @@ def _find_good_batch_after(buffer: bytes, position: int, min_base_offset: int) -
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """Bytes at the end of the last segment that recovery cuts: a write the crash tore."""
+
+    path: Path
+    valid_bytes: int  # the file is cut here, at the end of the last good batch
+    dropped_bytes: int
+    end_offset: int  # the log's end offset after the cut
+    reason: str
+
+
+def scan_last_segment(fd: int, path: Path, size_bytes: int, base_offset: int,
+                      index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+                      cleaned_end: int = 0) -> tuple[_ScanResult, TornTail | None]:
+    """The recovery rule for the last segment, shared by opening a log and ``metakv repair --verify``.
+
+    At the first bad batch: if no valid batch (good CRC, offset at or above the expected one)
+    follows anywhere in the rest of the file, the rest is a torn tail (returned, not cut here);
+    otherwise it is corruption in the middle and raises CorruptLogError. Only the last segment
+    can have a torn tail: every sealed one was fsynced before the next was created.
+    """
+    scan = _scan_file(fd, size_bytes, base_offset, index_interval_bytes, cleaned_end)
+    if scan.error_position is None:
+        return scan, None
+    rest = _read_exact(fd, size_bytes - scan.error_position, scan.error_position)
+    found = _find_good_batch_after(rest, 0, scan.next_offset)
+    if found is not None:
+        raise CorruptLogError(
+            path, scan.error_position,
+            f"{scan.error_reason}, yet a valid batch follows at byte {scan.error_position + found}: "
+            "this is not a torn tail", scan.next_offset)
+    return scan, TornTail(path, scan.valid_bytes, size_bytes - scan.valid_bytes, scan.next_offset,
+                          scan.error_reason)
+
+
 def _index_entries_not_batch_starts(entries: list[tuple[int, int]], scan: _ScanResult) -> str | None:
     """Why an index does not fit its segment (an entry that is not a batch start), or None.
 
@@ -385,7 +440,12 @@ def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
     except FileNotFoundError:
         return None
     try:
-        value = json.loads(data)
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise CorruptLogError(path, exc.start, "not UTF-8 JSON; it holds the log start offset, the snapshot id "
+                              "and how far the log was compacted", None, refetch_way_out(log_dir.parent)) from exc
+    try:
+        value = json.loads(text)
         start_offset = value["start_offset"]
         snapshot = value["snapshot"]
         cleaned_end = value.get("cleaned_end", 0)
@@ -398,10 +458,13 @@ def read_log_start_checkpoint(log_dir: Path) -> LogStartCheckpoint | None:
             snapshot_id = SnapshotId(snapshot["end_offset"], snapshot["epoch"])
             check(type(snapshot_id.end_offset) is int and type(snapshot_id.epoch) is int, "snapshot")
     except json.JSONDecodeError as exc:
-        raise CorruptLogError(path, exc.pos, f"not JSON ({exc.msg})", None) from exc
+        raise CorruptLogError(path, len(text[: exc.pos].encode()), f"not JSON ({exc.msg}); it holds the log start offset, the "
+                              "snapshot id and how far the log was compacted", None,
+                              refetch_way_out(log_dir.parent)) from exc
     except Exception as exc:
-        raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the "
-                              "log start offset and snapshot id and cannot be rebuilt", None) from exc
+        raise CorruptLogError(path, 0, f"not a log start checkpoint ({exc!r}); it holds the log start "
+                              "offset, the snapshot id and how far the log was compacted", None,
+                              refetch_way_out(log_dir.parent)) from exc
     return LogStartCheckpoint(start_offset, snapshot_id, cleaned_end, cleaner_end)
 
 
@@ -450,7 +513,8 @@ def finish_or_drop_swap(log_dir: Path) -> None:
             old_bases, new_bases = value["old"], value["new"]
             check(all(type(base) is int for base in old_bases + new_bases), "bases")
         except Exception as exc:
-            raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None) from exc
+            raise CorruptLogError(marker, 0, f"unreadable segment swap marker ({exc!r})", None,
+                                  refetch_way_out(log_dir.parent)) from exc
         logger.warning("finishing a segment swap interrupted by a crash: %s replace %s", new_bases, old_bases)
         _swap_files(log_dir, old_bases, new_bases)
         marker.unlink()
@@ -1244,7 +1308,8 @@ class SegmentLog:
                 raise CorruptLogError(
                     _segment_path(self._log_dir, bases[0]), 0,
                     f"the log start offset is {self._start_offset} ({LOG_START_CHECKPOINT_NAME}) but the "
-                    f"first segment starts at offset {bases[0]}: segment files are missing", None)
+                    f"first segment starts at offset {bases[0]}: segment files are missing", None,
+                    refetch_way_out(self._log_dir.parent))
         elif bases:
             self._start_offset = bases[0]
         self._delete_orphan_indexes(set(bases))
@@ -1349,22 +1414,13 @@ class SegmentLog:
 
     def _recover_last_segment(self, segment: _Segment) -> None:
         """Scan the last segment; cut a torn or corrupt tail, refuse corruption with data after it."""
-        scan = _scan_file(segment.fd, segment.size_bytes, segment.base_offset, self._index_interval_bytes,
-                          self._cleaned_end)
-        if scan.error_position is not None:
-            rest = _read_exact(segment.fd, segment.size_bytes - scan.error_position, scan.error_position)
-            found = _find_good_batch_after(rest, 0, scan.next_offset)
-            following = None if found is None else scan.error_position + found
-            if following is not None:
-                raise CorruptLogError(
-                    segment.path, scan.error_position,
-                    f"{scan.error_reason}, yet a valid batch follows at byte {following}: "
-                    "this is not a torn tail", scan.next_offset)
-            dropped_bytes = segment.size_bytes - scan.valid_bytes
+        scan, tail = scan_last_segment(segment.fd, segment.path, segment.size_bytes, segment.base_offset,
+                                       self._index_interval_bytes, self._cleaned_end)
+        if tail is not None:
             logger.warning("cutting torn or corrupt tail of %s at byte %d (%s): dropped %d bytes",
-                           segment.path, scan.valid_bytes, scan.error_reason, dropped_bytes)
-            os.ftruncate(segment.fd, scan.valid_bytes)
-            segment.size_bytes = scan.valid_bytes
+                           segment.path, tail.valid_bytes, tail.reason, tail.dropped_bytes)
+            os.ftruncate(segment.fd, tail.valid_bytes)
+            segment.size_bytes = tail.valid_bytes
         self._adopt_scan(segment, scan)
         self._last_segment_epochs = scan.epoch_starts
 

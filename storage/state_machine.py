@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sqlite3
 import threading
 import urllib.parse
@@ -288,7 +289,10 @@ class StateMachine:
             row = self._writer.execute(sa.select(meta)).one()
         except sa.exc.DBAPIError as exc:
             self._dispose()
-            raise StateDatabaseError(f"{self.db_path}: cannot open the state database: {exc.orig}") from exc
+            raise StateDatabaseError(
+                f"{self.db_path}: cannot open the state database: {exc.orig}; the log is the source of truth: "
+                f"with the node stopped, move {shlex.quote(self.db_path)} (and any {shlex.quote(self.db_path)}-wal "
+                f"and -shm next to it) away and restart to rebuild it from the log") from exc
         except StateDatabaseError:
             self._dispose()
             raise

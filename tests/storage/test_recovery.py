@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
 
+from app.cli import main as metakv_main
 from raft.types import Batch, SnapshotId
 from storage.repair import main as repair_main
-from storage.segment_log import EPOCH_CHECKPOINT_NAME, CorruptLogError, SegmentLog
+from storage.segment_log import (
+    EPOCH_CHECKPOINT_NAME,
+    LOG_START_CHECKPOINT_NAME,
+    CorruptLogError,
+    SegmentLog,
+)
+from storage.state_machine import StateDatabaseError, StateMachine
 from tests.storage.helpers import make_batch, segment_files
 
 SEGMENT_BYTES = 2048
@@ -101,7 +111,7 @@ def test_flipped_bit_followed_by_good_batches_stops_startup(log_dir: Path) -> No
         open_log(log_dir)
     message = str(caught.value)
     assert str(last) in message and f"at byte {positions[1]}" in message
-    assert f"--truncate-at {bad_offset}" in message and "python -m storage.repair" in message
+    assert f"run: metakv repair --data-dir {log_dir.parent} --truncate-at {bad_offset}" in message
     assert caught.value.truncate_at_offset == bad_offset
     # Nothing was changed on disk by the failed open.
     assert len(batch_positions(last)) == len(positions)
@@ -237,6 +247,136 @@ def test_missing_first_segment_stops_startup(log_dir: Path) -> None:
         open_log(log_dir)
 
 
+def printed_command(message: str, program: str) -> list[str]:
+    """The argv of the command a corruption message tells the operator to run."""
+    match = re.search(rf"run: ({program} .*)$", message)
+    assert match is not None, message
+    return shlex.split(match.group(1))
+
+
+def test_the_printed_repair_command_works_as_printed_from_any_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    log_dir = tmp_path / "data dir" / "log"  # a space in the path: the command must quote it
+    batches = write_log(log_dir, 30)
+    last = segment_files(log_dir)[-1]
+    flip_bit(last, batch_positions(last)[1] + 40)
+    with pytest.raises(CorruptLogError) as caught:
+        open_log(log_dir)
+    argv = printed_command(str(caught.value), "metakv")
+    assert argv[:2] == ["metakv", "repair"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # not the repository root: python -m storage.repair fails here
+    assert metakv_main(argv[1:]) == 0
+    bad_offset = caught.value.truncate_at_offset
+    assert f"removed every record at offset {bad_offset} and above" in capsys.readouterr().out
+    with open_log(log_dir) as log:
+        assert log.read(0, EVERYTHING) == [b for b in batches if b.next_offset <= bad_offset]
+
+
+def write_cut_log(log_dir: Path) -> list[Batch]:
+    """A log whose start moved past a snapshot, so its log start checkpoint says something."""
+    batches = write_log(log_dir, 60)
+    with open_log(log_dir) as log:
+        log.record_snapshot(SnapshotId(batches[20].base_offset, batches[20].epoch))
+        log.delete_before(batches[20].base_offset)
+    return batches
+
+
+@pytest.mark.parametrize(("garbage", "position"), [
+    (b"\x00" * 40, 0), (b'{"start_offset": 3, "snapsh', 20), (b"\xff\xfe{}", 0), (b"[1, 2]", 0)])
+def test_garbage_log_start_checkpoint_names_file_byte_and_the_way_out(
+        log_dir: Path, garbage: bytes, position: int) -> None:
+    write_cut_log(log_dir)
+    (log_dir / LOG_START_CHECKPOINT_NAME).write_bytes(garbage)
+    with pytest.raises(CorruptLogError) as caught:
+        open_log(log_dir)
+    message = str(caught.value)
+    data_dir = log_dir.parent
+    assert message.startswith(f"corrupt log file {log_dir / LOG_START_CHECKPOINT_NAME} at byte {position}: ")
+    assert "cannot be rebuilt from the segments" in message
+    assert (f"move {data_dir}/log, {data_dir}/snapshots and {data_dir}/state.db" in message
+            and f"keep {data_dir}/quorum-state" in message and "fetches a snapshot and the log from the leader"
+            in message)
+    assert caught.value.truncate_at_offset is None and "--truncate-at" not in message
+
+
+def test_missing_first_segment_names_the_way_out(log_dir: Path) -> None:
+    write_cut_log(log_dir)
+    segment_files(log_dir)[0].unlink()
+    with pytest.raises(CorruptLogError) as caught:
+        open_log(log_dir)
+    assert "segment files are missing" in str(caught.value)
+    assert f"keep {log_dir.parent}/quorum-state" in str(caught.value)
+
+
+def test_garbage_state_database_names_the_file_and_the_way_out_that_works(tmp_path: Path) -> None:
+    db_path = tmp_path / "data" / "state.db"
+    db_path.parent.mkdir()
+    db_path.write_bytes(b"this is no sqlite file, just garbage " * 200)
+    with pytest.raises(StateDatabaseError) as caught:
+        StateMachine(str(db_path), background_checkpoint=False)
+    message = str(caught.value)
+    assert message.startswith(f"{db_path}: cannot open the state database: file is not a database")
+    assert f"move {db_path} (and any {db_path}-wal and -shm next to it) away and restart" in message
+    # The way out as printed: once the file is moved away, a fresh state database opens.
+    shutil.move(db_path, tmp_path / "state.db.bad")
+    state = StateMachine(str(db_path), background_checkpoint=False)
+    try:
+        assert state.applied_version == 0
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize("damage", ["zeros appended", "half-written last batch", "flipped bit in the last batch"])
+def test_verify_reports_a_torn_tail_as_startup_will_cut_it_with_exit_0(
+        log_dir: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    batches = write_log(log_dir, 30)
+    last = segment_files(log_dir)[-1]
+    size, last_batch_position = last.stat().st_size, batch_positions(last)[-1]
+    if damage == "zeros appended":
+        with open(last, "ab") as file:
+            file.write(bytes(100))
+        cut_at, dropped, end_offset = size, 100, batches[-1].next_offset
+    elif damage == "half-written last batch":
+        os.truncate(last, last_batch_position + (size - last_batch_position) // 2)
+        cut_at, dropped = last_batch_position, (size - last_batch_position) // 2
+        end_offset = batches[-1].base_offset
+    else:
+        flip_bit(last, last_batch_position + 40)
+        cut_at, dropped, end_offset = last_batch_position, size - last_batch_position, batches[-1].base_offset
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert (f"torn tail: {dropped} bytes after byte {cut_at} of {last}" in out
+            and "will be cut at the next start" in out and f"the log then ends at offset {end_offset}" in out)
+    with caplog.at_level(logging.WARNING), open_log(log_dir) as log:  # startup cuts exactly that
+        assert log.end_offset() == end_offset
+    assert f"at byte {cut_at}" in caplog.text and f"dropped {dropped} bytes" in caplog.text
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 0
+    assert "torn tail" not in capsys.readouterr().out
+
+
+def test_verify_still_fails_on_corruption_before_the_tail_of_the_last_segment(
+        log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    batches = write_log(log_dir, 30)
+    last = segment_files(log_dir)[-1]
+    positions = batch_positions(last)
+    flip_bit(last, positions[1] + 40)
+    with open(last, "ab") as file:
+        file.write(bytes(100))  # a torn tail after the corruption changes nothing
+    bad_offset = [b for b in batches if b.base_offset >= int(last.stem)][1].base_offset
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 1
+    err = capsys.readouterr().err
+    assert f"corrupt log file {last} at byte {positions[1]}" in err and "this is not a torn tail" in err
+    assert f"--truncate-at {bad_offset}" in err
+
+
+def test_verify_still_fails_on_a_torn_end_of_an_older_segment(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(log_dir, 60)
+    old = segment_files(log_dir)[1]
+    os.truncate(old, old.stat().st_size - 5)  # only the last segment can have a torn tail
+    assert repair_main(["--data-dir", str(log_dir.parent), "--verify"]) == 1
+    assert f"corrupt log file {old}" in capsys.readouterr().err
 def test_repair_refuses_a_data_directory_a_running_node_holds(log_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Truncating a running node's log under it would lose what it appends meanwhile."""
     from storage.data_dir import DataDirLock

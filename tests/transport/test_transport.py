@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from app.transport import FRAME_LENGTH, RaftTransport, TransportConfig
+from app.transport import FRAME_LENGTH, RaftTransport, RefusalLogLimiter, TransportConfig
 from raft.messages import Envelope, FetchRequest, FetchResponse, VoteRequest
 from raft.types import ErrorCode
 
@@ -223,3 +223,85 @@ def test_a_write_failing_after_a_reset_reconnects_instead_of_going_silent() -> N
             await client.transport.stop()
             await server.transport.stop()
     run(scenario)
+
+
+
+def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "refused raft connection" in r.getMessage()]
+
+
+async def refused_connection(port: int, data: bytes) -> None:
+    """Connect, send ``data``, wait until the server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if data:
+        writer.write(data)
+        await writer.drain()
+    try:
+        assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
+    finally:
+        writer.close()
+
+
+def test_every_refusal_names_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        config = TransportConfig(handshake_timeout_ms=100, refusal_log_interval_ms=0)  # log every one
+        server = Node(2, {}, config=config)
+        await server.transport.start()
+        try:
+            await refused_connection(server.transport.port, b"")  # says nothing
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.transport.port)
+            writer.write(FRAME_LENGTH.pack(100) + b"\x01\x02")  # then hangs up inside the frame
+            writer.close()
+            await wait_until(lambda: server.transport.stats.connections_refused == 2, "two refusals")
+            await refused_connection(server.transport.port, FRAME_LENGTH.pack(3) + b"\x93\x00\x01")
+        finally:
+            await server.transport.stop()
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    lines = refusal_lines(caplog)
+    assert len(lines) == 3
+    assert all(line.startswith("node 2: refused raft connection from ('127.0.0.1', ") for line in lines)
+    assert lines[0].endswith(": no handshake within 100 ms")
+    assert lines[1].endswith(": peer closed the connection during the handshake (2 of 100 bytes of a frame received)")
+    assert lines[2].endswith(": hello: not msgpack")
+
+
+def test_refusal_warnings_are_limited_per_host_and_count_what_was_held_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        server = Node(2, {}, config=TransportConfig(refusal_log_interval_ms=60_000))
+        await server.transport.start()
+        try:
+            for _ in range(50):
+                await refused_connection(server.transport.port, FRAME_LENGTH.pack(3) + b"\x93\x00\x01")
+            await wait_until(lambda: server.transport.stats.connections_refused == 50, "50 refusals")
+            assert len(refusal_lines(caplog)) == 1
+            assert server.transport.stats.refusal_warnings_suppressed == 49
+            # The interval passes (the limiter's clock moves on): the next refusal logs again.
+            limiter = server.transport._refusal_log
+            later = limiter.clock() + 61
+            limiter.clock = lambda: later
+            await refused_connection(server.transport.port, b"\x00\x00\x00\x01\xc1")
+            await wait_until(lambda: server.transport.stats.connections_refused == 51, "51 refusals")
+        finally:
+            await server.transport.stop()
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    lines = refusal_lines(caplog)
+    assert len(lines) == 2
+    assert lines[0].endswith(": hello: not msgpack")
+    assert lines[1].endswith(": hello: not msgpack (49 more from 127.0.0.1 not logged since the previous line)")
+
+
+def test_the_refusal_limiter_remembers_a_bounded_number_of_hosts() -> None:
+    now = [0.0]
+    limiter = RefusalLogLimiter(interval_s=10, max_hosts=3, clock=lambda: now[0])
+    assert [limiter.admit(f"10.0.0.{n}") for n in range(5)] == [0, 0, 0, 0, 0]
+    assert len(limiter) == 3  # the two oldest hosts were forgotten
+    assert limiter.admit("10.0.0.4") is None and limiter.admit("10.0.0.4") is None
+    assert limiter.admit("10.0.0.0") == 0  # forgotten, so it logs again at once
+    now[0] = 10.0
+    assert limiter.admit("10.0.0.4") == 2
