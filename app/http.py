@@ -1280,6 +1280,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
         stream_end_s = time.monotonic() + timeout_ms / 1000
         keepalive_s = settings.sse_keepalive_ms / 1000
         yield b"retry: 1000\n\n"
+        resume_id = since  # the Last-Event-ID the client holds
         while time.monotonic() < stream_end_s:
             deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
             try:
@@ -1297,8 +1298,17 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
                 return  # the node stopped waiting (shutting down): end the stream, clients reconnect
             if not events:
                 since = max(since, version)  # nothing under the prefix up to there
+                block = b""
+                if since > resume_id:
+                    # An id without data moves the client's Last-Event-ID without an event
+                    # (WHATWG SSE), so a reconnect resumes from here: from its old id a quiet
+                    # prefix's watch would meet 410 once the horizon passed that id.
+                    resume_id = since
+                    block += f"id: {since}\n".encode()
                 if time.monotonic() < stream_end_s:
-                    yield b": keepalive\n\n"
+                    block += b": keepalive\n"
+                if block:
+                    yield block + b"\n"
                 continue
             parts = []
             for index, event in enumerate(events):
@@ -1310,7 +1320,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
                 parts.append(f"event: {rendered['type']}\ndata: ".encode())
                 parts.append(json.dumps(rendered, separators=(",", ":")).encode() + b"\n\n")
             yield b"".join(parts)
-            since = version
+            since = resume_id = version
 
     @app.get("/v1/watch", tags=["keys"], summary="Changes after a version (long-poll, or SSE)",
              response_model=WatchResponse, responses={

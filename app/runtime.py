@@ -22,11 +22,11 @@ Inputs are coalesced: many messages or proposals arriving in one loop iteration 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import errno
 import functools
 import logging
-import math
 import os
 import random
 import sqlite3
@@ -84,6 +84,13 @@ APPLY_READ_BYTES = 1024 * 1024  # per log read while applying; whole batches may
 CLEANER_BUSY_SHARE = 0.25
 CLEANER_SLICE_S = 0.002
 PRUNE_STEP_VERSIONS = 500  # history versions pruned per write transaction after a cleaning
+# min_compaction_lag_ms is measured on this replica's own clock, from when each version was
+# applied here (batch timestamps are the leader's monotonic clock, meaningless on another
+# host): marks (version end, time.monotonic()) at most one per ARRIVAL_MARK_MIN_INTERVAL_S,
+# or per lag / ARRIVAL_MARKS_PER_LAG when that is longer, so ARRIVAL_MARKS_MAX bounds them.
+ARRIVAL_MARK_MIN_INTERVAL_S = 0.01
+ARRIVAL_MARKS_PER_LAG = 4_000
+ARRIVAL_MARKS_MAX = 8_000
 MAX_TIMER_DELAY_S = 3600.0  # the core answers 'never' with a huge deadline; re-check hourly
 LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
                      0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -167,6 +174,11 @@ class NodeRuntime:
         # Compaction (docs/compaction.md): one cleaning at a time, on its own thread.
         self._clean_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cleaner-{config.node_id}")
         self._clean_task: asyncio.Task[dict[str, Any]] | None = None
+        # (end version, time.monotonic() when every version below it had been applied here).
+        self._arrivals: collections.deque[tuple[int, float]] = collections.deque(maxlen=ARRIVAL_MARKS_MAX)
+        self._pending_arrival: tuple[int, float] | None = None
+        self._arrival_mark_interval_s = max(ARRIVAL_MARK_MIN_INTERVAL_S,
+                                            config.min_compaction_lag_ms / 1000 / ARRIVAL_MARKS_PER_LAG)
         self._cleaner_timer: asyncio.TimerHandle | None = None
         # (log start, end offset, sha256) of the cleaned range [log start, end offset)
         self._prefix_digest: tuple[int, int, str] = (0, 0, prefix_digest([], 0))
@@ -199,36 +211,43 @@ class NodeRuntime:
             self.snapshots = SnapshotStore(self.snapshots_dir)
             self.state = StateMachine(str(self.data_dir / "state.db"))
             self._recover_state()
+            # What is here already counts as arriving now: after a restart the lag holds
+            # it back as if just written (this replica cannot tell its age).
+            self._arrivals.append((max(self._applied_version, self.log.end_offset()), time.monotonic()))
+            cfg = self.config
+            self.node = RaftNode(
+                RaftConfig(
+                    node_id=cfg.node_id,
+                    voters=frozenset(cfg.voters),
+                    endpoint=cfg.advertise_http,
+                    election_timeout_ms=cfg.election_timeout_ms,
+                    fetch_timeout_ms=cfg.fetch_timeout_ms,
+                    election_backoff_max_ms=cfg.election_backoff_max_ms,
+                    fetch_max_wait_ms=cfg.fetch_max_wait_ms,
+                    request_timeout_ms=cfg.request_timeout_ms,
+                    append_linger_ms=cfg.append_linger_ms,
+                    max_batch_bytes=cfg.max_batch_bytes,
+                    max_pending_records=cfg.max_pending_records,
+                    tombstone_retention_records=cfg.tombstone_retention_records,
+                ),
+                self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
+            )
+            self.transport = RaftTransport(
+                cfg.node_id, cfg.cluster_id, cfg.cluster_secret.encode(), cfg.listen_raft.host,
+                cfg.listen_raft.port, {i: (a.host, a.port) for i, a in cfg.peers.items()}, self._on_message,
+            )
+            await self.transport.start()
+            try:
+                latest = self.snapshots.latest_id()
+                self._snapshot_end = latest.end_offset if latest is not None else 0
+                self._prefix_digest = await asyncio.get_running_loop().run_in_executor(
+                    self._clean_executor, self._read_prefix_digest)
+            except BaseException:
+                await self.transport.stop()
+                raise
         except BaseException:
-            self._close_storage()
+            self._close_storage()  # and the lock: a later start in this process may take it
             raise
-        cfg = self.config
-        self.node = RaftNode(
-            RaftConfig(
-                node_id=cfg.node_id,
-                voters=frozenset(cfg.voters),
-                endpoint=cfg.advertise_http,
-                election_timeout_ms=cfg.election_timeout_ms,
-                fetch_timeout_ms=cfg.fetch_timeout_ms,
-                election_backoff_max_ms=cfg.election_backoff_max_ms,
-                fetch_max_wait_ms=cfg.fetch_max_wait_ms,
-                request_timeout_ms=cfg.request_timeout_ms,
-                append_linger_ms=cfg.append_linger_ms,
-                max_batch_bytes=cfg.max_batch_bytes,
-                max_pending_records=cfg.max_pending_records,
-                tombstone_retention_records=cfg.tombstone_retention_records,
-            ),
-            self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
-        )
-        self.transport = RaftTransport(
-            cfg.node_id, cfg.cluster_id, cfg.cluster_secret.encode(), cfg.listen_raft.host,
-            cfg.listen_raft.port, {i: (a.host, a.port) for i, a in cfg.peers.items()}, self._on_message,
-        )
-        await self.transport.start()
-        latest = self.snapshots.latest_id()
-        self._snapshot_end = latest.end_offset if latest is not None else 0
-        self._prefix_digest = await asyncio.get_running_loop().run_in_executor(
-            self._clean_executor, self._read_prefix_digest)
         self._started = True
         self._schedule_cleaner()
         self._drive()
@@ -489,9 +508,31 @@ class NodeRuntime:
             results = self.state.apply(batches)
             self._apply_latency.observe(time.perf_counter() - started_s)
             self._applied_version = self.state.applied_version
+            self._mark_arrival()
             self._complete_writes(batches, results)
             self._wake_waiters()
         self._kick()  # more to apply: continue next turn, after other callbacks ran
+
+    def _mark_arrival(self) -> None:
+        now_s = time.monotonic()
+        arrivals = self._arrivals
+        if not arrivals or now_s - arrivals[-1][1] >= self._arrival_mark_interval_s:
+            arrivals.append((self._applied_version, now_s))
+            self._pending_arrival = None
+        else:  # too soon for a mark of its own: kept until the next mark or cleaning
+            self._pending_arrival = (self._applied_version, now_s)
+
+    def _aged_end(self) -> int:
+        """The highest version below which every version was applied here at least
+        ``min_compaction_lag_ms`` ago."""
+        arrivals = self._arrivals
+        if self._pending_arrival is not None:
+            arrivals.append(self._pending_arrival)
+            self._pending_arrival = None
+        cutoff_s = time.monotonic() - self.config.min_compaction_lag_ms / 1000
+        while len(arrivals) > 1 and arrivals[1][1] <= cutoff_s:
+            arrivals.popleft()  # an older mark than one already aged says nothing new
+        return arrivals[0][0] if arrivals and arrivals[0][1] <= cutoff_s else 0
 
     def _complete_writes(self, batches: list[Batch], results: Iterable[Any]) -> None:
         if not self._pending:
@@ -871,8 +912,9 @@ class NodeRuntime:
         if self._clean_task is not None:  # one at a time: join the running one
             return await asyncio.shield(self._clean_task)
         dirty, horizon = self.clean_target()
+        aged_end = None if force or self.config.min_compaction_lag_ms == 0 else self._aged_end()
         self._clean_task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(
-            self._clean_executor, self._clean_blocking, dirty, horizon, force))
+            self._clean_executor, functools.partial(self._clean_blocking, dirty, horizon, force, aged_end=aged_end)))
         try:
             report = await asyncio.shield(self._clean_task)
         except Exception as exc:
@@ -902,7 +944,7 @@ class NodeRuntime:
             state.prune_history(min(target, state.oldest_version + PRUNE_STEP_VERSIONS))
             throttle.pause()
 
-    def _clean_blocking(self, dirty: int, horizon: int, force: bool) -> dict[str, Any]:
+    def _clean_blocking(self, dirty: int, horizon: int, force: bool, aged_end: int | None = None) -> dict[str, Any]:
         """Runs on the cleaner thread: read the log from its start, clean it, install it. The
         log's lock makes replace_prefix atomic against the loop's appends and the flush thread.
 
@@ -924,16 +966,15 @@ class NodeRuntime:
         batches: list[Batch] = []
         prefix_bytes = dirty_bytes = 0
         throttle = _Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S)
-        # Records younger than min_compaction_lag_ms stay as they are (an admin compaction
-        # cleans them too): their history stays readable that long (the history horizon
-        # follows the cleaned end), so a watch or a paged list can resume from a version
-        # for at least the lag, not only until the next cleaning.
-        young_after_ms = math.inf if force else time.time() * 1000 - self.config.min_compaction_lag_ms
+        # Records applied here less than min_compaction_lag_ms ago (past ``aged_end``; None:
+        # no lag, or an admin compaction) stay as they are: their history stays readable that
+        # long (the history horizon follows the cleaned end), so a watch or a paged list can
+        # resume from a version for at least the lag, not only until the next cleaning.
         for batch in log.iter_batches(start):
             throttle.pause()
             if batch.next_offset > dirty:
                 break
-            if batch.base_offset >= cleaned_before and batch.timestamp_ms > young_after_ms:
+            if aged_end is not None and batch.base_offset >= cleaned_before and batch.next_offset > aged_end:
                 dirty = batch.base_offset
                 report["dirty_offset"] = dirty
                 break

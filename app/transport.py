@@ -356,7 +356,7 @@ class RaftTransport:
                 await asyncio.wait_for(self._client_handshake(connection), self.config.handshake_timeout_ms / 1000)
             except (TimeoutError, HandshakeError, FrameError, OSError, RuntimeError, asyncio.IncompleteReadError) as exc:
                 self.stats.connections_refused += 1
-                self._warn_refusal(host, f"handshake with peer {peer_id} at {host}:{port} failed", exc)
+                self._warn_refusal(f"peer {peer_id}", f"handshake with peer {peer_id} at {host}:{port} failed", exc)
                 await self._close(connection)
                 await self._sleep_backoff(peer_id, backoff_ms)
                 backoff_ms = min(backoff_ms * 2, self.config.reconnect_backoff_max_ms)
@@ -467,13 +467,15 @@ class RaftTransport:
         finally:
             connection.mark_closed()
 
-    def _warn_refusal(self, host: str, what: str, exc: BaseException) -> None:
-        held_back = self._refusal_log.admit(host)
+    def _warn_refusal(self, source: str, what: str, exc: BaseException) -> None:
+        """Rate-limited per ``source``: a remote host for inbound refusals, the peer for
+        outbound handshakes (so peers on one host do not hide each other's failures)."""
+        held_back = self._refusal_log.admit(source)
         if held_back is None:
             self.stats.refusal_warnings_suppressed += 1
             return
         reason = describe_refusal(exc, self.config.handshake_timeout_ms)
-        suffix = f" ({held_back} more from {host} not logged since the previous line)" if held_back else ""
+        suffix = f" ({held_back} more from {source} not logged since the previous line)" if held_back else ""
         log.warning("node %d: %s: %s%s", self.node_id, what, reason, suffix)
 
     async def _server_handshake(self, connection: _Connection) -> None:

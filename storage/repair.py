@@ -212,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         lock = DataDirLock(args.data_dir)  # never under a running node
-    except DataDirError as exc:
+    except DataDirError as exc:  # not corruption (exit 1): the request cannot be done now
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     try:
         if args.verify:
             verified = verify_log(log_dir)

@@ -107,3 +107,20 @@ def test_a_voter_with_peers_keeps_a_state_ahead_of_its_log(tmp_path: Path) -> No
     """Committed records a crash took from the log's unflushed tail: the leader sends them again."""
     _state_ahead_of_the_log(tmp_path)
     assert asyncio.run(_start_stop(_config(tmp_path))) == 8
+
+
+def test_a_start_that_fails_late_releases_the_directory(tmp_path: Path) -> None:
+    """The raft port is taken: start fails after storage was opened and locked. The files and
+    the lock are released, so a later start in this process (the port free again) works."""
+    import socket
+
+    config = _config(tmp_path)
+    holder = socket.socket()
+    holder.bind((config.listen_raft.host, config.listen_raft.port))
+    holder.listen()
+    try:
+        with pytest.raises(OSError):
+            asyncio.run(_start_stop(config))
+    finally:
+        holder.close()
+    asyncio.run(_start_stop(config))

@@ -297,6 +297,35 @@ async def test_an_sse_watch_of_a_quiet_prefix_outlives_the_horizon_passing_its_s
     assert json.loads(messages[0]["data"])["key"] == "quiet/a"
 
 
+def _last_sse_id(text: str) -> str | None:
+    last = None
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("id: "):
+                last = line[4:]
+    return last
+
+
+async def test_an_sse_client_of_a_quiet_prefix_reconnects_without_410(
+        client: httpx.AsyncClient, service: InProcessService) -> None:
+    """An id with no data moves the client's Last-Event-ID while the prefix is quiet, so the
+    reconnect after the stream's end resumes past versions the horizon may since have passed."""
+    await client.put("/v1/kv/quiet/a", content=b"0")  # v1
+    stream = asyncio.create_task(client.get("/v1/watch", params={"prefix": "quiet/", "since": 1, "timeout_ms": 800},
+                                            headers={"accept": "text/event-stream"}))
+    await service.until_waits_started(1)
+    for index in range(3):  # other keys change while the stream is open: it finds nothing each time
+        await client.put("/v1/kv/busy", content=b"%d" % index)  # v2..v4
+        await service.until_waits_started(2 + index)
+    response = await asyncio.wait_for(stream, 10)
+    assert parse_sse(response.text) == [], response.text  # no event: the prefix was quiet
+    resume = _last_sse_id(response.text) or "1"  # what an EventSource sends back: its last id, else since
+    service.state.prune_history(4)  # the horizon passes the stream's first since
+    again = await client.get("/v1/watch", params={"prefix": "quiet/", "timeout_ms": 0},
+                             headers={"accept": "text/event-stream", "last-event-id": resume})
+    assert again.status_code == 200, (resume, again.text)
+
+
 async def test_an_sse_stream_sends_keepalives_only_at_the_keepalive_interval(client: httpx.AsyncClient) -> None:
     """A 500 ms stream with keepalives every 200 ms (TEST_SETTINGS) carries at most two; the
     last sub-millisecond of a stream once spun, sending a keepalive per turn (50-200)."""

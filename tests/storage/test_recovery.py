@@ -384,7 +384,7 @@ def test_repair_refuses_a_data_directory_a_running_node_holds(log_dir: Path, cap
     batches = write_log(log_dir, 5)
     holder = DataDirLock(log_dir.parent)
     try:
-        assert repair_main(["--data-dir", str(log_dir.parent), "--truncate-at", "0"]) == 1
+        assert repair_main(["--data-dir", str(log_dir.parent), "--truncate-at", "0"]) == 2  # 1 means corrupt
         assert "in use by another process" in capsys.readouterr().err
     finally:
         holder.close()
