@@ -230,18 +230,28 @@ def flag_name(setting: str) -> str:
 
 
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML config file; settings may sit at the top level or under [serve]."""
+    """Read a TOML config file; settings sit either all at the top level or all under [serve].
+
+    A file with a [serve] table and top-level keys besides it is refused: TOML puts every key
+    written above the table at the top level, and reading only [serve] would silently drop
+    them (a cluster_secret, or a typo nobody would ever be told about)."""
     try:
         data = read_toml(path, f"--config: file {str(path)!r}")
     except TomlFileError as exc:
         raise ConfigError(str(exc)) from None
-    section = data.get("serve", data)
-    if not isinstance(section, dict):
-        raise ConfigError(f"--config: [serve] in {str(path)!r} must be a table")
-    unknown = sorted(set(section) - set(SERVE_SETTINGS) - {"serve"})
+    section = data
+    if "serve" in data:
+        section = data["serve"]
+        if not isinstance(section, dict):
+            raise ConfigError(f"--config: [serve] in {str(path)!r} must be a table")
+        outside = sorted(key for key in data if key != "serve")
+        if outside:
+            raise ConfigError(f"--config: key {outside[0]!r} in {str(path)!r} is outside [serve]; "
+                              "a file with a [serve] table must keep every setting in it")
+    unknown = sorted(set(section) - set(SERVE_SETTINGS))
     if unknown:
         raise ConfigError(f"--config: unknown setting {unknown[0]!r} in {str(path)!r}")
-    return {key: value for key, value in section.items() if key != "serve"}
+    return dict(section)
 
 
 def build_node_config(
