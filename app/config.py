@@ -183,7 +183,7 @@ def _bytes(minimum: int) -> Callable[[str, Any], int]:
 # the TOML key the name itself.
 SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "node_id": lambda name, raw: parse_int(name, raw, 0, 2**31 - 1),
-    "data_dir": lambda name, raw: Path(str(raw)),
+    "data_dir": lambda name, raw: Path(_non_empty(name, raw)),  # "" would be the current directory
     "listen_http": parse_host_port,
     "listen_raft": parse_host_port,
     "voters": parse_voters,

@@ -67,3 +67,12 @@ def test_unknown_keys_inside_the_serve_table_are_still_refused(tmp_path: Path, r
     config.write_text('[serve]\nnode_id = 1\ndata_dirr = "/tmp/x"\n')
     line = refused([*serve_args(tmp_path, node_id=None), "--config", str(config)])
     assert "unknown setting 'data_dirr'" in line and str(config) in line
+
+
+def test_an_empty_data_dir_is_refused_not_the_current_directory(tmp_path: Path, refused,  # type: ignore[no-untyped-def]
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert "--data-dir: must not be empty" in refused(serve_args(tmp_path, data_dir=""))
+    line = refused(serve_args(tmp_path, data_dir=None), env={"METAKV_DATA_DIR": ""})
+    assert "METAKV_DATA_DIR: must not be empty" in line
+    assert list(tmp_path.iterdir()) == []  # nothing was written to the current directory
