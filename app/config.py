@@ -25,6 +25,13 @@ DEFAULT_CLUSTER_ID = "metakv-local"
 # METAKV_CLUSTER_SECRET (docs/runtime.md says so). Nodes with different secrets refuse each other.
 DEFAULT_CLUSTER_SECRET = "metakv-local-insecure-secret"
 ENV_PREFIX = "METAKV_"
+# What one PUT adds to its value in a log batch, at most: the key (up to 1024 bytes) in the op
+# and in up to three compares (If-Match with weak tags only is two, If-None-Match one more),
+# the content type (up to 256 bytes), msgpack framing, and the raft record and batch headers:
+# ~4.4 KiB; rounded up to 8 KiB. max_batch_bytes below max_value_bytes + this would let a PUT
+# the HTTP layer accepts fail with 503 on every retry (the proposal can never fit a batch),
+# so the config refuses it.
+RECORD_FRAMING_MAX_BYTES = 8192
 
 
 _RAFT_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RaftConfig)}
@@ -90,12 +97,16 @@ class NodeConfig:
         return {node_id: addr for node_id, addr in self.voters.items() if node_id != self.node_id}
 
 
+_NODE_DEFAULTS = {field.name: field.default for field in dataclasses.fields(NodeConfig)}
+
+
 # ---------------------------------------------------------------------------
 # Parsers: each turns a raw string (or TOML value) into a typed value or raises ConfigError.
 
 
 def parse_int(name: str, raw: Any, minimum: int = 0, maximum: int = 2**62) -> int:
-    if isinstance(raw, bool):
+    # int() would truncate a TOML float (node_id = 1.7 -> 1) and raise OverflowError on inf.
+    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
         raise ConfigError(f"{name}: expected an integer, got {raw!r}")
     try:
         value = int(raw)
@@ -117,17 +128,18 @@ def parse_bool(name: str, raw: Any) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {raw!r}")
 
 
-def parse_host_port(name: str, raw: Any) -> HostPort:
+def parse_host_port(name: str, raw: Any, min_port: int = 0) -> HostPort:
     text = str(raw).strip()
     host, sep, port = text.rpartition(":")
     if not sep or not host:
         raise ConfigError(f"{name}: expected HOST:PORT, got {text!r}")
-    return HostPort(host.strip("[]"), parse_int(f"{name} port", port, 0, 65535))
+    return HostPort(host.strip("[]"), parse_int(f"{name} port", port, min_port, 65535))
 
 
 def parse_voters(name: str, raw: Any) -> dict[int, HostPort]:
     """``1@127.0.0.1:9001,2@127.0.0.1:9002`` -> {1: HostPort, 2: HostPort}."""
     voters: dict[int, HostPort] = {}
+    owners: dict[HostPort, int] = {}
     for item in str(raw).split(","):
         item = item.strip()
         if not item:
@@ -138,7 +150,11 @@ def parse_voters(name: str, raw: Any) -> dict[int, HostPort]:
         voter_id = parse_int(f"{name} id", node_id, 0, 2**31 - 1)
         if voter_id in voters:
             raise ConfigError(f"{name}: voter id {voter_id} appears twice")
-        voters[voter_id] = parse_host_port(name, address)
+        # Port 0 means "any free port" to a listener; nobody can dial it.
+        address_of = voters[voter_id] = parse_host_port(name, address, min_port=1)
+        if address_of in owners:
+            raise ConfigError(f"{name}: voters {owners[address_of]} and {voter_id} have the same raft address {address_of}")
+        owners[address_of] = voter_id
     if not voters:
         raise ConfigError(f"{name}: at least one voter is required")
     return voters
@@ -289,6 +305,12 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
     if "advertise_http" not in values:
         host = listen_http.host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
         values["advertise_http"] = f"http://{host}:{listen_http.port}"
+    max_value_bytes = values.get("max_value_bytes", _NODE_DEFAULTS["max_value_bytes"])
+    max_batch_bytes = values.get("max_batch_bytes", _NODE_DEFAULTS["max_batch_bytes"])
+    if max_batch_bytes < max_value_bytes + RECORD_FRAMING_MAX_BYTES:
+        raise ConfigError(f"--max-batch-bytes: {max_batch_bytes} cannot hold one write of --max-value-bytes "
+                          f"{max_value_bytes}; it must be at least max_value_bytes + {RECORD_FRAMING_MAX_BYTES} "
+                          f"= {max_value_bytes + RECORD_FRAMING_MAX_BYTES}")
     if values.get("fetch_timeout_ms", 2000) <= values.get("fetch_max_wait_ms", 500):
         raise ConfigError("--fetch-timeout-ms: must be greater than --fetch-max-wait-ms")
     if values.get("auth_file") is not None:

@@ -76,3 +76,60 @@ def test_an_empty_data_dir_is_refused_not_the_current_directory(tmp_path: Path, 
     line = refused(serve_args(tmp_path, data_dir=None), env={"METAKV_DATA_DIR": ""})
     assert "METAKV_DATA_DIR: must not be empty" in line
     assert list(tmp_path.iterdir()) == []  # nothing was written to the current directory
+
+
+@pytest.mark.parametrize("toml_value", ["1.7", "1e400", "nan"])
+def test_a_non_integral_toml_number_is_not_truncated_to_an_integer(tmp_path: Path, refused,  # type: ignore[no-untyped-def]
+                                                                     toml_value: str) -> None:
+    config = tmp_path / "float.toml"
+    config.write_text(f"node_id = {toml_value}\n")
+    line = refused([*serve_args(tmp_path, node_id=None), "--config", str(config)])
+    assert line.startswith("metakv: error: node_id (in ") and "expected an integer" in line
+
+
+def test_an_integral_toml_float_is_still_an_integer(tmp_path: Path) -> None:
+    from app.config import build_node_config
+
+    config = tmp_path / "float.toml"
+    config.write_text("node_id = 1.0\nelection_timeout_ms = 1500.0\n")
+    flags = {"data_dir": str(tmp_path), "listen_http": "127.0.0.1:1", "listen_raft": "127.0.0.1:2",
+             "voters": "1@127.0.0.1:2"}
+    node = build_node_config(flags, environ={}, config_path=str(config))
+    assert (node.node_id, node.election_timeout_ms) == (1, 1500)
+
+
+def test_a_voter_on_port_0_or_two_voters_on_one_address_are_refused(tmp_path: Path, refused) -> None:  # type: ignore[no-untyped-def]
+    line = refused(serve_args(tmp_path, node_id="2", listen_raft="127.0.0.1:19102",
+                              voters="1@127.0.0.1:0,2@127.0.0.1:19102"))
+    assert "--voters port: 0 is outside [1, 65535]" in line
+    line = refused(serve_args(tmp_path, voters="1@127.0.0.1:2,2@127.0.0.1:2"))
+    assert "--voters: voters 1 and 2 have the same raft address 127.0.0.1:2" in line
+
+
+def test_max_batch_bytes_must_hold_one_write_of_max_value_bytes(tmp_path: Path, refused) -> None:  # type: ignore[no-untyped-def]
+    """A 2000-byte PUT under --max-batch-bytes 1024 used to answer 503 (retry) forever."""
+    line = refused(serve_args(tmp_path, max_batch_bytes="1024", max_value_bytes="2000"))
+    assert "--max-batch-bytes: 1024 cannot hold one write of --max-value-bytes 2000" in line
+    assert "at least max_value_bytes + 8192 = 10192" in line
+    line = refused(serve_args(tmp_path, max_value_bytes=str(8 * 1024 * 1024)))  # the default batch size
+    assert "--max-batch-bytes: 8388608 cannot hold" in line
+
+
+def test_the_max_batch_bytes_rule_covers_the_largest_put_the_http_layer_accepts(tmp_path: Path) -> None:
+    """The rule's 8 KiB is not a guess: the largest PUT record (a 1024-byte key in the op and in
+    three compares, a 256-byte content type) fits a batch of exactly the minimum size."""
+    from app.config import RECORD_FRAMING_MAX_BYTES, build_node_config
+    from app.http import CONTENT_TYPE_MAX_BYTES, KEY_MAX_BYTES
+    from raft.node import BATCH_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES
+    from storage.commands import Command, Compare, CompareKind, Op, OpKind, encode_command
+
+    max_value_bytes = 2000
+    flags = {"node_id": "1", "data_dir": str(tmp_path), "listen_http": "127.0.0.1:1", "listen_raft": "127.0.0.1:2",
+             "voters": "1@127.0.0.1:2", "max_value_bytes": str(max_value_bytes),
+             "max_batch_bytes": str(max_value_bytes + RECORD_FRAMING_MAX_BYTES)}
+    node = build_node_config(flags, environ={})
+    key = "k" * KEY_MAX_BYTES
+    largest = Command(tuple(Compare(key, CompareKind.MOD_VERSION, 2**63 - 1) for _ in range(3)),
+                      (Op(OpKind.PUT, key, b"v" * max_value_bytes, "t/" + "x" * (CONTENT_TYPE_MAX_BYTES - 2)),))
+    record_bytes = len(encode_command(largest))
+    assert record_bytes + RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES <= node.max_batch_bytes
