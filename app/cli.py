@@ -34,6 +34,7 @@ from app.config import (
     ConfigError,
     NodeConfig,
     build_node_config,
+    check_environment,
     env_name,
     flag_name,
     parse_int,
@@ -227,6 +228,7 @@ class _Server(uvicorn.Server):
 
 
 def cluster_up(args: argparse.Namespace) -> int:
+    check_environment(os.environ)  # every child would refuse it; say so once, before starting any
     voters = parse_int("--voters", args.voters, 1, 9)
     observers = parse_int("--observers", args.observers, 0, 9)
     base_http = parse_int("--base-http-port", args.base_http_port, 1, 65535 - voters - observers)

@@ -10,6 +10,7 @@ message is one line; the CLI prints it and exits 2.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -229,6 +230,20 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 
+# Every METAKV_* environment variable anything in this repository reads. `serve` refuses any
+# other METAKV_* name: a typo (METAKV_CLUSTER_SECRETS) would otherwise start a node on the
+# default insecure secret without a word.
+KNOWN_ENV_VARS: frozenset[str] = frozenset({
+    *(ENV_PREFIX + setting.upper() for setting in SERVE_SETTINGS),
+    "METAKV_CONFIG",  # serve: the TOML file
+    "METAKV_TOKEN",  # status, cluster up: bearer token
+    "METAKV_URL",  # status: the node to ask
+    "METAKV_FAILPOINTS",  # storage/failpoints.py: fault injection in tests
+    "METAKV_CRASH_ITERATIONS",  # tests/storage/test_crash.py
+    "METAKV_BENCH_TRACE_OUT",  # loadtest/bench_write_path.py
+    "METAKV_INPUT_ERROR",  # pipeline/errors.py marker, allowed should it ever reach the environment
+})
+
 
 def _non_empty(name: str, raw: Any) -> str:
     text = str(raw).strip()
@@ -243,6 +258,17 @@ def env_name(setting: str) -> str:
 
 def flag_name(setting: str) -> str:
     return "--" + setting.replace("_", "-")
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a METAKV_* variable that nothing reads, naming the closest known one."""
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in KNOWN_ENV_VARS:
+            # Compared without the shared prefix, which would make every name look close.
+            suffixes = sorted(known.removeprefix(ENV_PREFIX) for known in KNOWN_ENV_VARS)
+            close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1)
+            hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+            raise ConfigError(f"{name}: unknown environment variable{hint}; unset it or fix its name")
 
 
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -275,6 +301,7 @@ def build_node_config(
 ) -> NodeConfig:
     """Merge flags (None = not given) over METAKV_* env vars over the TOML file, then validate."""
     environ = os.environ if environ is None else environ
+    check_environment(environ)
     config_path = config_path or environ.get(env_name("config")) or None
     from_file = load_toml(config_path) if config_path else {}
     values: dict[str, Any] = {}

@@ -40,7 +40,11 @@ def refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
     def run(args: list[str], env: dict[str, str] | None = None) -> str:
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
-        code = main(args)
+        try:
+            code = main(args)
+        finally:
+            for key in env or {}:
+                monkeypatch.delenv(key)
         captured = capsys.readouterr()
         lines = captured.err.strip().splitlines()
         assert code == 2, captured.err
@@ -133,3 +137,38 @@ def test_the_max_batch_bytes_rule_covers_the_largest_put_the_http_layer_accepts(
                       (Op(OpKind.PUT, key, b"v" * max_value_bytes, "t/" + "x" * (CONTENT_TYPE_MAX_BYTES - 2)),))
     record_bytes = len(encode_command(largest))
     assert record_bytes + RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES <= node.max_batch_bytes
+
+
+def test_an_unknown_metakv_environment_variable_is_refused_naming_the_closest(tmp_path: Path, refused) -> None:  # type: ignore[no-untyped-def]
+    """METAKV_CLUSTER_SECRETS=prod used to start the node on the default insecure secret."""
+    line = refused(serve_args(tmp_path), env={"METAKV_CLUSTER_SECRETS": "prod"})
+    assert line == ("metakv: error: METAKV_CLUSTER_SECRETS: unknown environment variable "
+                    "(did you mean METAKV_CLUSTER_SECRET?); unset it or fix its name")
+    line = refused(serve_args(tmp_path), env={"METAKV_ZZZ": "1"})
+    assert "METAKV_ZZZ: unknown environment variable;" in line
+    line = refused(["cluster", "up", "--data-dir", str(tmp_path / "data")], env={"METAKV_VOTER": "1@h:1"})
+    assert "METAKV_VOTER: unknown environment variable (did you mean METAKV_VOTERS?)" in line
+    assert not (tmp_path / "data").exists()  # refused before any node started
+
+
+def test_every_metakv_variable_the_repository_reads_is_accepted(tmp_path: Path) -> None:
+    """The allowlist is the repository's own list: every METAKV_* name in the sources, tests,
+    compose file, Dockerfile and Makefile is known, and the non-serve ones do not stop `serve`."""
+    import re
+
+    from app.config import KNOWN_ENV_VARS, build_node_config
+    from tests.cluster import REPO_ROOT
+
+    used: set[str] = set()
+    for pattern in ("app/**/*.py", "raft/**/*.py", "storage/**/*.py", "tests/**/*.py", "loadtest/**/*.py",
+                    "pipeline/**/*.py", "docker-compose.yml", "Dockerfile", "Makefile"):
+        for path in REPO_ROOT.glob(pattern):
+            used.update(re.findall(r"\bMETAKV_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
+    # Not variables: the placeholder in app/config.py's comment, and this module's own examples.
+    used -= {"METAKV_NAME_UPPER", "METAKV_NAME", "METAKV_CLUSTER_SECRETS", "METAKV_ZZZ", "METAKV_VOTER"}
+    assert used <= KNOWN_ENV_VARS, sorted(used - KNOWN_ENV_VARS)
+    others = {"METAKV_TOKEN", "METAKV_URL", "METAKV_FAILPOINTS", "METAKV_CRASH_ITERATIONS",
+              "METAKV_BENCH_TRACE_OUT", "METAKV_INPUT_ERROR", "METAKV_CLUSTER_SECRET"}
+    flags = {"node_id": "1", "data_dir": str(tmp_path), "listen_http": "127.0.0.1:1", "listen_raft": "127.0.0.1:2",
+             "voters": "1@127.0.0.1:2"}
+    assert build_node_config(flags, environ={name: "s" for name in others}).cluster_secret == "s"
