@@ -38,6 +38,7 @@ from app.config import (
     env_name,
     flag_name,
     parse_int,
+    parse_url,
 )
 
 EXIT_USAGE = 2
@@ -396,9 +397,7 @@ def status(args: argparse.Namespace) -> int:
     import httpx
 
     timeout_s = parse_int("--timeout-ms", args.timeout_ms, 1, 600_000) / 1000
-    url = args.url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--url: expected an http:// URL, got {args.url!r}")
+    url = parse_url("--url", args.url)
     headers = {"Authorization": f"Bearer {args.token.strip()}"} if args.token else {}
     # Redirects are followed by _get_following: httpx drops Authorization on a redirect to
     # another host (curl does too, without --location-trusted), and the leader is one.
@@ -416,7 +415,7 @@ def status(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return EXIT_FAILURE
             table = quorum.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # InvalidURL: a bad Location
             print(f"metakv: cannot reach {url}: {exc}", file=sys.stderr)
             return EXIT_FAILURE
         rows = []
@@ -454,7 +453,7 @@ def _status_row(client: Any, kind: str, replica: dict[str, Any], table: dict[str
         try:
             node = client.get(f"{endpoint}/v1/status").json()
             role, applied, ready = node.get("role"), node.get("applied_version"), node.get("ready")
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # InvalidURL: a bad advertised URL
             role = "unreachable"
     last_fetch = replica.get("last_fetch_timestamp_ms")
     if replica.get("node_id") == table.get("leader_id"):

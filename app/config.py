@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
+import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +51,12 @@ class HostPort:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.url_host}:{self.port}"
+
+    @property
+    def url_host(self) -> str:
+        """The host as it goes into a URL or HOST:PORT: an IPv6 address in brackets."""
+        return f"[{self.host}]" if ":" in self.host else self.host
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +138,32 @@ def parse_bool(name: str, raw: Any) -> bool:
 
 
 def parse_host_port(name: str, raw: Any, min_port: int = 0) -> HostPort:
+    """``HOST:PORT`` or ``[IPV6]:PORT``; HostPort keeps the IPv6 address without brackets."""
     text = str(raw).strip()
     host, sep, port = text.rpartition(":")
     if not sep or not host:
         raise ConfigError(f"{name}: expected HOST:PORT, got {text!r}")
-    return HostPort(host.strip("[]"), parse_int(f"{name} port", port, min_port, 65535))
+    if host.startswith("[") or host.endswith("]"):
+        if not (host.startswith("[") and host.endswith("]") and _is_ipv6(host[1:-1])):
+            raise ConfigError(f"{name}: expected [IPV6-ADDRESS]:PORT, got {text!r}")
+        host = host[1:-1]
+    elif ":" in host:  # 1::2:80 reads as host 1::2, port 80, or host 1:: port 2 ... ambiguous
+        raise ConfigError(f"{name}: an IPv6 address goes in brackets, [ADDRESS]:PORT; got {text!r}")
+    elif not _HOST_NAME_RE.fullmatch(host):
+        raise ConfigError(f"{name}: {host!r} is not a host name or IPv4 address")
+    return HostPort(host, parse_int(f"{name} port", port, min_port, 65535))
+
+
+# Host names and IPv4 addresses: RFC 3986 unreserved characters (no space, @, /, ? or #).
+_HOST_NAME_RE = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_voters(name: str, raw: Any) -> dict[int, HostPort]:
@@ -162,9 +191,29 @@ def parse_voters(name: str, raw: Any) -> dict[int, HostPort]:
 
 
 def parse_url(name: str, raw: Any) -> str:
+    """An http(s) base URL with a valid host and port (a node's advertised URL, status --url):
+    everything a client puts in front of a path, so nothing after the path."""
     text = str(raw).strip().rstrip("/")
-    if not (text.startswith("http://") or text.startswith("https://")) or len(text.split("://", 1)[1]) == 0:
-        raise ConfigError(f"{name}: expected an http:// or https:// URL, got {raw!r}")
+    expected = f"{name}: expected an http:// or https:// URL like http://HOST:PORT, got {str(raw)!r}"
+    if any(char.isspace() or not char.isprintable() for char in text):
+        raise ConfigError(expected)
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError as exc:  # unbalanced brackets, a port that is not a number or out of range
+        raise ConfigError(f"{expected} ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(expected)
+    if "@" in parts.netloc or parts.query or parts.fragment or "?" in text or "#" in text:
+        raise ConfigError(f"{expected} (no user, query or fragment)")
+    host = parts.netloc.rsplit(":", 1)[0] if port is not None else parts.netloc
+    if host.startswith("["):
+        if not (host.endswith("]") and _is_ipv6(host[1:-1])):
+            raise ConfigError(expected)
+    elif not _HOST_NAME_RE.fullmatch(host):
+        raise ConfigError(expected)
+    if port == 0:
+        raise ConfigError(f"{expected} (port 0)")
     return text
 
 
@@ -330,7 +379,7 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
         raise ConfigError(f"--node-id: node {node_id} is not in --voters (pass --observer for a non-voter)")
     listen_http: HostPort = values["listen_http"]
     if "advertise_http" not in values:
-        host = listen_http.host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
+        host = listen_http.url_host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
         values["advertise_http"] = f"http://{host}:{listen_http.port}"
     max_value_bytes = values.get("max_value_bytes", _NODE_DEFAULTS["max_value_bytes"])
     max_batch_bytes = values.get("max_batch_bytes", _NODE_DEFAULTS["max_batch_bytes"])

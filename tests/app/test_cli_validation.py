@@ -172,3 +172,39 @@ def test_every_metakv_variable_the_repository_reads_is_accepted(tmp_path: Path) 
     flags = {"node_id": "1", "data_dir": str(tmp_path), "listen_http": "127.0.0.1:1", "listen_raft": "127.0.0.1:2",
              "voters": "1@127.0.0.1:2"}
     assert build_node_config(flags, environ={name: "s" for name in others}).cluster_secret == "s"
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999", "http://a b:80", "http://h:0",
+                                 "http://h:x", "http://"])
+def test_status_with_a_malformed_url_is_one_line_not_a_traceback(url: str, refused) -> None:  # type: ignore[no-untyped-def]
+    line = refused(["status", "--url", url])
+    assert line.startswith("metakv: error: --url: expected an http:// or https:// URL") and repr(url) in line
+
+
+@pytest.mark.parametrize("url", ["http://a b:99999/x?y", "http://[::1", "http://h:80/x?y", "http://user@h:80",
+                                 "http://h:0", "foo", "http://"])
+def test_a_malformed_advertise_http_is_refused(tmp_path: Path, url: str, refused) -> None:  # type: ignore[no-untyped-def]
+    line = refused(serve_args(tmp_path, advertise_http=url))
+    assert line.startswith("metakv: error: --advertise-http: expected an http:// or https:// URL")
+
+
+@pytest.mark.parametrize("address", ["::1:19231", "[::1:19231", "a b:19231", "[nonsense]:19231"])
+def test_a_malformed_listen_address_is_refused(tmp_path: Path, address: str, refused) -> None:  # type: ignore[no-untyped-def]
+    assert "--listen-http: " in refused(serve_args(tmp_path, listen_http=address))
+
+
+def test_an_ipv6_listen_address_advertises_a_url_with_brackets(tmp_path: Path) -> None:
+    """`--listen-http [::1]:19231` advertised http://::1:19231, so every redirect's Location broke."""
+    import httpx
+
+    from app.config import build_node_config
+
+    flags = {"node_id": "1", "data_dir": str(tmp_path), "listen_http": "[::1]:19231",
+             "listen_raft": "[::1]:19232", "voters": "1@[::1]:19232"}
+    node = build_node_config(flags, environ={})
+    assert node.advertise_http == "http://[::1]:19231"
+    url = httpx.URL(node.advertise_http + "/v1/kv/a")
+    assert (url.host, url.port) == ("::1", 19231)
+    assert (node.listen_http.host, str(node.listen_http), node.voters[1].host) == ("::1", "[::1]:19231", "::1")
+    explicit = build_node_config({**flags, "advertise_http": "http://[::1]:8001/"}, environ={})
+    assert explicit.advertise_http == "http://[::1]:8001"
