@@ -19,6 +19,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from app.auth import AuthFileError, load_auth_policy
 from app.config import (
     SERVE_SETTINGS,
     ConfigError,
+    HostPort,
     NodeConfig,
     build_node_config,
     check_environment,
@@ -46,6 +48,7 @@ EXIT_FAILURE = 1
 CHILD_STOP_TIMEOUT_S = 15.0  # cluster up: how long children get to stop gracefully
 CLUSTER_READY_TIMEOUT_S = 30.0
 SWITCH_INTERVAL_S = 0.0005
+HTTP_LISTEN_BACKLOG = 2048  # connections the kernel queues before uvicorn accepts (uvicorn's default)
 
 
 class UsageError(Exception):
@@ -166,6 +169,18 @@ def serve(config: NodeConfig) -> int:
 
 
 async def _serve(config: NodeConfig) -> int:
+    try:
+        http_socket = _bind_http(config.listen_http)
+    except _StartupError as exc:
+        print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        return await _serve_on(config, http_socket)
+    finally:
+        http_socket.close()
+
+
+async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
     from app.http_protocol import CoalescingHttpToolsProtocol
     from app.runtime import NodeRuntime
@@ -210,10 +225,36 @@ async def _serve(config: NodeConfig) -> int:
     if tokens is not None:  # SIGHUP: read the token file again (app/auth.py, docs/http.md "Auth")
         loop.add_signal_handler(signal.SIGHUP, tokens.reload)
     try:
-        await server.serve()
+        await server.serve(sockets=[http_socket])
     finally:
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
+
+
+class _StartupError(Exception):
+    """The node cannot start; the message is one line naming the setting."""
+
+
+def _bind_http(address: HostPort) -> socket.socket:
+    """Listen on the HTTP address before the raft side starts (uvicorn then serves on this
+    socket). Left to uvicorn, a taken or unresolvable address surfaced only after the node had
+    joined the cluster, as several lines and exit code 3; here it is one line and exit 1,
+    like a taken raft port."""
+    where = f"--listen-http {address}"
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise _StartupError(f"{where}: cannot resolve {address.host!r} ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: rebind over TIME_WAIT
+        sock.bind(sockaddr)
+        sock.listen(HTTP_LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise _StartupError(f"{where}: {exc.strerror or exc}") from None
+    return sock
 
 
 class _Server(uvicorn.Server):

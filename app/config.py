@@ -378,6 +378,12 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
     if not observer and node_id not in voters:
         raise ConfigError(f"--node-id: node {node_id} is not in --voters (pass --observer for a non-voter)")
     listen_http: HostPort = values["listen_http"]
+    listen_raft: HostPort = values["listen_raft"]
+    wildcards = {"0.0.0.0", "::", ""}
+    if listen_http.port == listen_raft.port != 0 and (
+            listen_http.host == listen_raft.host or listen_http.host in wildcards or listen_raft.host in wildcards):
+        raise ConfigError(f"--listen-http: {listen_http} is also --listen-raft {listen_raft}; "
+                          "HTTP and raft need different ports")
     if "advertise_http" not in values:
         host = listen_http.url_host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
         values["advertise_http"] = f"http://{host}:{listen_http.port}"
