@@ -186,6 +186,15 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.runtime import NodeRuntime
 
     runtime = NodeRuntime(config)
+    loop = asyncio.get_running_loop()
+    # SIGHUP reloads the token file (app/auth.py, docs/http.md "Auth"). Without one it still
+    # must not kill the node (the default action): people send it expecting a reload.
+    tokens = runtime.auth_tokens
+    if tokens is not None:
+        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
+    else:
+        loop.add_signal_handler(signal.SIGHUP, logging.getLogger("metakv").warning,
+                                "SIGHUP: no auth file configured, nothing to reload")
     try:
         await runtime.start()
     except Exception as exc:  # corrupt files name file and byte offset; a taken port its address
@@ -204,7 +213,6 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
         http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
     ))
-    loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
 
     async def graceful() -> None:
@@ -221,9 +229,6 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    tokens = runtime.auth_tokens
-    if tokens is not None:  # SIGHUP: read the token file again (app/auth.py, docs/http.md "Auth")
-        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
     try:
         await server.serve(sockets=[http_socket])
     finally:

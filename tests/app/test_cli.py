@@ -170,6 +170,15 @@ def test_serve_takes_every_setting_from_environment_and_toml(tmp_path: Path) -> 
         response = cluster.put("env/k", b"v")
         assert response.status_code == 200
         assert cluster.status(node)["advertise_http"] == f"http://127.0.0.1:{http_port}"
+        # SIGHUP (documented as "reload tokens") without an auth file: one log line, the node
+        # keeps serving; it used to die on the signal's default action.
+        node.signal(signal.SIGHUP)
+        logged = "SIGHUP: no auth file configured, nothing to reload"
+        cluster.wait_until(lambda: logged in node.log_tail() or not node.running(), what="the SIGHUP log line")
+        assert node.running(), f"SIGHUP killed the node:\n{node.log_tail()}"
+        assert node.log_tail().count(logged) == 1
+        assert cluster.put("env/k2", b"v").status_code == 200
+        assert node.stop() == 0  # still a graceful shutdown on SIGTERM
     finally:
         print(cluster.logs())
         cluster.close()
