@@ -283,14 +283,14 @@ def cluster_up(args: argparse.Namespace) -> int:
     if abs(base_http - base_raft) < voters + observers:
         raise ConfigError("--base-http-port and --base-raft-port ranges overlap")
     data_dir = Path(args.data_dir)
-    host = args.host
+    host = args.host.strip().removeprefix("[").removesuffix("]")  # HostPort adds IPv6 brackets back
     if args.auth_file:
         try:
             load_auth_policy(args.auth_file)  # a bad file is one line and exit 2 here, not 4 times
         except AuthFileError as exc:
             raise ConfigError(f"--auth-file: {exc}") from None
     count = voters + observers
-    voter_spec = ",".join(f"{i}@{host}:{base_raft + i - 1}" for i in range(1, voters + 1))
+    voter_spec = ",".join(f"{i}@{HostPort(host, base_raft + i - 1)}" for i in range(1, voters + 1))
     children: list[tuple[int, str, subprocess.Popen[bytes]]] = []
     stop_requested = False
 
@@ -298,16 +298,19 @@ def cluster_up(args: argparse.Namespace) -> int:
         nonlocal stop_requested
         stop_requested = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGHUP too: a closed terminal must not leave the children (each in its own session, so
+    # the terminal's hangup does not reach them) running with nobody to stop them.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         for node_id in range(1, count + 1):
-            url = f"http://{host}:{base_http + node_id - 1}"
+            http_address = HostPort(host, base_http + node_id - 1)
+            url = f"http://{http_address}"
             command = [
                 sys.executable, "-m", "app.cli", "serve", "--node-id", str(node_id),
                 "--data-dir", str(data_dir / str(node_id)),
-                "--listen-http", f"{host}:{base_http + node_id - 1}",
-                "--listen-raft", f"{host}:{base_raft + node_id - 1}",
+                "--listen-http", str(http_address),
+                "--listen-raft", str(HostPort(host, base_raft + node_id - 1)),
                 "--voters", voter_spec,
             ]
             if node_id > voters:
@@ -319,20 +322,47 @@ def cluster_up(args: argparse.Namespace) -> int:
             children.append((node_id, url, subprocess.Popen(command, start_new_session=True)))
         _print_banner(children, voters, auth=bool(args.auth_file))
         # A node that exits while starting (a taken port, a bad data dir) ends the wait at
-        # once; the loop below reports it and stops the rest.
+        # once: the cluster the banner promised is not there, so everything stops, exit 1.
         leader = _wait_for_leader([url for _, url, _ in children],
                                   lambda: stop_requested or any(p.poll() is not None for _, _, p in children),
                                   args.token)
+        failed = [(node_id, p.returncode) for node_id, _, p in children if p.poll() is not None]
+        if failed and not stop_requested:
+            for node_id, code in failed:
+                print(f"node {node_id} exited with code {code} while the cluster was starting; "
+                      "stopping the cluster", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
+        if stop_requested:
+            return 0
         if leader:
             print(f"leader: {leader}   (Ctrl-C stops the cluster)", flush=True)
-        while not stop_requested:
-            for node_id, _url, process in children:
-                if process.poll() is not None:
-                    print(f"node {node_id} exited with code {process.returncode}", file=sys.stderr, flush=True)
-                    stop_requested = True
-            time.sleep(0.2)
+        return _supervise(children, lambda: stop_requested)
     finally:
         _stop_children([process for _, _, process in children])
+
+
+SUPERVISE_POLL_INTERVAL_S = 0.2
+
+
+def _supervise(children: Sequence[tuple[int, str, Any]], stop_requested: Any,
+               poll_interval_s: float = SUPERVISE_POLL_INTERVAL_S) -> int:
+    """Watch a cluster that is up until the user stops it (0) or every node has exited (1).
+
+    A node that exits is reported once and the others keep running: stopping a node by its pid
+    (the banner prints them) is how a user tries a failover, and that must not take the rest of
+    the cluster down with it."""
+    reported: set[int] = set()
+    while not stop_requested():
+        for node_id, _url, process in children:
+            if node_id not in reported and process.poll() is not None:
+                reported.add(node_id)
+                running = sum(p.poll() is None for _, _, p in children)
+                print(f"node {node_id} exited with code {process.returncode}; {running} of {len(children)} "
+                      "nodes still running (Ctrl-C stops the cluster)", file=sys.stderr, flush=True)
+        if len(reported) == len(children):
+            print("every node has exited; cluster up stops", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
+        time.sleep(poll_interval_s)
     return 0
 
 
@@ -398,6 +428,9 @@ def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> st
                 if leader is not None:
                     return leader
             time.sleep(0.2)
+    if not stop():
+        print(f"leader: none within {CLUSTER_READY_TIMEOUT_S:.0f} s (the nodes keep running; `metakv status` "
+              "shows the quorum; Ctrl-C stops the cluster)", file=sys.stderr, flush=True)
     return None
 
 
