@@ -18,6 +18,7 @@ import contextlib
 import gc
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -380,11 +381,24 @@ try:
   V=$(curl -s '{first}/v1/kv?prefix=gr' | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
   curl "{first}/v1/watch?prefix=gr&since=$V&timeout_ms=10000"   # waits for the next change under gr
   curl {first}/v1/status
-  metakv status --url {first}
+  {_metakv_command()} status --url {first}
 """, flush=True)
     if auth:
         print('auth is on: add -H "Authorization: Bearer $TOKEN" to each curl (with -L also '
               '--location-trusted), and set METAKV_TOKEN for metakv status\n', flush=True)
+
+
+def _metakv_command() -> str:
+    """This very metakv, as a command that works pasted from any directory.
+
+    `make run` starts .venv/bin/metakv without activating the venv, so a bare `metakv` is not
+    on the user's PATH: name the script by its absolute path, or, when run as
+    `python -m app.cli`, this interpreter with the directory app/ is imported from."""
+    script = sys.argv[0] if sys.argv else ""
+    if Path(script).name.removesuffix(".exe") == "metakv" and os.path.isfile(script):
+        return shlex.quote(os.path.abspath(script))
+    package_root = Path(__file__).resolve().parent.parent
+    return f"PYTHONPATH={shlex.quote(str(package_root))} {shlex.quote(sys.executable)} -m app.cli"
 
 
 def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> str | None:

@@ -185,6 +185,16 @@ def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) ->
         assert sorted(int(row[0]) for row in rows) == [1, 2, 3, 4]
         assert sum(row[2] == "leader" for row in rows) == 1
         assert [row[1] for row in rows].count("observer") == 1
+        # The banner's status command works pasted into a shell anywhere, venv not activated
+        # (it printed a bare `metakv`: "command not found" after `make run`).
+        pasted = [line.strip() for line in text.splitlines() if line.strip().endswith(f"status --url {first}")]
+        assert len(pasted) == 1, text
+        shell_env = {key: value for key, value in os.environ.items() if not key.startswith(("METAKV_", "VIRTUAL_ENV"))}
+        shell_env["PATH"] = "/usr/bin:/bin"
+        status = subprocess.run(["/bin/sh", "-c", pasted[0]], capture_output=True, text=True, cwd=tmp_path,
+                                env=shell_env, timeout=30)
+        assert status.returncode == 0, (pasted[0], status.stderr)
+        assert status.stdout.splitlines()[1].split()[:3] == ["NODE", "KIND", "ROLE"]
         # A user tries a failover by stopping one node by the pid the banner printed: that node
         # is reported in one line, the others keep serving, the supervisor keeps running.
         pids = run.node_pids()
@@ -357,3 +367,23 @@ def test_cluster_up_prints_the_leader_only_once_every_node_serves_http() -> None
         leader.close()
         for node in late:
             node.close()
+
+
+def test_the_banner_names_the_running_metakv_script_by_its_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`make run` starts `.venv/bin/metakv cluster up` (a relative path, venv not activated):
+    the banner's status command is that script's absolute path."""
+    from app.cli import _print_banner
+
+    script = tmp_path / "my venv" / "bin" / "metakv"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["my venv/bin/metakv", "cluster", "up"])
+
+    class Child:
+        pid = 4242
+
+    _print_banner([(1, "http://127.0.0.1:8001", Child())], voters=1, auth=False)  # type: ignore[list-item]
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert f"'{script}' status --url http://127.0.0.1:8001" in lines
