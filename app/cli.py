@@ -18,7 +18,9 @@ import contextlib
 import gc
 import logging
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,11 +34,14 @@ from app.auth import AuthFileError, load_auth_policy
 from app.config import (
     SERVE_SETTINGS,
     ConfigError,
+    HostPort,
     NodeConfig,
     build_node_config,
+    check_environment,
     env_name,
     flag_name,
     parse_int,
+    parse_url,
 )
 
 EXIT_USAGE = 2
@@ -44,6 +49,7 @@ EXIT_FAILURE = 1
 CHILD_STOP_TIMEOUT_S = 15.0  # cluster up: how long children get to stop gracefully
 CLUSTER_READY_TIMEOUT_S = 30.0
 SWITCH_INTERVAL_S = 0.0005
+HTTP_LISTEN_BACKLOG = 2048  # connections the kernel queues before uvicorn accepts (uvicorn's default)
 
 
 class UsageError(Exception):
@@ -164,11 +170,32 @@ def serve(config: NodeConfig) -> int:
 
 
 async def _serve(config: NodeConfig) -> int:
+    try:
+        http_socket = _bind_http(config.listen_http)
+    except _StartupError as exc:
+        print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        return await _serve_on(config, http_socket)
+    finally:
+        http_socket.close()
+
+
+async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
     from app.http_protocol import CoalescingHttpToolsProtocol
     from app.runtime import NodeRuntime
 
     runtime = NodeRuntime(config)
+    loop = asyncio.get_running_loop()
+    # SIGHUP reloads the token file (app/auth.py, docs/http.md "Auth"). Without one it still
+    # must not kill the node (the default action): people send it expecting a reload.
+    tokens = runtime.auth_tokens
+    if tokens is not None:
+        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
+    else:
+        loop.add_signal_handler(signal.SIGHUP, logging.getLogger("metakv").warning,
+                                "SIGHUP: no auth file configured, nothing to reload")
     try:
         await runtime.start()
     except Exception as exc:  # corrupt files name file and byte offset; a taken port its address
@@ -187,7 +214,6 @@ async def _serve(config: NodeConfig) -> int:
         http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
     ))
-    loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
 
     async def graceful() -> None:
@@ -204,14 +230,37 @@ async def _serve(config: NodeConfig) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    tokens = runtime.auth_tokens
-    if tokens is not None:  # SIGHUP: read the token file again (app/auth.py, docs/http.md "Auth")
-        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
     try:
-        await server.serve()
+        await server.serve(sockets=[http_socket])
     finally:
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
+
+
+class _StartupError(Exception):
+    """The node cannot start; the message is one line naming the setting."""
+
+
+def _bind_http(address: HostPort) -> socket.socket:
+    """Listen on the HTTP address before the raft side starts (uvicorn then serves on this
+    socket). Left to uvicorn, a taken or unresolvable address surfaced only after the node had
+    joined the cluster, as several lines and exit code 3; here it is one line and exit 1,
+    like a taken raft port."""
+    where = f"--listen-http {address}"
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise _StartupError(f"{where}: cannot resolve {address.host!r} ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: rebind over TIME_WAIT
+        sock.bind(sockaddr)
+        sock.listen(HTTP_LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise _StartupError(f"{where}: {exc.strerror or exc}") from None
+    return sock
 
 
 class _Server(uvicorn.Server):
@@ -227,6 +276,7 @@ class _Server(uvicorn.Server):
 
 
 def cluster_up(args: argparse.Namespace) -> int:
+    check_environment(os.environ)  # every child would refuse it; say so once, before starting any
     voters = parse_int("--voters", args.voters, 1, 9)
     observers = parse_int("--observers", args.observers, 0, 9)
     base_http = parse_int("--base-http-port", args.base_http_port, 1, 65535 - voters - observers)
@@ -234,14 +284,14 @@ def cluster_up(args: argparse.Namespace) -> int:
     if abs(base_http - base_raft) < voters + observers:
         raise ConfigError("--base-http-port and --base-raft-port ranges overlap")
     data_dir = Path(args.data_dir)
-    host = args.host
+    host = args.host.strip().removeprefix("[").removesuffix("]")  # HostPort adds IPv6 brackets back
     if args.auth_file:
         try:
             load_auth_policy(args.auth_file)  # a bad file is one line and exit 2 here, not 4 times
         except AuthFileError as exc:
             raise ConfigError(f"--auth-file: {exc}") from None
     count = voters + observers
-    voter_spec = ",".join(f"{i}@{host}:{base_raft + i - 1}" for i in range(1, voters + 1))
+    voter_spec = ",".join(f"{i}@{HostPort(host, base_raft + i - 1)}" for i in range(1, voters + 1))
     children: list[tuple[int, str, subprocess.Popen[bytes]]] = []
     stop_requested = False
 
@@ -249,16 +299,19 @@ def cluster_up(args: argparse.Namespace) -> int:
         nonlocal stop_requested
         stop_requested = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGHUP too: a closed terminal must not leave the children (each in its own session, so
+    # the terminal's hangup does not reach them) running with nobody to stop them.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         for node_id in range(1, count + 1):
-            url = f"http://{host}:{base_http + node_id - 1}"
+            http_address = HostPort(host, base_http + node_id - 1)
+            url = f"http://{http_address}"
             command = [
                 sys.executable, "-m", "app.cli", "serve", "--node-id", str(node_id),
                 "--data-dir", str(data_dir / str(node_id)),
-                "--listen-http", f"{host}:{base_http + node_id - 1}",
-                "--listen-raft", f"{host}:{base_raft + node_id - 1}",
+                "--listen-http", str(http_address),
+                "--listen-raft", str(HostPort(host, base_raft + node_id - 1)),
                 "--voters", voter_spec,
             ]
             if node_id > voters:
@@ -270,20 +323,47 @@ def cluster_up(args: argparse.Namespace) -> int:
             children.append((node_id, url, subprocess.Popen(command, start_new_session=True)))
         _print_banner(children, voters, auth=bool(args.auth_file))
         # A node that exits while starting (a taken port, a bad data dir) ends the wait at
-        # once; the loop below reports it and stops the rest.
+        # once: the cluster the banner promised is not there, so everything stops, exit 1.
         leader = _wait_for_leader([url for _, url, _ in children],
                                   lambda: stop_requested or any(p.poll() is not None for _, _, p in children),
                                   args.token)
+        failed = [(node_id, p.returncode) for node_id, _, p in children if p.poll() is not None]
+        if failed and not stop_requested:
+            for node_id, code in failed:
+                print(f"node {node_id} exited with code {code} while the cluster was starting; "
+                      "stopping the cluster", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
+        if stop_requested:
+            return 0
         if leader:
             print(f"leader: {leader}   (Ctrl-C stops the cluster)", flush=True)
-        while not stop_requested:
-            for node_id, _url, process in children:
-                if process.poll() is not None:
-                    print(f"node {node_id} exited with code {process.returncode}", file=sys.stderr, flush=True)
-                    stop_requested = True
-            time.sleep(0.2)
+        return _supervise(children, lambda: stop_requested)
     finally:
         _stop_children([process for _, _, process in children])
+
+
+SUPERVISE_POLL_INTERVAL_S = 0.2
+
+
+def _supervise(children: Sequence[tuple[int, str, Any]], stop_requested: Any,
+               poll_interval_s: float = SUPERVISE_POLL_INTERVAL_S) -> int:
+    """Watch a cluster that is up until the user stops it (0) or every node has exited (1).
+
+    A node that exits is reported once and the others keep running: stopping a node by its pid
+    (the banner prints them) is how a user tries a failover, and that must not take the rest of
+    the cluster down with it."""
+    reported: set[int] = set()
+    while not stop_requested():
+        for node_id, _url, process in children:
+            if node_id not in reported and process.poll() is not None:
+                reported.add(node_id)
+                running = sum(p.poll() is None for _, _, p in children)
+                print(f"node {node_id} exited with code {process.returncode}; {running} of {len(children)} "
+                      "nodes still running (Ctrl-C stops the cluster)", file=sys.stderr, flush=True)
+        if len(reported) == len(children):
+            print("every node has exited; cluster up stops", file=sys.stderr, flush=True)
+            return EXIT_FAILURE
+        time.sleep(poll_interval_s)
     return 0
 
 
@@ -301,11 +381,24 @@ try:
   V=$(curl -s '{first}/v1/kv?prefix=gr' | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
   curl "{first}/v1/watch?prefix=gr&since=$V&timeout_ms=10000"   # waits for the next change under gr
   curl {first}/v1/status
-  metakv status --url {first}
+  {_metakv_command()} status --url {first}
 """, flush=True)
     if auth:
         print('auth is on: add -H "Authorization: Bearer $TOKEN" to each curl (with -L also '
               '--location-trusted), and set METAKV_TOKEN for metakv status\n', flush=True)
+
+
+def _metakv_command() -> str:
+    """This very metakv, as a command that works pasted from any directory.
+
+    `make run` starts .venv/bin/metakv without activating the venv, so a bare `metakv` is not
+    on the user's PATH: name the script by its absolute path, or, when run as
+    `python -m app.cli`, this interpreter with the directory app/ is imported from."""
+    script = sys.argv[0] if sys.argv else ""
+    if Path(script).name.removesuffix(".exe") == "metakv" and os.path.isfile(script):
+        return shlex.quote(os.path.abspath(script))
+    package_root = Path(__file__).resolve().parent.parent
+    return f"PYTHONPATH={shlex.quote(str(package_root))} {shlex.quote(sys.executable)} -m app.cli"
 
 
 def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> str | None:
@@ -349,6 +442,9 @@ def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> st
                 if leader is not None:
                     return leader
             time.sleep(0.2)
+    if not stop():
+        print(f"leader: none within {CLUSTER_READY_TIMEOUT_S:.0f} s (the nodes keep running; `metakv status` "
+              "shows the quorum; Ctrl-C stops the cluster)", file=sys.stderr, flush=True)
     return None
 
 
@@ -394,9 +490,7 @@ def status(args: argparse.Namespace) -> int:
     import httpx
 
     timeout_s = parse_int("--timeout-ms", args.timeout_ms, 1, 600_000) / 1000
-    url = args.url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--url: expected an http:// URL, got {args.url!r}")
+    url = parse_url("--url", args.url)
     headers = {"Authorization": f"Bearer {args.token.strip()}"} if args.token else {}
     # Redirects are followed by _get_following: httpx drops Authorization on a redirect to
     # another host (curl does too, without --location-trusted), and the leader is one.
@@ -414,7 +508,7 @@ def status(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return EXIT_FAILURE
             table = quorum.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # InvalidURL: a bad Location
             print(f"metakv: cannot reach {url}: {exc}", file=sys.stderr)
             return EXIT_FAILURE
         rows = []
@@ -452,7 +546,7 @@ def _status_row(client: Any, kind: str, replica: dict[str, Any], table: dict[str
         try:
             node = client.get(f"{endpoint}/v1/status").json()
             role, applied, ready = node.get("role"), node.get("applied_version"), node.get("ready")
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # InvalidURL: a bad advertised URL
             role = "unreachable"
     last_fetch = replica.get("last_fetch_timestamp_ms")
     if replica.get("node_id") == table.get("leader_id"):

@@ -10,7 +10,11 @@ message is one line; the CLI prints it and exits 2.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import ipaddress
 import os
+import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,13 @@ DEFAULT_CLUSTER_ID = "metakv-local"
 # METAKV_CLUSTER_SECRET (docs/runtime.md says so). Nodes with different secrets refuse each other.
 DEFAULT_CLUSTER_SECRET = "metakv-local-insecure-secret"
 ENV_PREFIX = "METAKV_"
+# What one PUT adds to its value in a log batch, at most: the key (up to 1024 bytes) in the op
+# and in up to three compares (If-Match with weak tags only is two, If-None-Match one more),
+# the content type (up to 256 bytes), msgpack framing, and the raft record and batch headers:
+# ~4.4 KiB; rounded up to 8 KiB. max_batch_bytes below max_value_bytes + this would let a PUT
+# the HTTP layer accepts fail with 503 on every retry (the proposal can never fit a batch),
+# so the config refuses it.
+RECORD_FRAMING_MAX_BYTES = 8192
 
 
 _RAFT_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RaftConfig)}
@@ -40,7 +51,12 @@ class HostPort:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.url_host}:{self.port}"
+
+    @property
+    def url_host(self) -> str:
+        """The host as it goes into a URL or HOST:PORT: an IPv6 address in brackets."""
+        return f"[{self.host}]" if ":" in self.host else self.host
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +106,16 @@ class NodeConfig:
         return {node_id: addr for node_id, addr in self.voters.items() if node_id != self.node_id}
 
 
+_NODE_DEFAULTS = {field.name: field.default for field in dataclasses.fields(NodeConfig)}
+
+
 # ---------------------------------------------------------------------------
 # Parsers: each turns a raw string (or TOML value) into a typed value or raises ConfigError.
 
 
 def parse_int(name: str, raw: Any, minimum: int = 0, maximum: int = 2**62) -> int:
-    if isinstance(raw, bool):
+    # int() would truncate a TOML float (node_id = 1.7 -> 1) and raise OverflowError on inf.
+    if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
         raise ConfigError(f"{name}: expected an integer, got {raw!r}")
     try:
         value = int(raw)
@@ -117,17 +137,39 @@ def parse_bool(name: str, raw: Any) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {raw!r}")
 
 
-def parse_host_port(name: str, raw: Any) -> HostPort:
+def parse_host_port(name: str, raw: Any, min_port: int = 0) -> HostPort:
+    """``HOST:PORT`` or ``[IPV6]:PORT``; HostPort keeps the IPv6 address without brackets."""
     text = str(raw).strip()
     host, sep, port = text.rpartition(":")
     if not sep or not host:
         raise ConfigError(f"{name}: expected HOST:PORT, got {text!r}")
-    return HostPort(host.strip("[]"), parse_int(f"{name} port", port, 0, 65535))
+    if host.startswith("[") or host.endswith("]"):
+        if not (host.startswith("[") and host.endswith("]") and _is_ipv6(host[1:-1])):
+            raise ConfigError(f"{name}: expected [IPV6-ADDRESS]:PORT, got {text!r}")
+        host = host[1:-1]
+    elif ":" in host:  # 1::2:80 reads as host 1::2, port 80, or host 1:: port 2 ... ambiguous
+        raise ConfigError(f"{name}: an IPv6 address goes in brackets, [ADDRESS]:PORT; got {text!r}")
+    elif not _HOST_NAME_RE.fullmatch(host):
+        raise ConfigError(f"{name}: {host!r} is not a host name or IPv4 address")
+    return HostPort(host, parse_int(f"{name} port", port, min_port, 65535))
+
+
+# Host names and IPv4 addresses: RFC 3986 unreserved characters (no space, @, /, ? or #).
+_HOST_NAME_RE = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_voters(name: str, raw: Any) -> dict[int, HostPort]:
     """``1@127.0.0.1:9001,2@127.0.0.1:9002`` -> {1: HostPort, 2: HostPort}."""
     voters: dict[int, HostPort] = {}
+    owners: dict[HostPort, int] = {}
     for item in str(raw).split(","):
         item = item.strip()
         if not item:
@@ -138,16 +180,40 @@ def parse_voters(name: str, raw: Any) -> dict[int, HostPort]:
         voter_id = parse_int(f"{name} id", node_id, 0, 2**31 - 1)
         if voter_id in voters:
             raise ConfigError(f"{name}: voter id {voter_id} appears twice")
-        voters[voter_id] = parse_host_port(name, address)
+        # Port 0 means "any free port" to a listener; nobody can dial it.
+        address_of = voters[voter_id] = parse_host_port(name, address, min_port=1)
+        if address_of in owners:
+            raise ConfigError(f"{name}: voters {owners[address_of]} and {voter_id} have the same raft address {address_of}")
+        owners[address_of] = voter_id
     if not voters:
         raise ConfigError(f"{name}: at least one voter is required")
     return voters
 
 
 def parse_url(name: str, raw: Any) -> str:
+    """An http(s) base URL with a valid host and port (a node's advertised URL, status --url):
+    everything a client puts in front of a path, so nothing after the path."""
     text = str(raw).strip().rstrip("/")
-    if not (text.startswith("http://") or text.startswith("https://")) or len(text.split("://", 1)[1]) == 0:
-        raise ConfigError(f"{name}: expected an http:// or https:// URL, got {raw!r}")
+    expected = f"{name}: expected an http:// or https:// URL like http://HOST:PORT, got {str(raw)!r}"
+    if any(char.isspace() or not char.isprintable() for char in text):
+        raise ConfigError(expected)
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError as exc:  # unbalanced brackets, a port that is not a number or out of range
+        raise ConfigError(f"{expected} ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(expected)
+    if "@" in parts.netloc or parts.query or parts.fragment or "?" in text or "#" in text:
+        raise ConfigError(f"{expected} (no user, query or fragment)")
+    host = parts.netloc.rsplit(":", 1)[0] if port is not None else parts.netloc
+    if host.startswith("["):
+        if not (host.endswith("]") and _is_ipv6(host[1:-1])):
+            raise ConfigError(expected)
+    elif not _HOST_NAME_RE.fullmatch(host):
+        raise ConfigError(expected)
+    if port == 0:
+        raise ConfigError(f"{expected} (port 0)")
     return text
 
 
@@ -183,7 +249,7 @@ def _bytes(minimum: int) -> Callable[[str, Any], int]:
 # the TOML key the name itself.
 SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "node_id": lambda name, raw: parse_int(name, raw, 0, 2**31 - 1),
-    "data_dir": lambda name, raw: Path(str(raw)),
+    "data_dir": lambda name, raw: Path(_non_empty(name, raw)),  # "" would be the current directory
     "listen_http": parse_host_port,
     "listen_raft": parse_host_port,
     "voters": parse_voters,
@@ -213,6 +279,20 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 
+# Every METAKV_* environment variable anything in this repository reads. `serve` refuses any
+# other METAKV_* name: a typo (METAKV_CLUSTER_SECRETS) would otherwise start a node on the
+# default insecure secret without a word.
+KNOWN_ENV_VARS: frozenset[str] = frozenset({
+    *(ENV_PREFIX + setting.upper() for setting in SERVE_SETTINGS),
+    "METAKV_CONFIG",  # serve: the TOML file
+    "METAKV_TOKEN",  # status, cluster up: bearer token
+    "METAKV_URL",  # status: the node to ask
+    "METAKV_FAILPOINTS",  # storage/failpoints.py: fault injection in tests
+    "METAKV_CRASH_ITERATIONS",  # tests/storage/test_crash.py
+    "METAKV_BENCH_TRACE_OUT",  # loadtest/bench_write_path.py
+    "METAKV_INPUT_ERROR",  # pipeline/errors.py marker, allowed should it ever reach the environment
+})
+
 
 def _non_empty(name: str, raw: Any) -> str:
     text = str(raw).strip()
@@ -229,19 +309,40 @@ def flag_name(setting: str) -> str:
     return "--" + setting.replace("_", "-")
 
 
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a METAKV_* variable that nothing reads, naming the closest known one."""
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in KNOWN_ENV_VARS:
+            # Compared without the shared prefix, which would make every name look close.
+            suffixes = sorted(known.removeprefix(ENV_PREFIX) for known in KNOWN_ENV_VARS)
+            close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1)
+            hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+            raise ConfigError(f"{name}: unknown environment variable{hint}; unset it or fix its name")
+
+
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML config file; settings may sit at the top level or under [serve]."""
+    """Read a TOML config file; settings sit either all at the top level or all under [serve].
+
+    A file with a [serve] table and top-level keys besides it is refused: TOML puts every key
+    written above the table at the top level, and reading only [serve] would silently drop
+    them (a cluster_secret, or a typo nobody would ever be told about)."""
     try:
         data = read_toml(path, f"--config: file {str(path)!r}")
     except TomlFileError as exc:
         raise ConfigError(str(exc)) from None
-    section = data.get("serve", data)
-    if not isinstance(section, dict):
-        raise ConfigError(f"--config: [serve] in {str(path)!r} must be a table")
-    unknown = sorted(set(section) - set(SERVE_SETTINGS) - {"serve"})
+    section = data
+    if "serve" in data:
+        section = data["serve"]
+        if not isinstance(section, dict):
+            raise ConfigError(f"--config: [serve] in {str(path)!r} must be a table")
+        outside = sorted(key for key in data if key != "serve")
+        if outside:
+            raise ConfigError(f"--config: key {outside[0]!r} in {str(path)!r} is outside [serve]; "
+                              "a file with a [serve] table must keep every setting in it")
+    unknown = sorted(set(section) - set(SERVE_SETTINGS))
     if unknown:
         raise ConfigError(f"--config: unknown setting {unknown[0]!r} in {str(path)!r}")
-    return {key: value for key, value in section.items() if key != "serve"}
+    return dict(section)
 
 
 def build_node_config(
@@ -249,6 +350,7 @@ def build_node_config(
 ) -> NodeConfig:
     """Merge flags (None = not given) over METAKV_* env vars over the TOML file, then validate."""
     environ = os.environ if environ is None else environ
+    check_environment(environ)
     config_path = config_path or environ.get(env_name("config")) or None
     from_file = load_toml(config_path) if config_path else {}
     values: dict[str, Any] = {}
@@ -276,9 +378,21 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
     if not observer and node_id not in voters:
         raise ConfigError(f"--node-id: node {node_id} is not in --voters (pass --observer for a non-voter)")
     listen_http: HostPort = values["listen_http"]
+    listen_raft: HostPort = values["listen_raft"]
+    wildcards = {"0.0.0.0", "::", ""}
+    if listen_http.port == listen_raft.port != 0 and (
+            listen_http.host == listen_raft.host or listen_http.host in wildcards or listen_raft.host in wildcards):
+        raise ConfigError(f"--listen-http: {listen_http} is also --listen-raft {listen_raft}; "
+                          "HTTP and raft need different ports")
     if "advertise_http" not in values:
-        host = listen_http.host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
+        host = listen_http.url_host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
         values["advertise_http"] = f"http://{host}:{listen_http.port}"
+    max_value_bytes = values.get("max_value_bytes", _NODE_DEFAULTS["max_value_bytes"])
+    max_batch_bytes = values.get("max_batch_bytes", _NODE_DEFAULTS["max_batch_bytes"])
+    if max_batch_bytes < max_value_bytes + RECORD_FRAMING_MAX_BYTES:
+        raise ConfigError(f"--max-batch-bytes: {max_batch_bytes} cannot hold one write of --max-value-bytes "
+                          f"{max_value_bytes}; it must be at least max_value_bytes + {RECORD_FRAMING_MAX_BYTES} "
+                          f"= {max_value_bytes + RECORD_FRAMING_MAX_BYTES}")
     if values.get("fetch_timeout_ms", 2000) <= values.get("fetch_max_wait_ms", 500):
         raise ConfigError("--fetch-timeout-ms: must be greater than --fetch-max-wait-ms")
     if values.get("auth_file") is not None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -90,44 +92,84 @@ def test_bad_environment_and_config_file_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "colour" in result.stderr
 
 
+class ClusterUpRun:
+    """A running `metakv cluster up`: everything it printed, read by a thread as it comes."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("")  # end of output
+            self._changed.notify_all()
+
+    def wait_for_line(self, text: str, timeout_s: float = 60) -> str:
+        """The first line containing ``text``; empty if the output ends or time runs out first."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if text in line:
+                        return line
+                if (self.lines and self.lines[-1] == "") or time.monotonic() > deadline:
+                    return ""
+                self._changed.wait(timeout=max(0.01, deadline - time.monotonic()))
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "".join(self.lines)
+
+    def node_pids(self) -> list[int]:
+        """The children's pids, from the banner."""
+        return [int(pid) for pid in re.findall(r"^  node \d+ .* pid (\d+)$", self.output, re.MULTILINE)]
+
+
 @contextlib.contextmanager
-def cluster_up(args: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """Run `metakv cluster up ARGS` until it prints its leader line; yield the process and
-    everything it printed up to there; SIGTERM it on the way out (SIGKILL its group if it
-    does not stop within 40 s). The caller checks its return code."""
+def cluster_up(args: list[str], env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[str], str, ClusterUpRun]]:
+    """Run `metakv cluster up ARGS` until it prints its leader line; yield the process,
+    everything it printed up to there, and the run (to read later lines); SIGTERM it on the
+    way out (SIGKILL its group if it does not stop within 40 s, and any node it left behind).
+    The caller checks its return code."""
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "cluster", "up", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True,
         env=env,
     )
-    output: list[str] = []
+    run = ClusterUpRun(process)
     try:
-        deadline = time.monotonic() + 60
-        assert process.stdout is not None
-        while time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line:
-                break
-            output.append(line)
-            if line.startswith("leader:"):
-                break
-        yield process, "".join(output)
+        run.wait_for_line("leader:")
+        yield process, run.output, run
     finally:
-        process.send_signal(signal.SIGTERM)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=40)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        for pid in run.node_pids():  # nodes have their own sessions: a supervisor that died leaves them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) -> None:
     """`cluster up` starts 3 voters + 1 observer, prints URLs and curl examples; `status` prints
-    the quorum table; SIGTERM stops every node."""
+    the quorum table; a node stopped by its pid leaves the others running; SIGHUP stops every
+    node."""
     http_base, raft_base = _port_ranges(4)
     with cluster_up(["--base-http-port", str(http_base), "--base-raft-port", str(raft_base),
                      "--data-dir", str(tmp_path / "data")],
-                    {**os.environ, "METAKV_CLUSTER_ID": f"cli-test-{uuid.uuid4().hex[:12]}"}) as (process, text):
+                    {**os.environ, "METAKV_CLUSTER_ID": f"cli-test-{uuid.uuid4().hex[:12]}"}) as (process, text, run):
         assert "leader:" in text, text
         for node_id in range(4):
             assert f"http://127.0.0.1:{http_base + node_id}" in text
@@ -143,7 +185,32 @@ def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) ->
         assert sorted(int(row[0]) for row in rows) == [1, 2, 3, 4]
         assert sum(row[2] == "leader" for row in rows) == 1
         assert [row[1] for row in rows].count("observer") == 1
-    assert process.returncode == 0
+        # The banner's status command works pasted into a shell anywhere, venv not activated
+        # (it printed a bare `metakv`: "command not found" after `make run`).
+        pasted = [line.strip() for line in text.splitlines() if line.strip().endswith(f"status --url {first}")]
+        assert len(pasted) == 1, text
+        shell_env = {key: value for key, value in os.environ.items() if not key.startswith(("METAKV_", "VIRTUAL_ENV"))}
+        shell_env["PATH"] = "/usr/bin:/bin"
+        status = subprocess.run(["/bin/sh", "-c", pasted[0]], capture_output=True, text=True, cwd=tmp_path,
+                                env=shell_env, timeout=30)
+        assert status.returncode == 0, (pasted[0], status.stderr)
+        assert status.stdout.splitlines()[1].split()[:3] == ["NODE", "KIND", "ROLE"]
+        # A user tries a failover by stopping one node by the pid the banner printed: that node
+        # is reported in one line, the others keep serving, the supervisor keeps running.
+        pids = run.node_pids()
+        assert len(pids) == 4, text
+        os.kill(pids[3], signal.SIGTERM)  # node 4, the observer
+        line = run.wait_for_line("node 4 exited")
+        assert line.strip() == "node 4 exited with code 0; 3 of 4 nodes still running (Ctrl-C stops the cluster)", \
+            run.output
+        for node_id in range(3):
+            assert httpx.get(f"http://127.0.0.1:{http_base + node_id}/healthz", timeout=5).status_code == 200
+        assert process.poll() is None, run.output
+        # Closing the terminal (SIGHUP) stops every node, as Ctrl-C does (it used to kill only
+        # the supervisor and leave the nodes running in their own sessions).
+        process.send_signal(signal.SIGHUP)
+        process.wait(timeout=40)
+    assert process.returncode == 0, run.output
     for node_id in range(4):  # every node stopped with the supervisor
         try:
             httpx.get(f"http://127.0.0.1:{http_base + node_id}/healthz", timeout=1)
@@ -170,6 +237,15 @@ def test_serve_takes_every_setting_from_environment_and_toml(tmp_path: Path) -> 
         response = cluster.put("env/k", b"v")
         assert response.status_code == 200
         assert cluster.status(node)["advertise_http"] == f"http://127.0.0.1:{http_port}"
+        # SIGHUP (documented as "reload tokens") without an auth file: one log line, the node
+        # keeps serving; it used to die on the signal's default action.
+        node.signal(signal.SIGHUP)
+        logged = "SIGHUP: no auth file configured, nothing to reload"
+        cluster.wait_until(lambda: logged in node.log_tail() or not node.running(), what="the SIGHUP log line")
+        assert node.running(), f"SIGHUP killed the node:\n{node.log_tail()}"
+        assert node.log_tail().count(logged) == 1
+        assert cluster.put("env/k2", b"v").status_code == 200
+        assert node.stop() == 0  # still a graceful shutdown on SIGTERM
     finally:
         print(cluster.logs())
         cluster.close()
@@ -209,7 +285,7 @@ def test_cluster_up_with_an_auth_file_enforces_it_on_every_node(tmp_path: Path) 
                      "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path / "data"),
                      "--auth-file", str(auth_file), "--token", token],
                     {**{k: v for k, v in os.environ.items() if not k.startswith("METAKV_")},
-                     "METAKV_CLUSTER_ID": f"cli-auth-{uuid.uuid4().hex[:12]}"}) as (process, text):
+                     "METAKV_CLUSTER_ID": f"cli-auth-{uuid.uuid4().hex[:12]}"}) as (process, text, run):
         assert "leader: http://" in text and "auth is on" in text, text
         first = f"http://127.0.0.1:{http_base}"
         for node in range(3):
@@ -220,7 +296,10 @@ def test_cluster_up_with_an_auth_file_enforces_it_on_every_node(tmp_path: Path) 
         assert httpx.put(f"{leader}/v1/kv/cli/a", content=b"x", headers=bearer, timeout=10).status_code == 200
         status = run_cli(["status", "--url", first], env={"METAKV_TOKEN": token})
         assert status.returncode == 0, status.stderr
-    assert process.returncode == 0
+    assert process.returncode == 0  # stopped by SIGTERM, which stops every node too
+    for node in range(3):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{http_base + node}/healthz", timeout=1)
 
 
 def test_cluster_up_with_a_bad_auth_file_exits_2_before_starting_nodes(tmp_path: Path) -> None:
@@ -288,3 +367,23 @@ def test_cluster_up_prints_the_leader_only_once_every_node_serves_http() -> None
         leader.close()
         for node in late:
             node.close()
+
+
+def test_the_banner_names_the_running_metakv_script_by_its_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`make run` starts `.venv/bin/metakv cluster up` (a relative path, venv not activated):
+    the banner's status command is that script's absolute path."""
+    from app.cli import _print_banner
+
+    script = tmp_path / "my venv" / "bin" / "metakv"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["my venv/bin/metakv", "cluster", "up"])
+
+    class Child:
+        pid = 4242
+
+    _print_banner([(1, "http://127.0.0.1:8001", Child())], voters=1, auth=False)  # type: ignore[list-item]
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert f"'{script}' status --url http://127.0.0.1:8001" in lines
