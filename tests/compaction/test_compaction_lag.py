@@ -13,10 +13,8 @@ from typing import Any
 from app.config import HostPort, NodeConfig
 from app.runtime import NodeRuntime
 from raft.node import Role
-from raft.types import Batch
-from storage.commands import Command, Op, OpKind, encode_command, put
-from storage.segment_log import SegmentLog
-from storage.state_machine import StateMachine
+from storage.commands import put
+from tests.app.test_cleaned_state_recovery import _log_and_state_at_10
 from tests.cluster import free_ports
 
 LAG_MS = 60_000
@@ -30,23 +28,6 @@ def _config(data_dir: Path, lag_ms: int, lone_voter: bool = False) -> NodeConfig
         listen_raft=HostPort("127.0.0.1", raft_port), voters=voters, observer=not lone_voter,
         advertise_http=f"http://127.0.0.1:{http_port}", cleaner_interval_ms=0,
         cleaner_min_dirty_ratio=0.0, min_compaction_lag_ms=lag_ms)
-
-
-def _node_with_ten_records(tmp_path: Path) -> Path:
-    """Offsets 0..9, puts over three keys, all applied and durable."""
-    node_dir = tmp_path / "node"
-    (node_dir / "log").mkdir(parents=True)
-    batches = [Batch(offset, 1, 0, False, (encode_command(Command((), (Op(OpKind.PUT, f"k{offset % 3}", b"%d" % offset),))),))
-               for offset in range(10)]
-    log = SegmentLog(node_dir / "log")
-    for batch in batches:
-        log.append(batch)
-    log.flush()
-    log.close()
-    with StateMachine(str(node_dir / "state.db")) as state:
-        state.apply(batches)
-        state.sync()
-    return node_dir
 
 
 def _clean(node_dir: Path, lag_ms: int, force: bool, arrivals: list[tuple[int, float]] | None = None
@@ -71,22 +52,22 @@ def _clean(node_dir: Path, lag_ms: int, force: bool, arrivals: list[tuple[int, f
 
 def test_the_cleaner_stops_at_the_versions_applied_less_than_the_lag_ago(tmp_path: Path) -> None:
     # versions below 6 arrived two lags ago, the rest just now
-    report, oldest_version = _clean(_node_with_ten_records(tmp_path), LAG_MS, force=False,
+    report, oldest_version = _clean(_log_and_state_at_10(tmp_path), LAG_MS, force=False,
                                     arrivals=[(6, 2 * LAG_MS / 1000), (10, 0.0)])
     assert report["cleaned"] and report["cleaned_end"] == 6, report
     assert oldest_version == 6  # history from version 6 on is still readable
 
 
 def test_after_a_restart_what_the_log_holds_counts_as_just_arrived(tmp_path: Path) -> None:
-    report, oldest_version = _clean(_node_with_ten_records(tmp_path), LAG_MS, force=False)
+    report, oldest_version = _clean(_log_and_state_at_10(tmp_path), LAG_MS, force=False)
     assert not report["cleaned"] and "younger than min_compaction_lag_ms" in report["reason"], report
     assert oldest_version == 0
 
 
 def test_an_admin_compaction_and_a_zero_lag_clean_young_records_too(tmp_path: Path) -> None:
-    forced, _ = _clean(_node_with_ten_records(tmp_path / "forced"), LAG_MS, force=True)
+    forced, _ = _clean(_log_and_state_at_10(tmp_path / "forced"), LAG_MS, force=True)
     assert forced["cleaned"] and forced["cleaned_end"] == 10, forced
-    no_lag, oldest_version = _clean(_node_with_ten_records(tmp_path / "no-lag"), 0, force=False)
+    no_lag, oldest_version = _clean(_log_and_state_at_10(tmp_path / "no-lag"), 0, force=False)
     assert no_lag["cleaned"] and no_lag["cleaned_end"] == 10, no_lag
     assert oldest_version == 10
 

@@ -69,34 +69,28 @@ async def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                 assert sorted(p.name for p in snapshots_dir.iterdir()) == []
                 assert runtime.snapshots.latest_id() is None
 
-            with monkeypatch.context() as patch:
-                patch.setattr(SnapshotStore, "publish_database",
-                              partly_written_then(OSError(errno.ENOSPC, "No space left on device")))
-                response = await http.post("/v1/admin/snapshot")
-            assert response.status_code == 507
-            assert response.headers["content-type"] == "application/problem+json"
-            problem = response.json()
-            assert problem["status"] == 507 and problem["title"] == "Insufficient storage"
-            assert problem["detail"] == (f"the snapshot failed, the disk holding {snapshots_dir} is full "
-                                         "(No space left on device); free space and retry")
-            assert_nothing_published()
-
-            with monkeypatch.context() as patch:
-                patch.setattr(runtime.state, "_reader",
-                              lambda: FailingReader(sqlite3.OperationalError("database or disk is full")))
-                response = await http.post("/v1/admin/snapshot")
-            assert response.status_code == 507
-            assert "(database or disk is full)" in response.json()["detail"]
-            assert_nothing_published()
-
-            with monkeypatch.context() as patch:
-                patch.setattr(SnapshotStore, "publish_database",
-                              partly_written_then(OSError(errno.EIO, "Input/output error")))
-                response = await http.post("/v1/admin/snapshot")
-            assert response.status_code == 503
-            assert response.headers["retry-after"] == "1"
-            assert response.json()["detail"] == "the snapshot failed on an I/O error (Input/output error); retry"
-            assert_nothing_published()
+            cases = [  # (object, attribute, replacement, status, the detail's text)
+                (SnapshotStore, "publish_database", partly_written_then(OSError(errno.ENOSPC, "No space left on device")),
+                 507, f"the snapshot failed, the disk holding {snapshots_dir} is full "
+                      "(No space left on device); free space and retry"),
+                (runtime.state, "_reader", lambda: FailingReader(sqlite3.OperationalError("database or disk is full")),
+                 507, "(database or disk is full)"),
+                (SnapshotStore, "publish_database", partly_written_then(OSError(errno.EIO, "Input/output error")),
+                 503, "the snapshot failed on an I/O error (Input/output error); retry"),
+            ]
+            for target, attribute, replacement, status, detail in cases:
+                with monkeypatch.context() as patch:
+                    patch.setattr(target, attribute, replacement)
+                    response = await http.post("/v1/admin/snapshot")
+                assert response.status_code == status, response.text
+                assert response.headers["content-type"] == "application/problem+json"
+                problem = response.json()
+                assert problem["status"] == status and detail in problem["detail"], problem
+                if status == 507:
+                    assert problem["title"] == "Insufficient storage"
+                else:
+                    assert response.headers["retry-after"] == "1"
+                assert_nothing_published()
 
             # Space freed: the same request succeeds.
             response = await http.post("/v1/admin/snapshot")
