@@ -63,6 +63,7 @@ from app.service import (
     NotReadyError,
     VersionWaitTimeoutError,
     WriteRejectedError,
+    WriteTooLargeError,
 )
 from raft.types import check
 from storage.commands import (
@@ -226,6 +227,8 @@ def _as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
         return exc
     if isinstance(exc, NotLeaderError):
         return _not_leader_problem(exc, scope)
+    if isinstance(exc, WriteTooLargeError):
+        return ProblemError(413, "write-too-large", "Write too large", str(exc))
     if isinstance(exc, WriteRejectedError):
         return ProblemError(503, "write-rejected", "Write rejected", f"the write did not happen: {exc}", headers=retry)
     if isinstance(exc, IndeterminateError):

@@ -53,11 +53,19 @@ from app.service import (
     NotReadyError,
     VersionWaitTimeoutError,
     WriteRejectedError,
+    WriteTooLargeError,
 )
 from app.transport import RaftTransport
 from raft.messages import Envelope
+from raft.node import (
+    BATCH_OVERHEAD_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    ProposalRejectedError,
+    RaftConfig,
+    RaftNode,
+    Role,
+)
 from raft.node import NotLeaderError as RaftNotLeaderError
-from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
 from raft.types import Batch, ProtocolInvariantError, SnapshotId, check
 from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix_digest
 from storage.commands import Command, encode_command
@@ -635,6 +643,11 @@ class NodeRuntime:
         if self._closing or not self._started:
             raise WriteRejectedError("node is shutting down")
         record = encode_command(command)
+        batch_bytes = len(record) + RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES
+        if batch_bytes > self.config.max_batch_bytes:
+            raise WriteTooLargeError(
+                f"the write needs a log batch of {batch_bytes} bytes; one batch holds at most "
+                f"max_batch_bytes={self.config.max_batch_bytes}")
         try:
             proposal = self.node.propose(monotonic_ms(), [record])
         except RaftNotLeaderError:

@@ -33,6 +33,11 @@ class WriteRejectedError(ServiceError):
     before appending): 503."""
 
 
+class WriteTooLargeError(WriteRejectedError):
+    """The write encodes to more than one log batch may hold (max_batch_bytes): 413, since
+    retrying can never succeed (a 503 told clients to retry forever)."""
+
+
 class IndeterminateError(ServiceError):
     """The write's outcome is unknown (leadership lost mid-flight, timeout): 504 with
     "indeterminate": true."""
