@@ -61,6 +61,7 @@ from app.service import (
     KVService,
     NotLeaderError,
     NotReadyError,
+    SnapshotStorageError,
     VersionWaitTimeoutError,
     WriteRejectedError,
     WriteTooLargeError,
@@ -227,6 +228,10 @@ def _as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
         return exc
     if isinstance(exc, NotLeaderError):
         return _not_leader_problem(exc, scope)
+    if isinstance(exc, SnapshotStorageError):
+        if exc.disk_full:
+            return ProblemError(507, "insufficient-storage", "Insufficient storage", str(exc))
+        return ProblemError(503, "snapshot-io-error", "Snapshot I/O error", str(exc), headers=retry)
     if isinstance(exc, WriteTooLargeError):
         return ProblemError(413, "write-too-large", "Write too large", str(exc))
     if isinstance(exc, WriteRejectedError):
@@ -1162,6 +1167,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
         return sorted(methods)
 
     for error_class in (ProblemError, NotLeaderError, WriteRejectedError, IndeterminateError, NotReadyError,
+                        SnapshotStorageError,
                         VersionWaitTimeoutError, VersionCompactedError, VersionNotAppliedError):
         app.add_exception_handler(error_class, on_route_error)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -44,13 +44,13 @@ from sqlalchemy.exc import DBAPIError
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
-from app.http import RETRY_AFTER_SECONDS, ProblemError
 from app.service import (
     Consistency,
     IndeterminateError,
     NodeHeaders,
     NotLeaderError,
     NotReadyError,
+    SnapshotStorageError,
     VersionWaitTimeoutError,
     WriteRejectedError,
     WriteTooLargeError,
@@ -820,13 +820,13 @@ class NodeRuntime:
             except SnapshotRejectedError as exc:
                 raise NotReadyError(f"this replica is catching up: {exc}") from None
             except (OSError, sqlite3.Error, DBAPIError, LogWriteError) as exc:
-                problem = _snapshot_storage_problem(exc, self.snapshots_dir)
-                if problem is None:
+                error = _snapshot_storage_error(exc, self.snapshots_dir)
+                if error is None:
                     raise
-                logger.warning("node %d: snapshot failed: %s", self.node_id, problem.detail)
+                logger.warning("node %d: snapshot failed: %s", self.node_id, error)
                 if isinstance(exc, LogWriteError):  # recording it failed: fail-stop, as in the background
                     self._fatal(exc)
-                raise problem from exc
+                raise error from exc
             if snapshot_id.end_offset >= wanted or self._closing:
                 break
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
@@ -1083,11 +1083,10 @@ def _trim(batches: list[Batch], start: int, end: int) -> list[Batch]:
     return trimmed
 
 
-def _snapshot_storage_problem(exc: BaseException, snapshots_dir: Path) -> ProblemError | None:
-    """A snapshot that failed on the disk, as the problem document POST /v1/admin/snapshot
-    answers (never the 500 fallback): 507 when the disk is full (ENOSPC, EDQUOT, SQLite's
-    "database or disk is full"), which only freeing space cures; 503 with Retry-After for
-    any other I/O error, which may pass. None for an error that is not about storage.
+def _snapshot_storage_error(exc: BaseException, snapshots_dir: Path) -> SnapshotStorageError | None:
+    """A snapshot that failed on the disk, as POST /v1/admin/snapshot reports it (never the
+    500 fallback): disk full (ENOSPC, EDQUOT, SQLite's "database or disk is full"), or any
+    other I/O error. None for an error that is not about storage.
 
     Nothing half-written is left published: StateMachine.create_snapshot removes its temp
     copy whatever fails, and SnapshotStore.publish_database renames a file into place only
@@ -1107,12 +1106,9 @@ def _snapshot_storage_problem(exc: BaseException, snapshots_dir: Path) -> Proble
     else:
         return None
     if full:
-        return ProblemError(507, "insufficient-storage", "Insufficient storage",
-                            f"the snapshot failed, the disk holding {snapshots_dir} is full ({text}); "
-                            "free space and retry")
-    return ProblemError(503, "snapshot-io-error", "Snapshot I/O error",
-                        f"the snapshot failed on an I/O error ({text}); retry",
-                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return SnapshotStorageError(f"the snapshot failed, the disk holding {snapshots_dir} is full ({text}); "
+                                    "free space and retry", disk_full=True)
+    return SnapshotStorageError(f"the snapshot failed on an I/O error ({text}); retry", disk_full=False)
 
 
 def _exit_on_fatal(exc: BaseException) -> None:

@@ -38,6 +38,15 @@ class WriteTooLargeError(WriteRejectedError):
     retrying can never succeed (a 503 told clients to retry forever)."""
 
 
+class SnapshotStorageError(ServiceError):
+    """A snapshot failed on the disk: 507 when it is full (only freeing space cures it), else
+    503 with Retry-After (the error may pass). ``str()`` is the detail."""
+
+    def __init__(self, detail: str, disk_full: bool) -> None:
+        super().__init__(detail)
+        self.disk_full = disk_full
+
+
 class IndeterminateError(ServiceError):
     """The write's outcome is unknown (leadership lost mid-flight, timeout): 504 with
     "indeterminate": true."""
