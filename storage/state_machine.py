@@ -16,13 +16,18 @@ Why it looks like this (docs/state-machine.md has the full contract):
   statements. That keeps per-record cost in Python, not in per-statement round trips. A
   call whose records are all plain PUTs (the common call) skips the command tuples and
   the evaluator: one loop, _apply_puts, gives the same results and rows.
-- A value is stored once, in its history row, appended in version order; the only random
-  B-tree write of an update is its key's small ``key_heads`` row (schema 2, see
-  storage/state_schema.py). Reads at an older version walk a key's changes back from its
-  head through the links each history row keeps to the key's previous change.
-- Every thread gets its own SQLite connection (WAL lets readers run beside the one writer);
-  a read that needs more than one statement runs inside one read transaction, so it answers
-  at exactly one version.
+- A value is stored once, in its history row, appended in version order. Every key's head
+  (its newest change) is kept in memory, in key order (``_HeadIndex``, the way etcd keeps
+  its key index in memory over a store of revisions); ``key_heads`` on disk is written
+  behind apply, HEADS_FLUSH_RECORDS records at a time, so an update costs no random B-tree
+  write of its own (schema 3, see storage/state_schema.py). At open the index is loaded
+  from ``key_heads`` and the history rows above ``meta.heads_version``.
+- Reads take the applied version and the heads they need from memory, under a lock the
+  writer holds only to publish a committed call, then read the history rows those heads
+  name. Reads at an older version walk a key's changes back from its head through the
+  links each history row keeps to the key's previous change, in one read transaction that
+  also checks the rows are still retained.
+- Every thread gets its own SQLite connection (WAL lets readers run beside the one writer).
 - Statements are built with SQLAlchemy Core; the few on the hot paths are compiled to SQL
   once and run on the DBAPI cursor of the SQLAlchemy connection, which skips SQLAlchemy's
   per-call parameter processing (see loadtest/bench_state_machine.py for the figures).
@@ -30,6 +35,7 @@ Why it looks like this (docs/state-machine.md has the full contract):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shlex
@@ -44,6 +50,7 @@ from typing import Any, overload
 
 import msgpack
 import sqlalchemy as sa
+from sortedcontainers import SortedList
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
@@ -66,8 +73,8 @@ from storage.state_schema import (
     HISTORY_OP_PUT,
     SCHEMA_VERSION,
     NotAStateDatabaseError,
+    complete_key_heads,
     create_entries_view_sql,
-    entries,
     history,
     key_heads,
     meta,
@@ -81,11 +88,13 @@ logger = logging.getLogger(__name__)
 KEY_LOOKUP_CHUNK_KEYS = 500
 SQLITE_CACHE_KIB = 32 * 1024
 SQLITE_BUSY_TIMEOUT_MS = 10_000
-# The writer keeps the committed state of recently written keys (entry and head) so that
-# apply need not read them back from SQLite; bounded by an estimate of the bytes held
-# (key + value + this per-key overhead), the oldest-written keys are dropped first.
-WRITER_CACHE_MAX_BYTES = 64 * 1024 * 1024
-WRITER_CACHE_KEY_OVERHEAD_BYTES = 300
+# key_heads is brought up to date in the apply call that reaches this many records since it
+# last was: the heads that changed meanwhile, in key order, each page written once. Larger
+# means fewer page writes per record and more history rows to read at open.
+HEADS_FLUSH_RECORDS = 10_000
+# A read whose head row was pruned between taking the head and reading the row takes the
+# (newer) head again; a row still missing after this many tries is a damaged database.
+READ_ATTEMPTS = 100
 # Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
 # thread so that apply never waits for them; the thread is woken after this many records.
 CHECKPOINT_EVERY_RECORDS = 2_000
@@ -271,13 +280,20 @@ class StateMachine:
 
     def __init__(self, db_path: str, *, history_retention_versions: int | None = None,
                  background_checkpoint: bool = True,
-                 writer_cache_max_bytes: int = WRITER_CACHE_MAX_BYTES) -> None:
+                 heads_flush_records: int = HEADS_FLUSH_RECORDS) -> None:
         check(history_retention_versions is None or history_retention_versions >= 0,
               "history_retention_versions must be >= 0")
-        check(writer_cache_max_bytes >= 0, "writer_cache_max_bytes must be >= 0")
+        check(heads_flush_records >= 1, "heads_flush_records must be >= 1")
         self.db_path = os.path.abspath(db_path)
         self.history_retention_versions = history_retention_versions
+        self.heads_flush_records = heads_flush_records
         self._write_lock = threading.Lock()
+        # Held by the writer while it publishes a committed call (the index and the
+        # versions), and by readers while they take the heads and the version they answer at.
+        # A call that removes history rows (a prune, a snapshot load, clear) holds it from
+        # before its COMMIT: a reader whose head's row went takes the head again and gets the
+        # new one. Reentrant: such a call publishes inside it.
+        self._publish_lock = threading.RLock()
         self._connections_lock = threading.Lock()
         self._connections: list[Connection] = []
         self._local = threading.local()
@@ -300,6 +316,7 @@ class StateMachine:
         self._durable_version = 0  # the newest version sync() saw made durable
         self._applied_epoch: int = row.applied_epoch
         self._oldest_version: int = row.oldest_version
+        self._heads_version: int = row.heads_version
         self._prepare_statements()
         # The writer's DBAPI connection and one cursor on it, reused by every apply call.
         self._writer_dbapi: sqlite3.Connection = self._writer.connection.driver_connection
@@ -307,8 +324,12 @@ class StateMachine:
         self._writer.exec_driver_sql(
             f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
         self._records_since_checkpoint = 0
-        self._cache = _WriterCache(writer_cache_max_bytes)
-        self._fill_cache()
+        self._index = _HeadIndex()
+        try:
+            self._build_index()
+        except BaseException:
+            self._dispose()
+            raise
         self._checkpointer: _Checkpointer | None = None
         if background_checkpoint:
             self._checkpointer = _Checkpointer(self._open_connection(), self.db_path)
@@ -385,7 +406,14 @@ class StateMachine:
         """Create the tables in a new file; refuse, changing nothing, a file of another schema."""
         with self._write_transaction() as connection:
             if sa.inspect(connection).has_table(meta.name):
-                found = connection.execute(sa.select(meta.c.schema_version)).scalar()
+                found = connection.exec_driver_sql("SELECT schema_version FROM meta").scalar()
+                if found == 2:
+                    # Schema 2 wrote key_heads in every apply call: it is complete.
+                    connection.exec_driver_sql(
+                        "ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
+                    connection.exec_driver_sql(
+                        f"UPDATE meta SET schema_version = {SCHEMA_VERSION}, heads_version = applied_version")
+                    found = SCHEMA_VERSION
                 if found is not None and found != SCHEMA_VERSION:
                     raise StateDatabaseError(
                         f"{self.db_path}: schema version {found}, this code reads {SCHEMA_VERSION};"
@@ -400,19 +428,18 @@ class StateMachine:
 
     def _prepare_statements(self) -> None:
         dialect = self._engine.dialect
-        put_op = sa.literal_column(str(HISTORY_OP_PUT))
-        # A key's value is its head's history row when that row is a put (NULLs otherwise).
-        self._sql_point_read = _compile(
-            sa.select(meta.c.applied_version, history.c.value, history.c.content_type,
-                      history.c.version, history.c.create_version)
-            .select_from(
-                meta.outerjoin(key_heads, key_heads.c.key == sa.bindparam("key"))
-                .outerjoin(history, sa.and_(history.c.version == key_heads.c.mod_version,
-                                            history.c.seq == key_heads.c.mod_seq,
-                                            history.c.op == put_op)))
-            .where(meta.c.id == sa.literal_column("1")),
+        # The value of a put head, by the head's (version, seq).
+        self._sql_row = _compile(
+            sa.select(history.c.value, history.c.content_type)
+            .where(history.c.version == sa.bindparam("version"), history.c.seq == sa.bindparam("seq")),
             dialect,
         )
+        # The same for many heads: "(version, seq) IN (VALUES (?, ?), ...)", one text per count.
+        rows_by_head = _compile(
+            sa.select(history.c.version, history.c.seq, history.c.value, history.c.content_type),
+            dialect)
+        self._sql_rows_by_head_prefix = rows_by_head + " WHERE (history.version, history.seq) IN (VALUES "
+        self._sql_rows_by_head: dict[int, str] = {}
         upsert_head = sqlite_insert(key_heads).values(
             key=sa.bindparam("key"), mod_version=sa.bindparam("mod_version"),
             mod_seq=sa.bindparam("mod_seq"))
@@ -442,38 +469,40 @@ class StateMachine:
             meta.update().where(meta.c.id == sa.literal_column("1")).values(
                 applied_version=sa.bindparam("applied_version"),
                 applied_epoch=sa.bindparam("applied_epoch"),
-                oldest_version=sa.bindparam("oldest_version")),
+                oldest_version=sa.bindparam("oldest_version"),
+                heads_version=sa.bindparam("heads_version")),
             dialect,
         )
-        self._sql_meta_versions = _compile(
-            sa.select(meta.c.applied_version, meta.c.oldest_version)
-            .where(meta.c.id == sa.literal_column("1")), dialect)
-        # One key as of a version (named parameters "key" and "version").
+        self._sql_oldest = _compile(
+            sa.select(meta.c.oldest_version).where(meta.c.id == sa.literal_column("1")), dialect)
+        # One key as of a version, walking back from the head the index gave (named
+        # parameters "key", "head_version", "head_seq" and "version").
         self._sql_key_at = _compile(
-            _states_at_query(
-                sa.select(key_heads.c.key, key_heads.c.mod_version.label("version"),
-                          key_heads.c.mod_seq.label("seq"))
-                .where(key_heads.c.key == sa.bindparam("key"))),
+            _states_at_query(sa.select(
+                sa.bindparam("key", type_=sa.Text).label("key"),
+                sa.bindparam("head_version", type_=sa.Integer).label("version"),
+                sa.bindparam("head_seq", type_=sa.Integer).label("seq"))),
             _NAMED_DIALECT,
         )
-        # Heads (deletes too: a new change links to them) with the put's row. All of them
-        # fill the writer cache; apply reads the keys the cache lacks, "key IN (...)"
-        # compiled once with a placeholder for as many "?" as a chunk needs.
-        heads = (sa.select(key_heads.c.key, key_heads.c.mod_version, key_heads.c.mod_seq,
-                           history.c.op, history.c.value, history.c.content_type,
-                           history.c.create_version)
-                 .select_from(key_heads.join(history, sa.and_(
-                     history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq))))
-        self._sql_all_heads = _compile(heads, dialect)
-        self._sql_lookup_keys = _compile(
-            heads.where(key_heads.c.key.in_(sa.bindparam("keys", expanding=True))), dialect)
-        check(_KEYS_PLACEHOLDER in self._sql_lookup_keys, "unexpected compiled IN clause")
-        self._sql_lookup_by_count: dict[int, str] = {}
+        # Every head with what the index keeps of it; then the changes key_heads lacks.
+        self._sql_all_heads = _compile(
+            sa.select(key_heads.c.key, key_heads.c.mod_version, key_heads.c.mod_seq,
+                      history.c.op, history.c.create_version)
+            .select_from(key_heads.join(history, sa.and_(
+                history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq))),
+            dialect)
+        self._sql_heads_tail = _compile(
+            sa.select(history.c.key, history.c.version, history.c.seq, history.c.op,
+                      history.c.create_version)
+            .where(history.c.version > sa.bindparam("heads_version"))
+            .order_by(history.c.version, history.c.seq),
+            dialect)
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
-            self._sql_point_read, self._sql_upsert_head, self._sql_history, self._sql_meta,
-            self._sql_meta_versions)] == [1, 3, 9, 3, 0], "unexpected compiled statement shape")
-        check("?" not in self._sql_key_at and ":key" in self._sql_key_at,
+            self._sql_row, self._sql_upsert_head, self._sql_history, self._sql_meta,
+            self._sql_oldest, self._sql_all_heads, self._sql_heads_tail, rows_by_head)]
+            == [2, 3, 9, 4, 0, 0, 1, 0], "unexpected compiled statement shape")
+        check("?" not in self._sql_key_at and ":head_version" in self._sql_key_at,
               "the at-version statement must use named parameters")
 
     # ---- properties ----------------------------------------------------------------
@@ -529,12 +558,15 @@ class StateMachine:
         with self._write_lock:
             if self._closed:
                 raise RuntimeError("state machine is closed")
-            self._cache.clear()
-            with self._write_transaction() as connection:
-                connection.execute(history.delete())
-                connection.execute(key_heads.delete())
-                connection.execute(meta.update().values(applied_version=0, applied_epoch=0, oldest_version=0))
-            self._applied_version = self._applied_epoch = self._oldest_version = 0
+            with self._publish_lock:
+                with self._write_transaction() as connection:
+                    connection.execute(history.delete())
+                    connection.execute(key_heads.delete())
+                    connection.execute(meta.update().values(
+                        applied_version=0, applied_epoch=0, oldest_version=0, heads_version=0))
+                self._index.clear()
+                self._applied_version = self._applied_epoch = self._oldest_version = 0
+                self._heads_version = 0
             self._durable_version = 0
 
     # ---- apply ---------------------------------------------------------------------
@@ -550,63 +582,102 @@ class StateMachine:
             if self._closed:
                 raise RuntimeError("state machine is closed")
             plan, end_version, end_epoch = self._plan(batches)
-            if end_version == self._applied_version:
+            applied_before = self._applied_version
+            if end_version == applied_before:
                 return []
             puts, commands = _decode_call(plan)
+            index = self._index
             # BEGIN/COMMIT go straight to the DBAPI connection SQLAlchemy holds: through
             # exec_driver_sql they cost about as much as the rest of a one-record apply.
             writer_cursor = self._writer_cursor
+            holding_publish_lock = False
             writer_cursor.execute("BEGIN IMMEDIATE")
             try:
                 if commands is None:
                     # Every record a plain PUT (the common call): one loop, see _apply_puts.
-                    known = self._load_put_keys(writer_cursor, puts)
+                    get = index.heads.get
+                    known = {key: head for key in dict.fromkeys([put[1] for put in puts])
+                             if (head := get(key)) is not None}
                     results, linked_rows = _apply_puts(puts, known)
-                    new_heads = [(key, known[key][3], known[key][4]) for key in sorted(known)]
+                    new_heads = known
                 else:
                     current, heads = self._load_entries(writer_cursor, _keys_of(commands))
                     results, history_rows = _evaluate_compact(commands, current)
-                    linked_rows, new_heads = (_link_history(history_rows, heads) if history_rows
-                                              else ([], []))
+                    linked_rows, changed = (_link_history(history_rows, heads) if history_rows
+                                            else ([], {}))
+                    new_heads = {key: (0 if current[key] is None else current[key].create_version,  # type: ignore[union-attr]
+                                       version, seq)
+                                 for key, (version, seq) in changed.items()}
                 if linked_rows:
                     self._insert_history(writer_cursor, linked_rows)
-                    writer_cursor.executemany(self._sql_upsert_head, new_heads)
                 oldest = self._oldest_version
                 horizon = self._retention_horizon(end_version)
+                heads_version = self._heads_version
+                if (horizon is not None
+                        or end_version - heads_version >= self.heads_flush_records):
+                    # Before a prune too: it drops the key_heads rows of the deletes it drops.
+                    self._flush_heads(writer_cursor, new_heads)
+                    heads_version = end_version
                 if horizon is not None:
                     self._prune(self._writer, oldest, horizon)
                     oldest = horizon
-                writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest))
+                writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest, heads_version))
+                if horizon is not None:  # the prune removes rows: see _publish_lock
+                    self._publish_lock.acquire()
+                    holding_publish_lock = True
                 writer_cursor.execute("COMMIT")
             except BaseException:
+                if holding_publish_lock:
+                    self._publish_lock.release()
                 # SQLite may already have rolled back (e.g. disk full); a failed COMMIT
                 # leaves the transaction open. Either way nothing of this call stays (and
-                # the cache, changed only after a commit, still holds committed state).
+                # the index, changed only after a commit, still holds committed state).
                 if self._writer_dbapi.in_transaction:
                     writer_cursor.execute("ROLLBACK")
                 raise
-            if commands is None:
-                self._cache.store_rows(known)  # every key it holds was written by this call
-            else:
-                self._cache.store(new_heads, current)
-            if horizon is not None:
-                self._cache.forget_deletes_through(horizon)  # the heads the prune dropped
-            self._records_since_checkpoint += end_version - self._applied_version
-            self._applied_version = end_version
+            try:
+                with self._publish_lock:
+                    index.update(new_heads, flushed=heads_version == end_version)
+                    if horizon is not None:
+                        index.forget_deletes_through(horizon)  # the heads the prune dropped
+                    self._applied_version = end_version
+                    self._applied_epoch = end_epoch
+                    self._oldest_version = oldest
+                    self._heads_version = heads_version
+            finally:
+                if holding_publish_lock:
+                    self._publish_lock.release()
+            self._records_since_checkpoint += end_version - applied_before
             if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
                 self._records_since_checkpoint = 0
                 self._checkpointer.wake()
-            self._applied_epoch = end_epoch
-            self._oldest_version = oldest
             return results
 
-    def _fill_cache(self) -> None:
-        """Load every key's head into the writer cache (at open and after a snapshot load),
-        as far as the cache's bound allows. When all fit, apply never asks SQLite for a
-        head: a key the cache lacks has none (a metadata store's keys usually fit; etcd
-        keeps its whole key index in memory the same way)."""
-        rows = self._writer_cursor.execute(self._sql_all_heads)
-        self._cache.fill((row[0], _cached_row(*row[1:])) for row in rows)
+    def _flush_heads(self, cursor: sqlite3.Cursor, new_heads: dict[str, Head]) -> None:
+        """Write into key_heads the head of every key changed since it was last brought up
+        to date (the index's pending keys) and of this call's ``new_heads``, in key order:
+        neighbouring keys share B-tree pages."""
+        heads = self._index.heads
+        rows = [(key, head[1], head[2]) for key, head in new_heads.items()]
+        rows.extend([(key, head[1], head[2]) for key in self._index.pending
+                     if key not in new_heads for head in (heads[key],)])
+        rows.sort()
+        cursor.executemany(self._sql_upsert_head, rows)
+
+    def _build_index(self) -> None:
+        """Load every key's head into the index (at open and after a snapshot load): the
+        heads in key_heads, then the changes above ``heads_version`` in version order."""
+        heads: dict[str, Head] = {}
+        cursor = self._writer_cursor
+        for key, version, seq, op, create_version in cursor.execute(self._sql_all_heads):
+            heads[key] = (create_version if op == HISTORY_OP_PUT else 0, version, seq)
+        pending: dict[str, None] = {}
+        for key, version, seq, op, create_version in cursor.execute(
+                self._sql_heads_tail, (self._heads_version,)):
+            heads[key] = (create_version if op == HISTORY_OP_PUT else 0, version, seq)
+            pending[key] = None
+        with self._publish_lock:
+            self._index.load(heads, pending)
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
         """Which batches (and from which record) to apply.
@@ -625,26 +696,6 @@ class StateMachine:
             epoch = batch.epoch
         return plan, expected, epoch
 
-    def _load_put_keys(self, cursor: sqlite3.Cursor, puts: list[PutRecord]) -> dict[str, CachedRow]:
-        """key -> its committed state (CachedRow) for every key of ``puts`` that has a head;
-        keys without one (never written, or pruned) are left out."""
-        items = self._cache.items
-        known: dict[str, CachedRow] = {}
-        missing: list[str] = []
-        for key in dict.fromkeys([put[1] for put in puts]):
-            row = items.get(key)
-            if row is None:
-                missing.append(key)
-            else:
-                known[key] = row
-        if self._cache.complete:
-            return known  # the cache holds every head: the missing keys have none
-        for start in range(0, len(missing), KEY_LOOKUP_CHUNK_KEYS):
-            chunk = missing[start:start + KEY_LOOKUP_CHUNK_KEYS]
-            for row in cursor.execute(self._sql_lookup(len(chunk)), chunk):
-                known[row[0]] = _cached_row(*row[1:])
-        return known
-
     def _insert_history(self, cursor: sqlite3.Cursor, rows: list[tuple[Any, ...]]) -> None:
         """Insert history rows, HISTORY_ROWS_PER_STATEMENT to a multi-row INSERT."""
         for start in range(0, len(rows), HISTORY_ROWS_PER_STATEMENT):
@@ -658,32 +709,47 @@ class StateMachine:
                 self._sql_history_by_count[len(chunk)] = sql
             cursor.execute(sql, [value for row in chunk for value in row])
 
-    def _sql_lookup(self, key_count: int) -> str:
-        """The lookup of ``key_count`` keys' heads (at most KEY_LOOKUP_CHUNK_KEYS texts are
-        built, one per count, and kept)."""
-        sql = self._sql_lookup_by_count.get(key_count)
-        if sql is None:
-            sql = self._sql_lookup_keys.replace(_KEYS_PLACEHOLDER, ",".join("?" * key_count))
-            self._sql_lookup_by_count[key_count] = sql
-        return sql
-
     def _load_entries(self, cursor: sqlite3.Cursor, keys: Iterable[str]
                       ) -> tuple[dict[str, Entry | None], dict[str, tuple[int, int]]]:
         """(key -> its current entry or None, for every key; key -> (version, seq) of its head,
-        for keys that have one, deleted keys included)."""
+        for keys that have one, deleted keys included). Values are read from the heads'
+        history rows."""
         found: dict[str, Entry | None] = dict.fromkeys(keys)
         heads: dict[str, tuple[int, int]] = {}
-        key_list = self._cache.load(found, heads)
-        if self._cache.complete:
-            return found, heads  # the cache holds every head: the others have none
-        for start in range(0, len(key_list), KEY_LOOKUP_CHUNK_KEYS):
-            chunk = key_list[start:start + KEY_LOOKUP_CHUNK_KEYS]
-            for key, mod_version, mod_seq, op, value, content_type, create_version in cursor.execute(
-                    self._sql_lookup(len(chunk)), chunk):
-                heads[key] = (mod_version, mod_seq)
-                if op == HISTORY_OP_PUT:
-                    found[key] = _new_entry(key, value, content_type, mod_version, create_version)
+        index_heads = self._index.heads
+        puts: list[tuple[str, Head]] = []
+        for key in found:
+            head = index_heads.get(key)
+            if head is not None:
+                heads[key] = (head[1], head[2])
+                if head[0]:
+                    puts.append((key, head))
+        rows = self._rows_of(cursor, [head for _key, head in puts])
+        for key, (create_version, version, seq) in puts:
+            row = rows.get((version, seq))
+            if row is None:
+                raise StateDatabaseError(
+                    f"{self.db_path}: the head of key {key!r} names history row ({version}, {seq}),"
+                    " which is missing")
+            value, content_type = row
+            found[key] = _new_entry(key, value, content_type, version, create_version)
         return found, heads
+
+    def _rows_of(self, cursor: sqlite3.Cursor, heads: Sequence[Head]
+                 ) -> dict[tuple[int, int], tuple[bytes, str]]:
+        """(version, seq) -> (value, content_type) of the history rows ``heads`` name (put
+        heads); rows not found are left out."""
+        rows: dict[tuple[int, int], tuple[bytes, str]] = {}
+        for start in range(0, len(heads), KEY_LOOKUP_CHUNK_KEYS):
+            chunk = heads[start:start + KEY_LOOKUP_CHUNK_KEYS]
+            sql = self._sql_rows_by_head.get(len(chunk))
+            if sql is None:
+                sql = self._sql_rows_by_head_prefix + ",".join(["(?,?)"] * len(chunk)) + ")"
+                self._sql_rows_by_head[len(chunk)] = sql
+            for version, seq, value, content_type in cursor.execute(
+                    sql, [number for head in chunk for number in head[1:]]):
+                rows[version, seq] = (value, content_type)
+        return rows
 
     def _retention_horizon(self, applied_version: int) -> int | None:
         if self.history_retention_versions is None:
@@ -705,11 +771,18 @@ class StateMachine:
             horizon = min(below_version, self._applied_version)
             if horizon <= self._oldest_version:
                 return
-            with self._write_transaction() as connection:
+            heads_version = self._applied_version
+            with self._publish_lock, self._write_transaction() as connection:
+                # key_heads complete first: the prune drops the rows of the deletes it drops.
+                self._flush_heads(self._writer_cursor, {})
                 self._prune(connection, self._oldest_version, horizon)
-                connection.execute(meta.update().where(meta.c.id == 1).values(oldest_version=horizon))
-            self._oldest_version = horizon
-            self._cache.forget_deletes_through(horizon)  # the heads the prune dropped
+                connection.execute(meta.update().where(meta.c.id == 1).values(
+                    oldest_version=horizon, heads_version=heads_version))
+            with self._publish_lock:
+                self._index.update({}, flushed=True)
+                self._index.forget_deletes_through(horizon)  # the heads the prune dropped
+                self._oldest_version = horizon
+                self._heads_version = heads_version
 
     @staticmethod
     def _prune(connection: Connection, oldest_version: int, horizon: int) -> None:
@@ -746,18 +819,19 @@ class StateMachine:
     def get(self, key: str, at_version: int | None = None) -> tuple[int, Entry | None]:
         """(version answered at, the entry or None)."""
         cursor = self._reader_cursor()
-        if at_version is None:
-            row = cursor.execute(self._sql_point_read, (key,)).fetchone()
-            if row[1] is None:
-                return row[0], None
-            return row[0], _new_entry(key, row[1], row[2], row[3], row[4])
-        cursor.execute("BEGIN")
-        try:
-            applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
-            _check_version(at_version, applied_version, oldest_version)
-            return at_version, self._entry_at(cursor, key, at_version)
-        finally:
-            cursor.execute("COMMIT")
+        if at_version is not None:
+            return at_version, self.entries_at([key], at_version)[key]
+        for _attempt in range(READ_ATTEMPTS):
+            with self._publish_lock:
+                version = self._applied_version
+                head = self._index.heads.get(key)
+            if head is None or not head[0]:
+                return version, None
+            row = cursor.execute(self._sql_row, head[1:]).fetchone()
+            if row is not None:
+                return version, _new_entry(key, row[0], row[1], head[1], head[0])
+            # Superseded and pruned since the head was taken: take the newer head.
+        raise self._missing_rows_error([key])
 
     def entries_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
         """Every key's entry (None: absent) as of ``version``, in one read transaction.
@@ -766,47 +840,109 @@ class StateMachine:
         VersionCompactedError / VersionNotAppliedError when ``version`` is not readable.
         """
         cursor = self._reader_cursor()
+        with self._publish_lock:
+            _check_version(version, self._applied_version, self._oldest_version)
+            heads = [(key, self._index.heads.get(key)) for key in keys]
         cursor.execute("BEGIN")
         try:
-            applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
-            _check_version(version, applied_version, oldest_version)
-            return {key: self._entry_at(cursor, key, version) for key in keys}
+            found = {key: self._entry_at(cursor, key, head, version) for key, head in heads}
+            self._check_retained(cursor, version)
         finally:
             cursor.execute("COMMIT")
+        return found
 
-    def _check_readable(self, connection: Connection, version: int | None) -> int:
-        """The applied version of this read transaction, after checking ``version`` (if
-        given) is readable in it."""
-        row = connection.execute(sa.select(meta.c.applied_version, meta.c.oldest_version)).one()
-        if version is not None:
-            _check_version(version, row.applied_version, row.oldest_version)
-        return row.applied_version
+    def _check_retained(self, cursor: sqlite3.Cursor, version: int) -> None:
+        """In a read transaction that walked heads taken earlier: raise VersionCompactedError
+        if a prune since then moved the horizon above ``version`` (the walks may then have
+        missed rows it dropped)."""
+        oldest_version = cursor.execute(self._sql_oldest).fetchone()[0]
+        if version < oldest_version:
+            raise VersionCompactedError(version, oldest_version)
 
-    def _entry_at(self, cursor: sqlite3.Cursor, key: str, version: int) -> Entry | None:
+    def _entry_at(self, cursor: sqlite3.Cursor, key: str, head: Head | None, version: int) -> Entry | None:
         """The key as of ``version``: walking back from its head, the first change at or
-        below ``version``, if that is a put (see docs/state-machine.md, Schema)."""
-        row = cursor.execute(self._sql_key_at, {"key": key, "version": version}).fetchone()
+        below ``version``, if that is a put (see docs/state-machine.md, Schema). No head:
+        never written, or its delete fell below the horizon; either way absent."""
+        if head is None:
+            return None
+        row = cursor.execute(self._sql_key_at, {
+            "key": key, "head_version": head[1], "head_seq": head[2], "version": version}).fetchone()
         return None if row is None else _new_entry(*row)
+
+    def _missing_rows_error(self, keys: Sequence[str]) -> StateDatabaseError:
+        return StateDatabaseError(
+            f"{self.db_path}: the history rows the heads of {list(keys)[:3]!r} name stay missing"
+            f" after {READ_ATTEMPTS} reads; the log is the source of truth: move the file away"
+            " and restart to rebuild it from the log")
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> tuple[int, list[Entry], str | None]:
         """(version, entries under ``prefix`` after ``after`` in key order, next key or None)."""
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise ValueError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
-        with self._read_transaction() as connection:
-            applied_version = self._check_readable(connection, at_version)
-            if at_version is None or at_version == applied_version:
-                # The current rows are the state at the applied version.
-                version = applied_version
-                query = (sa.select(entries).where(*_key_range(entries.c.key, prefix, after))
-                         .order_by(entries.c.key).limit(limit + 1))
-                rows = connection.execute(query).all()
-            else:
-                version = at_version
-                rows = _list_at_version(connection, prefix, after, limit + 1, at_version)
-        found = [Entry(*row) for row in rows[:limit]]
+        cursor = self._reader_cursor()
+        if at_version is None:
+            version, rows = self._list_current(cursor, prefix, after, limit + 1)
+        else:
+            version = at_version
+            rows = self._list_at_version(cursor, prefix, after, limit + 1, at_version)
+        found = rows[:limit]
         next_key = found[-1].key if len(rows) > limit else None
         return version, found, next_key
+
+    def _list_current(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int
+                      ) -> tuple[int, list[Entry]]:
+        """(applied version, up to ``limit`` entries under ``prefix`` after ``after``)."""
+        for _attempt in range(READ_ATTEMPTS):
+            with self._publish_lock:
+                version = self._applied_version
+                puts: list[tuple[str, Head]] = []
+                for key, head in self._index.range(prefix, after):
+                    if head[0]:
+                        puts.append((key, head))
+                        if len(puts) == limit:
+                            break
+            cursor.execute("BEGIN")
+            try:
+                rows = self._rows_of(cursor, [head for _key, head in puts])
+            finally:
+                cursor.execute("COMMIT")
+            if len(rows) == len(puts):
+                return version, [_new_entry(key, *rows[head[1], head[2]], head[1], head[0])
+                                 for key, head in puts]
+            # Some head was superseded and pruned since it was taken: take them again.
+        raise self._missing_rows_error([key for key, _head in puts])
+
+    def _list_at_version(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int,
+                         version: int) -> list[Entry]:
+        """Up to ``limit`` entries under ``prefix`` after ``after`` as of ``version``, in key
+        order. Every key that existed at a version at or above the horizon still has a head
+        (a delete stays one until it falls below the horizon), so walking the heads in key
+        order finds them all. The heads are taken ``limit`` at a time, each page walked in
+        a read transaction begun after its heads were taken (so it holds every row they
+        name): the state at ``version`` does not change, only whether it is still retained,
+        which each transaction checks."""
+        with self._publish_lock:
+            _check_version(version, self._applied_version, self._oldest_version)
+        found: list[Entry] = []
+        while len(found) < limit:
+            with self._publish_lock:
+                page = list(itertools.islice(self._index.range(prefix, after), limit))
+            cursor.execute("BEGIN")
+            try:
+                for key, head in page:
+                    entry = self._entry_at(cursor, key, head, version)
+                    if entry is not None:
+                        found.append(entry)
+                        if len(found) == limit:
+                            break
+                self._check_retained(cursor, version)
+            finally:
+                cursor.execute("COMMIT")
+            if len(page) < limit:
+                break
+            after = page[-1][0]
+        return found
 
     def changes(self, prefix: str, since: int, limit: int = 1000) -> tuple[int, list[Event]]:
         """(version to watch from next, changes under ``prefix`` with mod_version > since)."""
@@ -860,6 +996,11 @@ class StateMachine:
         temp_path = store.new_temp_path()
         try:
             self._reader().exec_driver_sql("VACUUM INTO ?", (temp_path,))
+            copy = sqlite3.connect(temp_path, isolation_level=None)
+            try:
+                complete_key_heads(copy)  # the heads apply had not written yet
+            finally:
+                copy.close()
             copy_meta = read_database_meta(temp_path)
             if copy_meta.applied_version == 0:
                 raise ValueError("nothing applied yet: no snapshot of version 0")
@@ -891,12 +1032,14 @@ class StateMachine:
             with self._write_lock:
                 if self._closed:
                     raise RuntimeError("state machine is closed")
-                self._cache.clear()
-                self._replace_from(temp_path)
-                self._fill_cache()
-                self._applied_version = snapshot_meta.applied_version
-                self._applied_epoch = snapshot_meta.applied_epoch
-                self._oldest_version = snapshot_meta.oldest_version
+                with self._publish_lock:
+                    self._replace_from(temp_path)
+                    self._heads_version = self._writer_cursor.execute(
+                        "SELECT heads_version FROM meta WHERE id = 1").fetchone()[0]
+                    self._applied_version = snapshot_meta.applied_version
+                    self._applied_epoch = snapshot_meta.applied_epoch
+                    self._oldest_version = snapshot_meta.oldest_version
+                    self._build_index()
                 self._durable_version = 0  # a power loss may still take the load back
         finally:
             for suffix in ("", "-wal", "-shm", "-journal"):
@@ -928,10 +1071,30 @@ class StateMachine:
             if self._checkpointer is not None:
                 self._checkpointer.stop()
             try:
+                if self._index.pending:
+                    self._flush_on_close()
                 # Leave a self-contained database file behind (empty WAL).
                 self._writer.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
             finally:
                 self._dispose()
+
+    def _flush_on_close(self) -> None:
+        """Bring key_heads up to date, so the next open reads no history rows for it. A
+        failure (a full disk) costs only that read: the database stays consistent."""
+        cursor = self._writer_cursor
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                self._flush_heads(cursor, {})
+                cursor.execute("UPDATE meta SET heads_version = ? WHERE id = 1", (self._applied_version,))
+            except BaseException:
+                if self._writer_dbapi.in_transaction:
+                    cursor.execute("ROLLBACK")
+                raise
+            cursor.execute("COMMIT")
+        except sqlite3.Error as exc:
+            logger.warning("%s: key_heads not brought up to date at close (%s); the next open"
+                           " reads them from the history rows", self.db_path, exc)
 
     def _dispose(self) -> None:
         with self._connections_lock:
@@ -947,128 +1110,87 @@ class StateMachine:
         self.close()
 
 
-# A key's committed state as the writer cache and the all-puts apply path keep it:
-# (value, content_type, create_version, head_version, head_seq); value and content_type are
-# None when the head is a delete (the key is absent). For a put head the entry's
-# mod_version is head_version. Only ints, str, bytes and None: the garbage collector
-# untracks such a tuple the first time it sees it, so a cache of a hundred thousand keys
-# adds nothing to the cost of a full collection (Entry objects would stay tracked).
-CachedRow = tuple[bytes | None, str | None, int, int, int]
+# A key's head as the index keeps it: (create_version, head_version, head_seq), naming the
+# key's newest history row; create_version is 0 when that change is a delete (the key is
+# absent; the row stays a head until it falls below the horizon, since a later put links
+# to it). For a put head the entry's mod_version is head_version. Only ints: the garbage
+# collector untracks such a tuple the first time it sees it, so an index of a million keys
+# adds nothing to the cost of a full collection.
+Head = tuple[int, int, int]
 
 
-def _cached_row(mod_version: int, mod_seq: int, op: int, value: bytes | None,
-                content_type: str | None, create_version: int) -> CachedRow:
-    """A head as the heads queries return it (after the key), as the cache keeps it."""
-    if op == HISTORY_OP_PUT:
-        return (value, content_type, create_version, mod_version, mod_seq)
-    return (None, None, 0, mod_version, mod_seq)
+class _HeadIndex:
+    """Every key's head (key -> Head), the keys in order, and which heads key_heads lacks.
 
-
-class _WriterCache:
-    """Committed state of keys: key -> CachedRow. Only the writer uses it, under the write
-    lock, and changes it only after a commit. Keys without a head are never in it.
-
-    Filled with every head at open; ``complete`` says it still holds every head of the
-    database, so a key it lacks has none. Bounded by an estimate of the bytes it holds:
-    past the bound the keys written longest ago are dropped first (dict order is the order
-    keys were last written) and it is no longer complete. A prune drops the heads of keys
-    deleted at or below the horizon, and so does ``forget_deletes_through``.
+    The writer changes it only after a commit, under the state machine's publish lock; a
+    reader takes heads under that lock. It holds every key that has a head (no bound: like
+    etcd's key index, the keys of a metadata store fit in memory; the values stay in
+    SQLite). The heads are a plain dict and the order a separate SortedList that changes
+    only when a key is created or forgotten: most calls only update heads, at dict speed.
     """
 
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.items: dict[str, CachedRow] = {}
-        self.complete = False
-        # key -> version of its head, for the keys whose cached head is a delete.
+    def __init__(self) -> None:
+        self.heads: dict[str, Head] = {}
+        self.keys: SortedList = SortedList()
+        # Keys whose head changed since key_heads was last brought up to date (a dict as an
+        # ordered set).
+        self.pending: dict[str, None] = {}
+        # key -> version of its head, for the keys whose head is a delete.
         self._deletes: dict[str, int] = {}
-        self._bytes = 0
 
     def clear(self) -> None:
-        self.items.clear()
-        self._deletes.clear()
-        self._bytes = 0
-        self.complete = False
+        self.heads = {}
+        self.keys = SortedList()
+        self.pending = {}
+        self._deletes = {}
 
-    def fill(self, rows: Iterable[tuple[str, CachedRow]]) -> None:
-        """Hold exactly ``rows`` (every head of the database); complete unless they do not
-        all fit, in which case loading stops at the bound."""
-        self.clear()
-        self.complete = True
-        chunk: dict[str, CachedRow] = {}
-        for key, row in rows:
-            chunk[key] = row
-            if len(chunk) >= 1000:
-                self.store_rows(chunk)
-                chunk = {}
-                if not self.complete:
-                    return
-        self.store_rows(chunk)
+    def load(self, heads: dict[str, Head], pending: dict[str, None]) -> None:
+        self.heads = heads
+        self.keys = SortedList(heads)
+        self.pending = pending
+        self._deletes = {key: head[1] for key, head in heads.items() if not head[0]}
+
+    def update(self, new_heads: dict[str, Head], *, flushed: bool) -> None:
+        """Record a committed call's new heads; ``flushed``: that call brought key_heads up
+        to date (these heads included)."""
+        heads = self.heads
+        created = [key for key in new_heads if key not in heads]
+        heads.update(new_heads)
+        if created:
+            self.keys.update(created)
+        deletes = self._deletes
+        for key, head in new_heads.items():
+            if not head[0]:
+                deletes[key] = head[1]
+            elif deletes:
+                deletes.pop(key, None)
+        if flushed:
+            self.pending = {}
+        else:
+            self.pending.update(dict.fromkeys(new_heads))
 
     def forget_deletes_through(self, version: int) -> None:
         """Drop the keys whose head is a delete at or below ``version`` (a prune to that
-        horizon removed those heads)."""
+        horizon removed those heads; key_heads was brought up to date before it)."""
         deletes = self._deletes
         gone = [key for key, head_version in deletes.items() if head_version <= version]
         for key in gone:
             del deletes[key]
-            self._bytes -= WRITER_CACHE_KEY_OVERHEAD_BYTES + len(key)
-            del self.items[key]
+            del self.heads[key]
+            self.keys.remove(key)
+            self.pending.pop(key, None)
 
-    def load(self, found: dict[str, Entry | None], heads: dict[str, tuple[int, int]]) -> list[str]:
-        """Fill ``found`` and ``heads`` for the cached keys of ``found``; return the others."""
-        items = self.items
-        missing: list[str] = []
-        for key in found:
-            item = items.get(key)
-            if item is None:
-                missing.append(key)
-                continue
-            value, content_type, create_version, head_version, head_seq = item
-            heads[key] = (head_version, head_seq)
-            if value is not None:
-                found[key] = _new_entry(key, value, content_type, head_version,  # type: ignore[arg-type]
-                                        create_version)
-        return missing
-
-    def store(self, new_heads: list[tuple[str, int, int]], state: dict[str, Entry | None]) -> None:
-        """Record the committed state of every key whose head changed."""
-        rows: dict[str, CachedRow] = {}
-        for key, version, seq in new_heads:
-            entry = state[key]
-            rows[key] = ((None, None, 0, version, seq) if entry is None
-                         else (entry.value, entry.content_type, entry.create_version, version, seq))
-        self.store_rows(rows)
-
-    def store_rows(self, rows: dict[str, CachedRow]) -> None:
-        """Record ``rows`` (key -> its committed state), then drop the oldest keys while
-        over the bound."""
-        items = self.items
-        pop = items.pop
-        deletes = self._deletes
-        overhead = WRITER_CACHE_KEY_OVERHEAD_BYTES
-        total = self._bytes
-        for key, row in rows.items():
-            old = pop(key, None)  # re-inserted below: now the newest
-            if old is not None:
-                total -= overhead + len(key) + (0 if old[0] is None else len(old[0]))
-            items[key] = row
-            value = row[0]
-            if value is None:
-                deletes[key] = row[3]
-                total += overhead + len(key)
-            else:
-                if old is not None and old[0] is None:
-                    del deletes[key]
-                total += overhead + len(key) + len(value)
-        if total > self.max_bytes:
-            self.complete = False
-            while total > self.max_bytes and items:
-                oldest = next(iter(items))
-                old = pop(oldest)
-                if old[0] is None:
-                    del deletes[oldest]
-                total -= overhead + len(oldest) + (0 if old[0] is None else len(old[0]))
-        self._bytes = total
+    def range(self, prefix: str, after: str | None) -> Iterator[tuple[str, Head]]:
+        """(key, head) for the keys starting with ``prefix`` and above ``after``, in key
+        order (code point order, which is SQLite's order of UTF-8 TEXT)."""
+        heads = self.heads
+        upper = prefix_upper_bound(prefix) if prefix else None
+        if after is not None and after >= prefix:
+            keys = self.keys.irange(after, upper, inclusive=(False, False))
+        else:
+            keys = self.keys.irange(prefix, upper, inclusive=(True, False))
+        for key in keys:
+            yield key, heads[key]
 
 
 class _Checkpointer(threading.Thread):
@@ -1255,10 +1377,10 @@ def _put_result(row: tuple[Any, ...]) -> ApplyResult:
         _new_op_result(OpKind.PUT, key, create_version == version, False, entry),), ())
 
 
-def _apply_puts(puts: list[PutRecord], known: dict[str, CachedRow]
+def _apply_puts(puts: list[PutRecord], known: dict[str, Head]
                 ) -> tuple[PutResults, list[tuple[Any, ...]]]:
-    """Apply plain PUT records to ``known`` (key -> CachedRow for every key that has a
-    head; updated in place, so a key written twice in the call links to its first write):
+    """Apply plain PUT records to ``known`` (key -> Head for every key that has a head;
+    updated in place, so a key written twice in the call links to its first write):
     their results (built when read, see PutResults) and their history rows, linked to
     each key's previous change.
 
@@ -1277,10 +1399,10 @@ def _apply_puts(puts: list[PutRecord], known: dict[str, CachedRow]
             append_row((version, 0, key, history_put, value, content_type, version, None, None))
         else:
             # A put after a delete head creates the key again.
-            create_version = version if previous[0] is None else previous[2]
+            create_version = previous[0] or version
             append_row((version, 0, key, history_put, value, content_type, create_version,
-                        previous[3], previous[4]))
-        known[key] = (value, content_type, create_version, version, 0)
+                        previous[1], previous[2]))
+        known[key] = (create_version, version, 0)
     return PutResults(rows), rows
 
 
@@ -1399,10 +1521,10 @@ _NO_PREVIOUS = (None, None)
 
 
 def _link_history(history_rows: list[HistoryRow], heads: dict[str, tuple[int, int]]
-                  ) -> tuple[list[tuple[Any, ...]], list[tuple[str, int, int]]]:
-    """History rows with (prev_version, prev_seq) appended, and the new head of every key
-    they change, in key order (neighbouring keys share B-tree pages). ``heads`` holds each
-    key's head before the call and is updated in place."""
+                  ) -> tuple[list[tuple[Any, ...]], dict[str, tuple[int, int]]]:
+    """History rows with (prev_version, prev_seq) appended, and the new head (version, seq)
+    of every key they change. ``heads`` holds each key's head before the call and is
+    updated in place."""
     linked: list[tuple[Any, ...]] = []
     append = linked.append
     changed: dict[str, tuple[int, int]] = {}
@@ -1410,7 +1532,7 @@ def _link_history(history_rows: list[HistoryRow], heads: dict[str, tuple[int, in
         key = row[2]
         append(row + heads.get(key, _NO_PREVIOUS))  # type: ignore[operator]
         changed[key] = heads[key] = (row[0], row[1])
-    return linked, [(key, *changed[key]) for key in sorted(changed)]
+    return linked, changed
 
 
 def _check_version(version: int, applied_version: int, oldest_version: int) -> None:
@@ -1449,28 +1571,3 @@ def _states_at_query(heads: sa.Select[Any]) -> sa.Select[Any]:
         .where(found.c.version <= sa.bindparam("version"),
                found.c.op == sa.literal_column(str(HISTORY_OP_PUT)))
     )
-
-
-def _list_at_version(connection: Connection, prefix: str, after: str | None, limit: int,
-                     version: int) -> list[Any]:
-    """Up to ``limit`` entries under ``prefix`` after ``after`` as of ``version``, in key
-    order. Every key that existed at a version at or above the horizon still has a head
-    (a delete stays one until it falls below the horizon), so walking the heads in key
-    order, ``limit`` keys at a time, finds them all."""
-    rows: list[Any] = []
-    while len(rows) < limit:
-        page = (sa.select(key_heads.c.key, key_heads.c.mod_version.label("version"),
-                          key_heads.c.mod_seq.label("seq"))
-                .where(*_key_range(key_heads.c.key, prefix, after))
-                .order_by(key_heads.c.key).limit(limit).subquery("page"))
-        page_keys = connection.execute(sa.select(sa.func.count(), sa.func.max(page.c.key))).one()
-        if page_keys[0] == 0:
-            break
-        states = _states_at_query(sa.select(page.c.key, page.c.version, page.c.seq)).subquery("states")
-        rows.extend(connection.execute(
-            sa.select(states).order_by(states.c.key).limit(limit - len(rows)),
-            {"version": version}).all())
-        if page_keys[0] < limit:
-            break
-        after = page_keys[1]
-    return rows

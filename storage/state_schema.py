@@ -18,15 +18,21 @@ from sqlalchemy.pool import NullPool
 # 2: values live only in ``history``; ``key_heads`` points at each key's newest change and
 # every history row at the key's previous one (schema 1 had an ``entries`` table holding the
 # values again and a (key, version) index on history: two random B-tree writes per update).
-SCHEMA_VERSION = 2
+# 3: ``key_heads`` is written behind apply, a batch of heads at a time; ``meta.heads_version``
+# says up to which version it is complete (the heads of later changes are in memory, and in
+# their history rows). Schema 2 is upgraded in place (its ``key_heads`` is always complete).
+SCHEMA_VERSION = 3
 HISTORY_OP_PUT = 1
 HISTORY_OP_DELETE = 2
 
 metadata = sa.MetaData()
 
-# Each key's newest change (a put, or a delete kept until it falls below the horizon): the
-# only table an update writes at a random place, and its rows are small, so a page holds
-# about a hundred of them.
+# Each key's newest change (a put, or a delete kept until it falls below the horizon) as of
+# ``meta.heads_version``: the only table written at random places, so apply does not write
+# it per call; the state machine keeps every key's head in memory and writes the heads that
+# changed every HEADS_FLUSH_RECORDS records (one write of each page for many updates), at a
+# prune and when it closes. A snapshot's copy is completed before it is published, so in a
+# snapshot (and in a closed database) it holds every head.
 key_heads = sa.Table(
     "key_heads",
     metadata,
@@ -62,6 +68,9 @@ meta = sa.Table(
     sa.Column("applied_version", sa.Integer, nullable=False),
     sa.Column("applied_epoch", sa.Integer, nullable=False),
     sa.Column("oldest_version", sa.Integer, nullable=False),
+    # key_heads holds the head of every change up to this version (changes above it: see
+    # complete_key_heads).
+    sa.Column("heads_version", sa.Integer, nullable=False, server_default="0"),
     sa.CheckConstraint("id = 1", name="meta_single_row"),
 )
 
@@ -92,6 +101,29 @@ def entries_view_select() -> sa.Select[Any]:
 def create_entries_view_sql(dialect: sa.Dialect) -> str:
     query = entries_view_select().compile(dialect=dialect, compile_kwargs={"literal_binds": True})
     return f"CREATE VIEW IF NOT EXISTS {entries.name} AS {query}"
+
+
+# The heads of the changes above meta.heads_version, written into key_heads in (version,
+# seq) order so each key ends at its newest change; then key_heads is complete.
+COMPLETE_KEY_HEADS_SQL = (
+    "INSERT INTO key_heads (key, mod_version, mod_seq)"
+    " SELECT key, version, seq FROM history"
+    " WHERE version > (SELECT heads_version FROM meta WHERE id = 1) ORDER BY version, seq"
+    " ON CONFLICT (key) DO UPDATE SET mod_version = excluded.mod_version, mod_seq = excluded.mod_seq")
+COMPLETE_HEADS_VERSION_SQL = "UPDATE meta SET heads_version = applied_version WHERE id = 1"
+
+
+def complete_key_heads(connection: sqlite3.Connection) -> None:
+    """Bring ``key_heads`` of the database ``connection`` is open on up to its applied
+    version, in one transaction (a snapshot's copy, before it is published)."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        connection.execute(COMPLETE_KEY_HEADS_SQL)
+        connection.execute(COMPLETE_HEADS_VERSION_SQL)
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
 
 
 @dataclass(frozen=True, slots=True)

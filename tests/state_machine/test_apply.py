@@ -34,6 +34,7 @@ from storage.state_machine import (
     _new_entry,
     _new_op_result,
 )
+from storage.state_schema import read_database_meta
 from tests.state_machine.helpers import (
     batches_for,
     control_batch,
@@ -252,7 +253,7 @@ def test_an_older_schema_is_refused_by_name_and_left_untouched(tmp_path):
     path = str(tmp_path / "state.db")
     write_schema_1_database(path)
     tables_before = table_names(path)
-    with pytest.raises(StateDatabaseError, match=f"{path}: schema version 1, this code reads 2.*rebuild it from the log"):
+    with pytest.raises(StateDatabaseError, match=f"{path}: schema version 1, this code reads 3.*rebuild it from the log"):
         StateMachine(path)
     assert table_names(path) == tables_before
     # The documented way out: move it away; a new state.db replays the log from offset 0.
@@ -260,6 +261,23 @@ def test_an_older_schema_is_refused_by_name_and_left_untouched(tmp_path):
     with StateMachine(path) as state:
         state.apply([data_batch(0, [put("a", b"1")])])
         assert state.get("a")[1].value == b"1"
+
+
+def test_a_schema_2_database_is_upgraded_in_place(tmp_path):
+    """Schema 2 wrote key_heads in every apply call; opened by this code, its rows are kept
+    and read as they are, and it becomes schema 3."""
+    path = str(tmp_path / "state.db")
+    with StateMachine(path) as state:
+        state.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("b"), put("a", b"2")])])
+    with sqlite3.connect(path) as connection:
+        connection.execute("ALTER TABLE meta DROP COLUMN heads_version")
+        connection.execute("UPDATE meta SET schema_version = 2")
+    with StateMachine(path) as state:
+        assert state.get("a") == (4, Entry("a", b"2", "application/octet-stream", 4, 1))
+        assert state.get("b", at_version=2)[1].value == b"1"
+        state.apply([data_batch(4, [put("b", b"3")])])
+        assert state.get("b")[1].create_version == 5
+    assert read_database_meta(path).schema_version == 3
 
 
 def test_close_leaves_no_wal_behind(tmp_path):
@@ -278,9 +296,11 @@ def test_a_cleaned_put_restores_its_create_version(state):
     assert state.applied_version == 10
 
 
-def test_the_writer_cache_writes_what_reading_sqlite_writes(tmp_path, monkeypatch):
-    """Apply with the writer cache (default, and small enough to evict) and without it, with
-    prunes, a failed apply and a snapshot load in between: the same rows everywhere."""
+def test_key_heads_written_behind_apply_gives_what_writing_it_every_call_gives(tmp_path, monkeypatch):
+    """key_heads written every call (heads_flush_records=1, schema 2's way), every few records
+    and only at a prune or close: the same results, reads and history after every step, with
+    prunes, a failed apply, a snapshot load and reopens in between; the in-memory heads are
+    the database's heads, and after close the files are the same."""
     steps = [
         [put("a", b"1"), put("b", b"1"), put("c", b"1")],
         [delete("a"), put("b", b"2"), Command((Compare("c", CompareKind.VALUE, b"1"),),
@@ -293,15 +313,18 @@ def test_the_writer_cache_writes_what_reading_sqlite_writes(tmp_path, monkeypatc
         "snapshot",  # back to the mark: what was written since is gone from the state
         [put("d", b"0"), put("a", b"6"), delete("d"), put("e", b"1"), put("c", b"4"), put("b", b"5")],
         "prune",
-        "reopen",  # the cache is filled from the database
+        "reopen",  # the heads are loaded from key_heads and the history above heads_version
         [put("d", b"7"), put("a", b"8"), delete("e")],
+        "crash",  # reopened without close: key_heads lags behind
+        [put("f", b"1"), Command((Compare("d", CompareKind.VALUE, b"7"),), (Op(OpKind.DELETE, "d"),))],
         "prune",
         "reopen",
-        [put("e", b"9"), put("b", b"10")],
+        [put("e", b"9"), put("b", b"10"), put("d", b"11")],
     ]
-    sizes = {"cached": 64 * 1024 * 1024, "evicting": 700, "uncached": 0}
-    machines = {name: StateMachine(str(tmp_path / f"{name}.db"), writer_cache_max_bytes=size)
-                for name, size in sizes.items()}
+    flush_every = {"every_call": 1, "every_4": 4, "rarely": 10_000}
+    machines = {name: StateMachine(str(tmp_path / f"{name}.db"), heads_flush_records=records)
+                for name, records in flush_every.items()}
+    crashed = []
     marked = []
     try:
         offset = 0
@@ -311,7 +334,10 @@ def test_the_writer_cache_writes_what_reading_sqlite_writes(tmp_path, monkeypatc
             for index, (name, machine) in enumerate(list(machines.items())):
                 if step == "reopen":
                     machine.close()
-                    machines[name] = StateMachine(machine.db_path, writer_cache_max_bytes=sizes[name])
+                    machines[name] = StateMachine(machine.db_path, heads_flush_records=flush_every[name])
+                elif step == "crash":
+                    crashed.append(machine)  # left open: its files are as a killed process leaves them
+                    machines[name] = StateMachine(machine.db_path, heads_flush_records=flush_every[name])
                 elif step == "prune":
                     machine.prune_history(offset)
                 elif step == "mark":  # each keeps its own copy
@@ -328,61 +354,72 @@ def test_the_writer_cache_writes_what_reading_sqlite_writes(tmp_path, monkeypatc
                 results = [machine.apply([data_batch(offset, step)]) for machine in machines.values()]
                 assert results[0] == results[1] == results[2]
                 offset += len(step)
-            # The large cache holds exactly the database's heads after every step.
-            assert machines["cached"]._cache.complete
-            assert machines["cached"]._cache.items == _heads_in_database(machines["cached"])
-        assert not machines["evicting"]._cache.complete
+            heads = [dict(machine._index.heads) for machine in machines.values()]
+            assert heads[0] == heads[1] == heads[2]
+            # Written every call, key_heads holds exactly the heads kept in memory.
+            assert heads[0] == _heads_in_database(machines["every_call"])
+            lists = [machine.list("") for machine in machines.values()]
+            assert lists[0] == lists[1] == lists[2]
+            histories = [dump_tables(machine.db_path)["history"] for machine in machines.values()]
+            assert histories[0] == histories[1] == histories[2]
+        assert [(e.key, e.value) for e in machines["rarely"].list("")[1]] == [
+            ("a", b"8"), ("b", b"10"), ("c", b"4"), ("d", b"11"), ("e", b"9"), ("f", b"1")]
+        for machine in machines.values():
+            machine.close()
+            with StateMachine(machine.db_path) as reopened:
+                assert dict(reopened._index.heads) == heads[0]
         dumps = [dump_tables(machine.db_path) for machine in machines.values()]
         assert dumps[0] == dumps[1] == dumps[2]
-        assert [(e.key, e.value) for e in machines["cached"].list("")[1]] == [
-            ("a", b"8"), ("b", b"10"), ("c", b"4"), ("d", b"7"), ("e", b"9")]
     finally:
-        for machine in machines.values():
+        for machine in [*machines.values(), *crashed]:
             machine.close()
 
 
 def _heads_in_database(machine: StateMachine) -> dict:
-    """key -> CachedRow for every head, read from SQLite (what a complete cache holds)."""
+    """key -> Head for every row of key_heads, read from SQLite."""
     with sqlite3.connect(machine.db_path) as connection:
         rows = connection.execute(
-            "SELECT h.key, h.mod_version, h.mod_seq, y.op, y.value, y.content_type, y.create_version"
+            "SELECT h.key, h.mod_version, h.mod_seq, y.op, y.create_version"
             " FROM key_heads h JOIN history y ON y.version = h.mod_version AND y.seq = h.mod_seq").fetchall()
-    return {key: (value, content_type, create_version, version, seq) if op == 1 else (None, None, 0, version, seq)
-            for key, version, seq, op, value, content_type, create_version in rows}
+    return {key: (create_version if op == 1 else 0, version, seq)
+            for key, version, seq, op, create_version in rows}
 
 
-def test_a_complete_writer_cache_never_reads_heads_from_sqlite(tmp_path, monkeypatch):
-    """Reopened on a database with keys, the writer fills its cache with every head; updates
-    and recreates then link to the right previous changes without a single head lookup."""
+def test_a_reopened_state_machine_links_updates_to_the_heads_key_heads_lacked(tmp_path):
+    """A process killed before key_heads caught up: at open the heads of the changes above
+    heads_version come from their history rows, so updates and re-creates link to the right
+    previous changes and keep the right create_version."""
     path = str(tmp_path / "state.db")
-    with StateMachine(path) as machine:
-        machine.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("b"), put("c", b"1")])])
-    monkeypatch.setattr(StateMachine, "_sql_lookup", _broken)
-    with StateMachine(path) as machine:
-        assert machine._cache.complete
-        results = list(machine.apply([data_batch(4, [put("a", b"2"), put("b", b"2"), put("new", b"1")])]))
-        results += machine.apply([data_batch(7, [
-            Command((Compare("c", CompareKind.VALUE, b"1"),), (Op(OpKind.PUT, "c", b"2"),))])])
-        assert [(r.ops[0].created, r.ops[0].entry.create_version) for r in results] == [
-            (False, 1), (True, 6), (True, 7), (False, 4)]
-        assert machine.get("c", at_version=4)[1].value == b"1"
-        assert machine.get("b", at_version=2)[1].value == b"1"
-    # A cache too small for the database is not complete, so apply reads heads again.
-    with StateMachine(path, writer_cache_max_bytes=350) as machine:
-        assert not machine._cache.complete
-        with pytest.raises(sqlite3.OperationalError):
-            machine.apply([data_batch(8, [put("a", b"3"), put("b", b"3"), put("c", b"3")])])
+    killed = StateMachine(path)
+    killed.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("b"), put("c", b"1")])])
+    assert _heads_in_database(killed) == {}  # not written yet
+    try:
+        with StateMachine(path) as machine:
+            results = list(machine.apply([data_batch(4, [put("a", b"2"), put("b", b"2"), put("new", b"1")])]))
+            results += machine.apply([data_batch(7, [
+                Command((Compare("c", CompareKind.VALUE, b"1"),), (Op(OpKind.PUT, "c", b"2"),))])])
+            assert [(r.ops[0].created, r.ops[0].entry.create_version) for r in results] == [
+                (False, 1), (True, 6), (True, 7), (False, 4)]
+            assert machine.get("c", at_version=4)[1].value == b"1"
+            assert machine.get("b", at_version=2)[1].value == b"1"
+            assert machine.get("b", at_version=3) == (3, None)
+        with StateMachine(path) as machine:  # closed: key_heads is complete
+            assert _heads_in_database(machine) == dict(machine._index.heads)
+            assert [e.key for e in machine.list("")[1]] == ["a", "b", "c", "new"]
+    finally:
+        killed.close()
 
 
 def _broken(*_args: object) -> None:
     raise sqlite3.OperationalError("disk I/O error")
 
 
-def test_the_writer_cache_and_pruning_during_apply(tmp_path):
+def test_pruning_during_apply_with_key_heads_written_behind(tmp_path):
     """With history retention, apply prunes inside its own transaction (deleted keys' heads
-    go); the cached and the uncached writer still write the same rows."""
-    machines = [StateMachine(str(tmp_path / f"{size}.db"), history_retention_versions=3,
-                             writer_cache_max_bytes=size) for size in (64 * 1024 * 1024, 0)]
+    go, from key_heads and from memory); writing key_heads every call or rarely ends in the
+    same rows."""
+    machines = [StateMachine(str(tmp_path / f"{records}.db"), history_retention_versions=3,
+                             heads_flush_records=records) for records in (1, 10_000)]
     try:
         for offset in range(60):
             key = f"k{offset % 4}"
@@ -390,10 +427,12 @@ def test_the_writer_cache_and_pruning_during_apply(tmp_path):
             for machine in machines:
                 machine.apply([data_batch(offset, [command])])
         assert machines[0].oldest_version > 0
-        assert dump_tables(machines[0].db_path) == dump_tables(machines[1].db_path)
+        assert dict(machines[0]._index.heads) == dict(machines[1]._index.heads)
+        assert dict(machines[0]._index.heads) == _heads_in_database(machines[0])
     finally:
         for machine in machines:
             machine.close()
+    assert dump_tables(machines[0].db_path) == dump_tables(machines[1].db_path)
 
 
 def test_apply_results_are_the_public_frozen_dataclasses():
@@ -454,14 +493,15 @@ _PUT_HEAVY_COMMANDS = st.lists(
        prune_after=st.integers(min_value=0, max_value=8))
 def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatch, calls, prune_after):
     """A call whose records are all plain PUTs takes its own path (_apply_puts): it gives
-    the same results, rows and writer cache contents as the general path, repeated keys in
-    one call included, and the same rows as applying each record in its own call."""
+    the same results, rows and heads as the general path, repeated keys in one call
+    included, and the same rows as applying each record in its own call (also with
+    key_heads written every call)."""
     import storage.state_machine as state_machine_module
 
     with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
-        machines = {name: StateMachine(os.path.join(directory, f"{name}.db"), writer_cache_max_bytes=size)
-                    for name, size in (("fast", 64 * 1024 * 1024), ("general", 64 * 1024 * 1024),
-                                       ("uncached", 0), ("one_by_one", 64 * 1024 * 1024))}
+        machines = {name: StateMachine(os.path.join(directory, f"{name}.db"), heads_flush_records=records)
+                    for name, records in (("fast", 10_000), ("general", 10_000),
+                                          ("every_call", 1), ("one_by_one", 10_000))}
         real_decode_call = state_machine_module._decode_call
         try:
             offset = 0
@@ -483,11 +523,14 @@ def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatc
                         monkeypatch.setattr(state_machine_module, "_decode_call", real_decode_call)
                     if index == prune_after:
                         machine.prune_history(offset)
-                assert results["fast"] == results["general"] == results["uncached"] == results["one_by_one"]
+                assert results["fast"] == results["general"] == results["every_call"] == results["one_by_one"]
                 offset += len(commands)
-                dumps = {name: dump_tables(machine.db_path) for name, machine in machines.items()}
-                assert dumps["fast"] == dumps["general"] == dumps["uncached"] == dumps["one_by_one"]
-                assert machines["fast"]._cache.items == machines["general"]._cache.items
+                histories = {name: dump_tables(machine.db_path)["history"] for name, machine in machines.items()}
+                assert (histories["fast"] == histories["general"] == histories["every_call"]
+                        == histories["one_by_one"])
+                heads = {name: dict(machine._index.heads) for name, machine in machines.items()}
+                assert heads["fast"] == heads["general"] == heads["every_call"] == heads["one_by_one"]
+                assert heads["every_call"] == _heads_in_database(machines["every_call"])
         finally:
             for machine in machines.values():
                 machine.close()

@@ -203,7 +203,7 @@ def test_load_of_an_older_schema_snapshot_names_it_and_changes_nothing(tmp_path)
     with StateMachine(str(tmp_path / "target.db")) as target:
         target.apply([data_batch(0, [put("kept", b"1")])])
         before = dump_tables(target.db_path)
-        with pytest.raises(CorruptSnapshotError, match=f"{path}: schema version 1, this code reads 2"):
+        with pytest.raises(CorruptSnapshotError, match=f"{path}: schema version 1, this code reads 3"):
             target.load_snapshot(path)
         assert dump_tables(target.db_path) == before
 
