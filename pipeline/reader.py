@@ -300,7 +300,7 @@ def _check_schema(connection: sqlite3.Connection) -> tuple[int, int]:
         f"FROM {meta.name} WHERE {meta.c.id.name} = 1").fetchone()
     if row is None:
         return 0, 0
-    if row[0] != state_schema.SCHEMA_VERSION:
+    if row[0] not in state_schema.READABLE_SCHEMA_VERSIONS:  # the entries view reads the same in both
         raise PipelineInputError(f"unknown state schema version {row[0]} (this pipeline reads "
                                  f"{state_schema.SCHEMA_VERSION})")
     return int(row[1]), int(row[2])

@@ -71,6 +71,7 @@ from storage.snapshot_store import SnapshotStore, extract_database
 from storage.state_schema import (
     HISTORY_OP_DELETE,
     HISTORY_OP_PUT,
+    READABLE_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
     NotAStateDatabaseError,
     complete_key_heads,
@@ -80,6 +81,7 @@ from storage.state_schema import (
     meta,
     metadata,
     read_database_meta,
+    upgrade_schema_2,
 )
 
 logger = logging.getLogger(__name__)
@@ -408,11 +410,7 @@ class StateMachine:
             if sa.inspect(connection).has_table(meta.name):
                 found = connection.exec_driver_sql("SELECT schema_version FROM meta").scalar()
                 if found == 2:
-                    # Schema 2 wrote key_heads in every apply call: it is complete.
-                    connection.exec_driver_sql(
-                        "ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
-                    connection.exec_driver_sql(
-                        f"UPDATE meta SET schema_version = {SCHEMA_VERSION}, heads_version = applied_version")
+                    upgrade_schema_2(connection)
                     found = SCHEMA_VERSION
                 if found is not None and found != SCHEMA_VERSION:
                     raise StateDatabaseError(
@@ -1026,9 +1024,17 @@ class StateMachine:
                 snapshot_meta = read_database_meta(temp_path)
             except NotAStateDatabaseError as exc:
                 raise CorruptSnapshotError(f"{path}: {exc}") from exc
-            if snapshot_meta.schema_version != SCHEMA_VERSION:
+            if snapshot_meta.schema_version not in READABLE_SCHEMA_VERSIONS:
                 raise CorruptSnapshotError(
                     f"{path}: schema version {snapshot_meta.schema_version}, this code reads {SCHEMA_VERSION}")
+            if snapshot_meta.schema_version == 2:  # from a peer not yet upgraded
+                copy = sqlite3.connect(temp_path, isolation_level=None)
+                try:
+                    copy.execute("BEGIN IMMEDIATE")
+                    upgrade_schema_2(copy)
+                    copy.execute("COMMIT")
+                finally:
+                    copy.close()
             with self._write_lock:
                 if self._closed:
                     raise RuntimeError("state machine is closed")

@@ -113,6 +113,19 @@ COMPLETE_KEY_HEADS_SQL = (
 COMPLETE_HEADS_VERSION_SQL = "UPDATE meta SET heads_version = applied_version WHERE id = 1"
 
 
+# The schemas this code reads; 2 is upgraded in place (upgrade_schema_2) before use.
+READABLE_SCHEMA_VERSIONS = (2, SCHEMA_VERSION)
+
+
+def upgrade_schema_2(connection: Any) -> None:
+    """Make a schema-2 database schema 3, inside the caller's transaction (``connection``:
+    sqlite3 or SQLAlchemy, anything with ``exec_driver_sql`` or ``execute`` of plain SQL).
+    Schema 2 wrote key_heads in every apply call, so it is complete at the applied version."""
+    run = getattr(connection, "exec_driver_sql", None) or connection.execute
+    run("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
+    run(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}, heads_version = applied_version")
+
+
 def complete_key_heads(connection: sqlite3.Connection) -> None:
     """Bring ``key_heads`` of the database ``connection`` is open on up to its applied
     version, in one transaction (a snapshot's copy, before it is published)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 
 import pytest
@@ -10,8 +11,14 @@ import pytest
 from raft.snapshots import CorruptSnapshotError, SnapshotNotFoundError
 from raft.types import SnapshotId
 from storage.commands import delete, put
-from storage.snapshot_store import TRAILER_BYTES, SnapshotStore, verify_snapshot_file
+from storage.snapshot_store import (
+    TRAILER_BYTES,
+    SnapshotStore,
+    extract_database,
+    verify_snapshot_file,
+)
 from storage.state_machine import StateMachine, VersionCompactedError
+from storage.state_schema import read_database_meta
 from tests.state_machine.helpers import (
     control_batch,
     data_batch,
@@ -206,6 +213,29 @@ def test_load_of_an_older_schema_snapshot_names_it_and_changes_nothing(tmp_path)
         with pytest.raises(CorruptSnapshotError, match=f"{path}: schema version 1, this code reads 3"):
             target.load_snapshot(path)
         assert dump_tables(target.db_path) == before
+
+
+def test_a_schema_2_snapshot_from_a_peer_not_yet_upgraded_loads(source, tmp_path):
+    """During a rolling upgrade a leader still on schema 2 sends its snapshot: it loads,
+    upgraded in the copy, and reads as the state it holds."""
+    store = SnapshotStore(str(tmp_path / "snapshots"))
+    schema_2 = store.new_temp_path()
+    source.create_snapshot(str(tmp_path / "made"))
+    made = SnapshotStore(str(tmp_path / "made"))
+    snapshot_id = made.latest_id()
+    extract_database(made.path_for(snapshot_id), schema_2)
+    with sqlite3.connect(schema_2) as connection:
+        connection.execute("ALTER TABLE meta DROP COLUMN heads_version")
+        connection.execute("UPDATE meta SET schema_version = 2")
+    store.publish_database(schema_2, snapshot_id)
+    with StateMachine(str(tmp_path / "target.db")) as target:
+        target.load_snapshot(store.path_for(snapshot_id))
+        assert target.applied_version == source.applied_version
+        assert target.list("")[1] == source.list("")[1]
+        assert target.get("k1", at_version=12) == source.get("k1", at_version=12)
+        target.apply([data_batch(target.applied_version, [put("k1", b"new")])])
+        assert target.get("k1")[1].create_version == source.get("k1")[1].create_version
+    assert read_database_meta(target.db_path).schema_version == 3
 
 
 def test_create_snapshot_refuses_version_zero_and_a_wrong_epoch(tmp_path):
