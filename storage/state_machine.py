@@ -471,8 +471,9 @@ class StateMachine:
                 heads_version=sa.bindparam("heads_version")),
             dialect,
         )
-        self._sql_oldest = _compile(
-            sa.select(meta.c.oldest_version).where(meta.c.id == sa.literal_column("1")), dialect)
+        self._sql_meta_versions = _compile(
+            sa.select(meta.c.applied_version, meta.c.oldest_version)
+            .where(meta.c.id == sa.literal_column("1")), dialect)
         # One key as of a version, walking back from the head the index gave (named
         # parameters "key", "head_version", "head_seq" and "version").
         self._sql_key_at = _compile(
@@ -498,7 +499,7 @@ class StateMachine:
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
             self._sql_row, self._sql_upsert_head, self._sql_history, self._sql_meta,
-            self._sql_oldest, self._sql_all_heads, self._sql_heads_tail, rows_by_head)]
+            self._sql_meta_versions, self._sql_all_heads, self._sql_heads_tail, rows_by_head)]
             == [2, 3, 9, 4, 0, 0, 1, 0], "unexpected compiled statement shape")
         check("?" not in self._sql_key_at and ":head_version" in self._sql_key_at,
               "the at-version statement must use named parameters")
@@ -852,10 +853,10 @@ class StateMachine:
     def _check_retained(self, cursor: sqlite3.Cursor, version: int) -> None:
         """In a read transaction that walked heads taken earlier: raise VersionCompactedError
         if a prune since then moved the horizon above ``version`` (the walks may then have
-        missed rows it dropped)."""
-        oldest_version = cursor.execute(self._sql_oldest).fetchone()[0]
-        if version < oldest_version:
-            raise VersionCompactedError(version, oldest_version)
+        missed rows it dropped), and VersionNotAppliedError if a clear since then took the
+        state back below ``version`` (the walks then found none of its rows)."""
+        applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
+        _check_version(version, applied_version, oldest_version)
 
     def _entry_at(self, cursor: sqlite3.Cursor, key: str, head: Head | None, version: int) -> Entry | None:
         """The key as of ``version``: walking back from its head, the first change at or

@@ -260,3 +260,36 @@ def test_reads_during_apply_with_prunes_and_key_heads_written_behind_match_the_m
         machine.close()
     assert wrong == []
     assert reads >= 50
+
+
+class _CursorThatRunsFirst:
+    """A read cursor that runs ``action`` just before the first BEGIN it is given: between
+    a read taking its heads from memory and its read transaction."""
+
+    def __init__(self, cursor: sqlite3.Cursor, action) -> None:
+        self._cursor = cursor
+        self._action = action
+
+    def execute(self, sql, *args):
+        if sql == "BEGIN" and self._action is not None:
+            action, self._action = self._action, None
+            action()
+        return self._cursor.execute(sql, *args)
+
+
+@pytest.mark.parametrize("read", ["get", "list", "entries_at"])
+def test_a_read_at_a_version_across_a_clear_is_not_answered_from_the_emptied_state(state, monkeypatch, read):
+    """clear() (the runtime rebuilding from offset 0) between a read at version 2 taking its
+    heads and reading the rows: the state at version 2 is no longer there, so the read says
+    so (version not applied), as it would had it started after the clear, instead of
+    answering "absent" for keys that existed at version 2."""
+    state.apply([data_batch(0, [put("a", b"1"), put("b", b"2")])])
+    real = state._reader_cursor()
+    monkeypatch.setattr(state, "_reader_cursor", lambda: _CursorThatRunsFirst(real, state.clear))
+    with pytest.raises(VersionNotAppliedError):
+        if read == "get":
+            state.get("a", at_version=2)
+        elif read == "list":
+            state.list("", at_version=2)
+        else:
+            state.entries_at(["a", "b"], 2)
