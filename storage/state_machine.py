@@ -399,10 +399,13 @@ class StateMachine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
         try:
             yield connection
+            connection.exec_driver_sql("COMMIT")
         except BaseException:
-            connection.exec_driver_sql("ROLLBACK")
+            # As in apply: SQLite may already have rolled back, and a failed COMMIT (a full
+            # disk) may leave the transaction open, which would fail every later BEGIN.
+            if connection.connection.driver_connection.in_transaction:
+                connection.exec_driver_sql("ROLLBACK")
             raise
-        connection.exec_driver_sql("COMMIT")
 
     def _create_schema(self) -> None:
         """Create the tables in a new file; refuse, changing nothing, a file of another schema."""
