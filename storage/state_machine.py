@@ -95,8 +95,9 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 # means fewer page writes per record and more history rows to read at open.
 HEADS_FLUSH_RECORDS = 10_000
 # A read whose head row was pruned between taking the head and reading the row takes the
-# (newer) head again; a row still missing after this many tries is a damaged database.
-READ_ATTEMPTS = 100
+# (newer) head again, and reads its row holding the publish lock, which no call removing
+# rows can commit through: a row still missing then is a damaged database.
+READ_ATTEMPTS = 2
 # Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
 # thread so that apply never waits for them; the thread is woken after this many records.
 CHECKPOINT_EVERY_RECORDS = 2_000
@@ -399,10 +400,13 @@ class StateMachine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
         try:
             yield connection
+            connection.exec_driver_sql("COMMIT")
         except BaseException:
-            connection.exec_driver_sql("ROLLBACK")
+            # As in apply: SQLite may already have rolled back, and a failed COMMIT (a full
+            # disk) may leave the transaction open, which would fail every later BEGIN.
+            if connection.connection.driver_connection.in_transaction:
+                connection.exec_driver_sql("ROLLBACK")
             raise
-        connection.exec_driver_sql("COMMIT")
 
     def _create_schema(self) -> None:
         """Create the tables in a new file; refuse, changing nothing, a file of another schema."""
@@ -471,8 +475,9 @@ class StateMachine:
                 heads_version=sa.bindparam("heads_version")),
             dialect,
         )
-        self._sql_oldest = _compile(
-            sa.select(meta.c.oldest_version).where(meta.c.id == sa.literal_column("1")), dialect)
+        self._sql_meta_versions = _compile(
+            sa.select(meta.c.applied_version, meta.c.oldest_version)
+            .where(meta.c.id == sa.literal_column("1")), dialect)
         # One key as of a version, walking back from the head the index gave (named
         # parameters "key", "head_version", "head_seq" and "version").
         self._sql_key_at = _compile(
@@ -498,7 +503,7 @@ class StateMachine:
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([statement.count("?") for statement in (
             self._sql_row, self._sql_upsert_head, self._sql_history, self._sql_meta,
-            self._sql_oldest, self._sql_all_heads, self._sql_heads_tail, rows_by_head)]
+            self._sql_meta_versions, self._sql_all_heads, self._sql_heads_tail, rows_by_head)]
             == [2, 3, 9, 4, 0, 0, 1, 0], "unexpected compiled statement shape")
         check("?" not in self._sql_key_at and ":head_version" in self._sql_key_at,
               "the at-version statement must use named parameters")
@@ -819,17 +824,31 @@ class StateMachine:
         cursor = self._reader_cursor()
         if at_version is not None:
             return at_version, self.entries_at([key], at_version)[key]
-        for _attempt in range(READ_ATTEMPTS):
-            with self._publish_lock:
-                version = self._applied_version
-                head = self._index.heads.get(key)
-            if head is None or not head[0]:
-                return version, None
-            row = cursor.execute(self._sql_row, head[1:]).fetchone()
+        for attempt in range(READ_ATTEMPTS):
+            # After a miss, the row is read holding the publish lock (see _read_holding_lock).
+            with self._read_holding_lock(attempt > 0):
+                with self._publish_lock:
+                    version = self._applied_version
+                    head = self._index.heads.get(key)
+                if head is None or not head[0]:
+                    return version, None
+                row = cursor.execute(self._sql_row, head[1:]).fetchone()
             if row is not None:
                 return version, _new_entry(key, row[0], row[1], head[1], head[0])
             # Superseded and pruned since the head was taken: take the newer head.
         raise self._missing_rows_error([key])
+
+    @contextmanager
+    def _read_holding_lock(self, hold: bool) -> Iterator[None]:
+        """Hold the publish lock (``hold``) from taking the heads until their rows are read.
+        A call that removes history rows holds it through its COMMIT, so no row a head
+        names can go meanwhile: a read retried this way finds its rows, however fast the
+        writer supersedes and prunes them (it only makes that writer wait for one read)."""
+        if not hold:
+            yield
+            return
+        with self._publish_lock:
+            yield
 
     def entries_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
         """Every key's entry (None: absent) as of ``version``, in one read transaction.
@@ -852,10 +871,10 @@ class StateMachine:
     def _check_retained(self, cursor: sqlite3.Cursor, version: int) -> None:
         """In a read transaction that walked heads taken earlier: raise VersionCompactedError
         if a prune since then moved the horizon above ``version`` (the walks may then have
-        missed rows it dropped)."""
-        oldest_version = cursor.execute(self._sql_oldest).fetchone()[0]
-        if version < oldest_version:
-            raise VersionCompactedError(version, oldest_version)
+        missed rows it dropped), and VersionNotAppliedError if a clear since then took the
+        state back below ``version`` (the walks then found none of its rows)."""
+        applied_version, oldest_version = cursor.execute(self._sql_meta_versions).fetchone()
+        _check_version(version, applied_version, oldest_version)
 
     def _entry_at(self, cursor: sqlite3.Cursor, key: str, head: Head | None, version: int) -> Entry | None:
         """The key as of ``version``: walking back from its head, the first change at or
@@ -891,20 +910,21 @@ class StateMachine:
     def _list_current(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int
                       ) -> tuple[int, list[Entry]]:
         """(applied version, up to ``limit`` entries under ``prefix`` after ``after``)."""
-        for _attempt in range(READ_ATTEMPTS):
-            with self._publish_lock:
-                version = self._applied_version
-                puts: list[tuple[str, Head]] = []
-                for key, head in self._index.range(prefix, after):
-                    if head[0]:
-                        puts.append((key, head))
-                        if len(puts) == limit:
-                            break
-            cursor.execute("BEGIN")
-            try:
-                rows = self._rows_of(cursor, [head for _key, head in puts])
-            finally:
-                cursor.execute("COMMIT")
+        for attempt in range(READ_ATTEMPTS):
+            with self._read_holding_lock(attempt > 0):
+                with self._publish_lock:
+                    version = self._applied_version
+                    puts: list[tuple[str, Head]] = []
+                    for key, head in self._index.range(prefix, after):
+                        if head[0]:
+                            puts.append((key, head))
+                            if len(puts) == limit:
+                                break
+                cursor.execute("BEGIN")
+                try:
+                    rows = self._rows_of(cursor, [head for _key, head in puts])
+                finally:
+                    cursor.execute("COMMIT")
             if len(rows) == len(puts):
                 return version, [_new_entry(key, *rows[head[1], head[2]], head[1], head[0])
                                  for key, head in puts]

@@ -160,6 +160,49 @@ def test_failed_commit_leaves_nothing_and_the_next_apply_works(state):
     assert state.get("b")[1].mod_version == 2
 
 
+class _CommitFailsConnection:
+    """The writer's SQLAlchemy connection, except that COMMIT fails as a full disk makes it
+    fail (SQLite may then leave the transaction open)."""
+
+    def __init__(self, connection) -> None:
+        self._connection = connection
+
+    def exec_driver_sql(self, sql, *args):
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._connection.exec_driver_sql(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._connection, name)
+
+
+@pytest.mark.parametrize("call", ["prune_history", "clear"])
+def test_a_failed_commit_of_a_prune_or_clear_leaves_nothing_and_apply_goes_on(tmp_path, call):
+    """A prune (which also writes the heads key_heads lacked) or a clear whose COMMIT fails
+    changes nothing, in the file or in what reads answer, and the next apply, prune and
+    close work: the failed transaction does not stay open on the writer."""
+    with StateMachine(str(tmp_path / "state.db"), heads_flush_records=10_000) as state:
+        state.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("b"), put("a", b"2")])])
+        before = dump_tables(state.db_path)
+        real_connection = state._writer
+        state._writer = _CommitFailsConnection(real_connection)
+        with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+            if call == "prune_history":
+                state.prune_history(4)
+            else:
+                state.clear()
+        state._writer = real_connection
+        assert dump_tables(state.db_path) == before
+        assert (state.applied_version, state.oldest_version) == (4, 0)
+        assert state.get("b", at_version=2)[1].value == b"1"
+        state.apply([data_batch(4, [put("c", b"1")])])
+        state.prune_history(4)
+        assert state.get("a")[1].value == b"2" and state.get("c")[1].mod_version == 5
+    with StateMachine(str(tmp_path / "state.db")) as reopened:
+        assert [(e.key, e.value) for e in reopened.list("")[1]] == [("a", b"2"), ("c", b"1")]
+        assert reopened.oldest_version == 4
+
+
 def test_undecodable_record_is_a_logged_no_op(state, caplog):
     results = state.apply([data_batch(0, [put("a", b"1"), b"\xc1 not a command", put("b", b"2")])])
     assert [r.succeeded for r in results] == [True, False, True]

@@ -260,3 +260,87 @@ def test_reads_during_apply_with_prunes_and_key_heads_written_behind_match_the_m
         machine.close()
     assert wrong == []
     assert reads >= 50
+
+
+class _CursorThatRunsFirst:
+    """A read cursor that runs ``action`` just before the first BEGIN it is given: between
+    a read taking its heads from memory and its read transaction."""
+
+    def __init__(self, cursor: sqlite3.Cursor, action) -> None:
+        self._cursor = cursor
+        self._action = action
+
+    def execute(self, sql, *args):
+        if sql == "BEGIN" and self._action is not None:
+            action, self._action = self._action, None
+            action()
+        return self._cursor.execute(sql, *args)
+
+
+@pytest.mark.parametrize("read", ["get", "list", "entries_at"])
+def test_a_read_at_a_version_across_a_clear_is_not_answered_from_the_emptied_state(state, monkeypatch, read):
+    """clear() (the runtime rebuilding from offset 0) between a read at version 2 taking its
+    heads and reading the rows: the state at version 2 is no longer there, so the read says
+    so (version not applied), as it would had it started after the clear, instead of
+    answering "absent" for keys that existed at version 2."""
+    state.apply([data_batch(0, [put("a", b"1"), put("b", b"2")])])
+    real = state._reader_cursor()
+    monkeypatch.setattr(state, "_reader_cursor", lambda: _CursorThatRunsFirst(real, state.clear))
+    with pytest.raises(VersionNotAppliedError):
+        if read == "get":
+            state.get("a", at_version=2)
+        elif read == "list":
+            state.list("", at_version=2)
+        else:
+            state.entries_at(["a", "b"], 2)
+
+
+class _CursorWithAWriterBetween:
+    """A read cursor before each of whose row reads (``trigger``: the statement that starts
+    one) a writer call supersedes and prunes the rows a read's heads name, unless this
+    thread holds the publish lock: a call that removes rows holds that lock through its
+    COMMIT, so the real writer would wait for the read then."""
+
+    def __init__(self, state: StateMachine, cursor: sqlite3.Cursor, trigger, write) -> None:
+        self._state = state
+        self._cursor = cursor
+        self._trigger = trigger
+        self._write = write
+        self.writes = 0
+
+    def execute(self, sql, *args):
+        if self._trigger(sql) and not self._state._publish_lock._is_owned():
+            self._write()
+            self.writes += 1
+        return self._cursor.execute(sql, *args)
+
+
+@pytest.mark.parametrize("read", ["get", "list"])
+def test_a_read_whose_rows_are_pruned_before_every_read_still_answers(tmp_path, monkeypatch, read):
+    """Keys updated and pruned (retention 0) faster than a read can read their rows: each
+    time the read takes the heads again its rows are gone again. It must still answer the
+    state of the version it names, not give up as if the database were damaged."""
+    with StateMachine(str(tmp_path / "state.db"), history_retention_versions=0) as state:
+        state.apply([data_batch(0, [put("a", b"0"), put("b", b"0")])])
+        offset = 2
+
+        def write():
+            nonlocal offset
+            state.apply([data_batch(offset, [put("a", b"%d" % offset), put("b", b"%d" % offset)])])
+            offset += 2
+
+        if read == "get":
+            trigger = lambda sql: sql == state._sql_row  # noqa: E731
+        else:
+            trigger = lambda sql: sql == "BEGIN"  # noqa: E731
+        cursor = _CursorWithAWriterBetween(state, state._reader_cursor(), trigger, write)
+        monkeypatch.setattr(state, "_reader_cursor", lambda: cursor)
+        if read == "get":
+            version, entry = state.get("a")
+            answered = {"a": entry.value}
+        else:
+            version, entries, _next = state.list("")
+            answered = {e.key: e.value for e in entries}
+        assert cursor.writes >= 1
+        written = b"%d" % (version - 2)
+        assert answered == ({"a": written} if read == "get" else {"a": written, "b": written})
