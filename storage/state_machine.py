@@ -824,19 +824,24 @@ class StateMachine:
         cursor = self._reader_cursor()
         if at_version is not None:
             return at_version, self.entries_at([key], at_version)[key]
-        for attempt in range(READ_ATTEMPTS):
-            # After a miss, the row is read holding the publish lock (see _read_holding_lock).
-            with self._read_holding_lock(attempt > 0):
-                with self._publish_lock:
-                    version = self._applied_version
-                    head = self._index.heads.get(key)
+        with self._publish_lock:
+            version = self._applied_version
+            head = self._index.heads.get(key)
+        if head is None or not head[0]:
+            return version, None
+        row = cursor.execute(self._sql_row, head[1:]).fetchone()
+        if row is None:
+            # Superseded and pruned since the head was taken: take the newer head and read
+            # its row holding the publish lock (see _read_holding_lock).
+            with self._publish_lock:
+                version = self._applied_version
+                head = self._index.heads.get(key)
                 if head is None or not head[0]:
                     return version, None
                 row = cursor.execute(self._sql_row, head[1:]).fetchone()
-            if row is not None:
-                return version, _new_entry(key, row[0], row[1], head[1], head[0])
-            # Superseded and pruned since the head was taken: take the newer head.
-        raise self._missing_rows_error([key])
+            if row is None:
+                raise self._missing_rows_error([key])
+        return version, _new_entry(key, row[0], row[1], head[1], head[0])
 
     @contextmanager
     def _read_holding_lock(self, hold: bool) -> Iterator[None]:
@@ -863,7 +868,11 @@ class StateMachine:
         cursor.execute("BEGIN")
         try:
             found = {key: self._entry_at(cursor, key, head, version) for key, head in heads}
-            self._check_retained(cursor, version)
+            if None in found.values():
+                # A walk that found a row read the key's state at ``version`` (history rows
+                # and their links never change); one that found none may have met a row a
+                # prune (or clear) dropped since the heads were taken.
+                self._check_retained(cursor, version)
         finally:
             cursor.execute("COMMIT")
         return found
