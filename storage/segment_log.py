@@ -65,6 +65,7 @@ from storage.batch_codec import (
     decode_batch,
     decode_header,
     encode_batch,
+    encode_batch_parts,
 )
 from storage.durable_files import fsync_directory, write_file_atomically
 from storage.failpoints import Failpoints
@@ -385,6 +386,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+def _write_all_parts(fd: int, parts: Sequence[bytes]) -> None:
+    """Write ``parts`` one after the other with ``writev`` (no joined copy), however short
+    the writes."""
+    views = [memoryview(part) for part in parts if part]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
 def _read_exact(fd: int, size: int, position: int) -> bytes:
     data = os.pread(fd, size, position)
     if len(data) != size:
@@ -600,11 +614,12 @@ class SegmentLog:
                   f"append at {batch.base_offset}, end is {end_offset}")
             check(batch.epoch >= self._last_epoch(), f"append epoch {batch.epoch} below {self._last_epoch()}")
             check(len(batch.records) > 0, "empty batch")
-            data = encode_batch(batch)
+            parts = encode_batch_parts(batch)
+            size_bytes = len(parts[0]) + len(parts[1])
             active = self._segments[-1]
-            if active.size_bytes > 0 and active.size_bytes + len(data) > self._segment_bytes:
+            if active.size_bytes > 0 and active.size_bytes + size_bytes > self._segment_bytes:
                 self._roll()
-            self._append_encoded(batch, data)
+            self._append_encoded(batch, parts)
 
     def truncate_to(self, offset: int) -> None:
         with self._lock:
@@ -944,11 +959,12 @@ class SegmentLog:
             logger.error("%s", self._failure)
         return self._failure
 
-    def _append_encoded(self, batch: Batch, data: bytes) -> None:
+    def _append_encoded(self, batch: Batch, parts: Sequence[bytes]) -> None:
+        """Write an encoded batch (its parts, in order) at the end of the active segment."""
         active = self._segments[-1]
         try:
             self._failpoints.hit("segment.before_write")
-            _write_all(active.fd, data)
+            _write_all_parts(active.fd, parts)
             self._failpoints.hit("segment.after_write")
         except OSError as exc:
             try:  # do not leave half a batch for the next append to follow
@@ -958,7 +974,7 @@ class SegmentLog:
                                active.path, active.size_bytes)
             raise self._fail(exc) from exc
         position = active.size_bytes
-        active.size_bytes += len(data)
+        active.size_bytes += sum(len(part) for part in parts)
         active.next_offset = batch.next_offset
         # The active segment's index lives in memory until the segment is sealed: recovery
         # rebuilds it by scanning the last segment anyway, and a write to a second file here
@@ -1054,7 +1070,7 @@ class SegmentLog:
         if partial is not None:  # keep the records of a cut batch that lie below ``offset``
             kept = Batch(partial.base_offset, partial.epoch, partial.timestamp_ms, partial.control,
                          partial.records[: offset - partial.base_offset])
-            self._append_encoded(kept, encode_batch(kept))
+            self._append_encoded(kept, encode_batch_parts(kept))
         self._fsync(segment.fd)
         segment.durable_bytes = segment.size_bytes
         self._write_epoch_checkpoint()

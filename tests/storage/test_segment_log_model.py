@@ -70,8 +70,11 @@ class SegmentLogMatchesMemoryLog(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def truncate(self, data: st.DataObject) -> None:
-        # Raft truncates only above the high watermark, and the cleaned prefix lies below it.
-        lowest = max(self.model.start_offset(), self.model.cleaned_end())
+        # Raft truncates only above the high watermark, and the cleaned prefix and every
+        # snapshot (of applied, so committed, state) lie below it.
+        snapshot = self.model.latest_snapshot_id()
+        lowest = max(self.model.start_offset(), self.model.cleaned_end(),
+                     snapshot.end_offset if snapshot is not None else 0)
         offset = data.draw(st.integers(lowest, max(lowest, self.model.end_offset())))
         changes = offset < self.model.end_offset()
         self.real.truncate_to(offset)

@@ -162,11 +162,12 @@ def test_disk_full_in_the_middle_of_a_write_leaves_no_partial_batch(tmp_path: Pa
     log.flush()
     size = log.size_bytes()
 
-    def write_half_then_fill_the_disk(fd: int, data: bytes) -> None:
+    def write_half_then_fill_the_disk(fd: int, parts: list[bytes]) -> None:
+        data = b"".join(parts)
         os.write(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(segment_log_module, "_write_all", write_half_then_fill_the_disk)
+    monkeypatch.setattr(segment_log_module, "_write_all_parts", write_half_then_fill_the_disk)
     with pytest.raises(LogWriteError, match="No space left on device"):
         log.append(make_batch(log.end_offset(), 1, 50))
     monkeypatch.undo()
@@ -176,6 +177,37 @@ def test_disk_full_in_the_middle_of_a_write_leaves_no_partial_batch(tmp_path: Pa
         log.append(make_batch(log.end_offset(), 1, 1))
     log.close()
     with SegmentLog(log_dir) as reopened:
+        assert reopened.read(0, EVERYTHING) == batches
+
+
+def test_short_writes_still_write_every_byte_of_a_batch_in_order(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch goes out as header and body with writev; a kernel that writes only part of it
+    per call (a signal, a pipe-like file) gets the rest in further calls, in order."""
+    real_writev = os.writev
+    calls = []
+
+    def short_writev(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(sum(len(buffer) for buffer in buffers))
+        limit = 7
+        taken = []
+        for buffer in buffers:
+            taken.append(buffer[:limit])
+            limit -= len(taken[-1])
+            if limit == 0:
+                break
+        return real_writev(fd, taken)
+
+    batches = [make_batch(0, 1, 3), make_batch(3, 1, 40)]
+    with SegmentLog(tmp_path / "log") as log:
+        monkeypatch.setattr(segment_log_module.os, "writev", short_writev)
+        for batch in batches:
+            log.append(batch)
+        monkeypatch.undo()
+        log.flush()
+        assert log.read(0, EVERYTHING) == batches
+    assert len(calls) > 10
+    with SegmentLog(tmp_path / "log") as reopened:
         assert reopened.read(0, EVERYTHING) == batches
 
 
