@@ -59,13 +59,13 @@ from storage.batch_codec import (
     CRC_START,
     FORMAT_VERSION,
     HEADER_BYTES,
+    BatchEncoder,
     BatchHeader,
     CorruptBatchError,
     TruncatedBatchError,
     decode_batch,
     decode_header,
     encode_batch,
-    encode_batch_parts,
 )
 from storage.durable_files import fsync_directory, write_file_atomically
 from storage.failpoints import Failpoints
@@ -386,7 +386,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _write_all_parts(fd: int, parts: Sequence[bytes]) -> None:
+def _write_all_parts(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     """Write ``parts`` one after the other with ``writev`` (no joined copy), however short
     the writes."""
     views = [memoryview(part) for part in parts if part]
@@ -565,6 +565,7 @@ class SegmentLog:
         self._verify_sealed_segments = verify_sealed_segments
         self._failpoints = failpoints if failpoints is not None else Failpoints.from_env()
         self._lock = threading.Lock()
+        self._encoder = BatchEncoder()  # used under _lock only
         self._segments: list[_Segment] = []
         self._segment_bases: list[int] = []
         self._epoch_entries: list[tuple[int, int]] = []  # (epoch, start offset), increasing
@@ -614,12 +615,12 @@ class SegmentLog:
                   f"append at {batch.base_offset}, end is {end_offset}")
             check(batch.epoch >= self._last_epoch(), f"append epoch {batch.epoch} below {self._last_epoch()}")
             check(len(batch.records) > 0, "empty batch")
-            parts = encode_batch_parts(batch)
-            size_bytes = len(parts[0]) + len(parts[1])
-            active = self._segments[-1]
-            if active.size_bytes > 0 and active.size_bytes + size_bytes > self._segment_bytes:
-                self._roll()
-            self._append_encoded(batch, parts)
+            with self._encoder.parts(batch) as parts:
+                size_bytes = len(parts[0]) + len(parts[1])
+                active = self._segments[-1]
+                if active.size_bytes > 0 and active.size_bytes + size_bytes > self._segment_bytes:
+                    self._roll()
+                self._append_encoded(batch, parts)
 
     def truncate_to(self, offset: int) -> None:
         with self._lock:
@@ -959,7 +960,7 @@ class SegmentLog:
             logger.error("%s", self._failure)
         return self._failure
 
-    def _append_encoded(self, batch: Batch, parts: Sequence[bytes]) -> None:
+    def _append_encoded(self, batch: Batch, parts: Sequence[bytes | memoryview]) -> None:
         """Write an encoded batch (its parts, in order) at the end of the active segment."""
         active = self._segments[-1]
         try:
@@ -1070,7 +1071,8 @@ class SegmentLog:
         if partial is not None:  # keep the records of a cut batch that lie below ``offset``
             kept = Batch(partial.base_offset, partial.epoch, partial.timestamp_ms, partial.control,
                          partial.records[: offset - partial.base_offset])
-            self._append_encoded(kept, encode_batch_parts(kept))
+            with self._encoder.parts(kept) as parts:
+                self._append_encoded(kept, parts)
         self._fsync(segment.fd)
         segment.durable_bytes = segment.size_bytes
         self._write_epoch_checkpoint()

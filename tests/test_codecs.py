@@ -18,6 +18,7 @@ from raft.messages import (
 )
 from raft.types import Batch, ErrorCode, SnapshotId
 from storage.batch_codec import (
+    BatchEncoder,
     CorruptBatchError,
     TruncatedBatchError,
     decode_batch,
@@ -47,6 +48,18 @@ def test_batch_round_trip(batch: Batch) -> None:
     data = encode_batch(batch)
     decoded, end = decode_batch(data)
     assert decoded == batch and end == len(data)
+
+
+_ENCODER = BatchEncoder()
+
+
+@given(st.lists(batches, min_size=1, max_size=4))
+def test_the_append_path_encoder_writes_the_bytes_encode_batch_writes(in_order: list[Batch]) -> None:
+    """The segment log's encoder (one reused buffer, header and body apart) gives every
+    batch exactly encode_batch's bytes, whatever it encoded before."""
+    for batch in in_order:
+        with _ENCODER.parts(batch) as (header, body):
+            assert header + bytes(body) == encode_batch(batch)
 
 
 def test_flipped_bit_and_torn_tail_are_detected() -> None:
