@@ -824,24 +824,28 @@ class StateMachine:
         cursor = self._reader_cursor()
         if at_version is not None:
             return at_version, self.entries_at([key], at_version)[key]
+        version, head, row = self._current_row(cursor, key)
+        if head is not None and row is None:
+            # Superseded and pruned since the head was taken: take the newer head and read
+            # its row holding the publish lock (see _read_holding_lock).
+            with self._publish_lock:
+                version, head, row = self._current_row(cursor, key)
+            if head is not None and row is None:
+                raise self._missing_rows_error([key])
+        if head is None or row is None:
+            return version, None
+        return version, _new_entry(key, row[0], row[1], head[1], head[0])
+
+    def _current_row(self, cursor: sqlite3.Cursor, key: str
+                     ) -> tuple[int, Head | None, tuple[bytes, str] | None]:
+        """(applied version, the key's head if it is a put, that head's (value, content_type);
+        None for a row pruned since the head was taken)."""
         with self._publish_lock:
             version = self._applied_version
             head = self._index.heads.get(key)
         if head is None or not head[0]:
-            return version, None
-        row = cursor.execute(self._sql_row, head[1:]).fetchone()
-        if row is None:
-            # Superseded and pruned since the head was taken: take the newer head and read
-            # its row holding the publish lock (see _read_holding_lock).
-            with self._publish_lock:
-                version = self._applied_version
-                head = self._index.heads.get(key)
-                if head is None or not head[0]:
-                    return version, None
-                row = cursor.execute(self._sql_row, head[1:]).fetchone()
-            if row is None:
-                raise self._missing_rows_error([key])
-        return version, _new_entry(key, row[0], row[1], head[1], head[0])
+            return version, None, None
+        return version, head, cursor.execute(self._sql_row, head[1:]).fetchone()
 
     @contextmanager
     def _read_holding_lock(self, hold: bool) -> Iterator[None]:
