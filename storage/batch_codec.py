@@ -101,7 +101,12 @@ class BatchEncoder:
             yield _header(batch, body), body
         finally:
             body.release()
-            packer.reset()
+            try:
+                packer.reset()
+            except BufferError:
+                # A view of the body outlives the call (a failed write's traceback holds
+                # the writer's views): leave that buffer to it and pack into a new one.
+                self._packer = msgpack.Packer(autoreset=False, use_bin_type=True)
 
 
 def decode_header(buffer: bytes | memoryview, position: int = 0) -> BatchHeader:

@@ -211,6 +211,34 @@ def test_short_writes_still_write_every_byte_of_a_batch_in_order(tmp_path: Path,
         assert reopened.read(0, EVERYTHING) == batches
 
 
+def test_disk_full_inside_writev_is_a_log_write_error_and_appends_go_on_after_reopen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC from the kernel after part of a batch went out: the caller sees LogWriteError
+    (not an error of the encoder's reused buffer, which the failed write's views still
+    held), the part is cut, and the reopened log appends again."""
+    log_dir = tmp_path / "log"
+    log = SegmentLog(log_dir)
+    batches = fill(log, 3)
+    log.flush()
+    size = log.size_bytes()
+    real_writev = os.writev
+
+    def write_some_then_fill_the_disk(fd: int, buffers: list[memoryview]) -> int:
+        real_writev(fd, [buffers[0][:5]])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment_log_module.os, "writev", write_some_then_fill_the_disk)
+    with pytest.raises(LogWriteError, match="No space left on device"):
+        log.append(make_batch(log.end_offset(), 1, 40))
+    monkeypatch.undo()
+    assert segment_files(log_dir)[-1].stat().st_size == size
+    log.close()
+    with SegmentLog(log_dir) as reopened:
+        more = make_batch(reopened.end_offset(), 1, 40)
+        reopened.append(more)
+        assert reopened.read(0, EVERYTHING) == [*batches, more]
+
+
 def test_disk_full_failpoint(tmp_path: Path) -> None:
     with SegmentLog(tmp_path / "log", failpoints=Failpoints("segment.before_write=enospc")) as log:
         with pytest.raises(LogWriteError, match="disk full"):
