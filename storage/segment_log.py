@@ -39,6 +39,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -388,10 +389,13 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _write_all_parts(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     """Write ``parts`` one after the other with ``writev`` (no joined copy), however short
-    the writes."""
+    the writes. A call that writes nothing and reports no error is an I/O error: retrying it
+    would spin forever with the log's lock held."""
     views = [memoryview(part) for part in parts if part]
     while views:
         written = os.writev(fd, views)
+        if written == 0:
+            raise OSError(errno.EIO, "writev wrote no bytes of a non-empty write")
         while views and written >= len(views[0]):
             written -= len(views[0])
             views.pop(0)

@@ -239,6 +239,34 @@ def test_disk_full_inside_writev_is_a_log_write_error_and_appends_go_on_after_re
         assert reopened.read(0, EVERYTHING) == [*batches, more]
 
 
+def test_a_write_that_makes_no_progress_fails_the_log_instead_of_spinning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """writev answering 0 for a non-empty batch (no error, no byte written) would otherwise be
+    retried forever with the log's lock held, hanging every caller: it is a LogWriteError,
+    like a full disk, and the file keeps only whole batches."""
+    log_dir = tmp_path / "log"
+    log = SegmentLog(log_dir)
+    batches = fill(log, 3)
+    log.flush()
+    size = log.size_bytes()
+    calls = []
+
+    def writes_nothing(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(fd)
+        if len(calls) > 100:
+            raise RuntimeError("writev retried 100 times without progress")
+        return 0
+
+    monkeypatch.setattr(segment_log_module.os, "writev", writes_nothing)
+    with pytest.raises(LogWriteError, match="wrote no bytes"):
+        log.append(make_batch(log.end_offset(), 1, 5))
+    monkeypatch.undo()
+    assert log.failed() and segment_files(log_dir)[-1].stat().st_size == size
+    log.close()
+    with SegmentLog(log_dir) as reopened:
+        assert reopened.read(0, EVERYTHING) == batches
+
+
 def test_disk_full_failpoint(tmp_path: Path) -> None:
     with SegmentLog(tmp_path / "log", failpoints=Failpoints("segment.before_write=enospc")) as log:
         with pytest.raises(LogWriteError, match="disk full"):
