@@ -403,6 +403,22 @@ def _write_all_parts(fd: int, parts: Sequence[bytes | memoryview]) -> None:
             views[0] = views[0][written:]
 
 
+def _pwrite_all_parts(fd: int, parts: Sequence[bytes | memoryview], position: int) -> None:
+    """Write ``parts`` one after the other at byte ``position`` (``pwritev``), however short
+    the writes; a call that writes nothing and reports no error is an I/O error."""
+    views = [memoryview(part) for part in parts if part]
+    while views:
+        written = os.pwritev(fd, views, position)
+        if written == 0:
+            raise OSError(errno.EIO, "pwritev wrote no bytes of a non-empty write")
+        position += written
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
 def _read_exact(fd: int, size: int, position: int) -> bytes:
     data = os.pread(fd, size, position)
     if len(data) != size:
@@ -978,8 +994,11 @@ class SegmentLog:
                 logger.warning("could not cut %s back to %d bytes after a failed write",
                                active.path, active.size_bytes)
             raise self._fail(exc) from exc
-        position = active.size_bytes
-        active.size_bytes += sum(len(part) for part in parts)
+        self._note_written(active, batch, active.size_bytes, sum(len(part) for part in parts))
+
+    def _note_written(self, active: _Segment, batch: Batch, position: int, size_bytes: int) -> None:
+        """Account for ``batch``, written at ``position`` as the active segment's last batch."""
+        active.size_bytes = position + size_bytes
         active.next_offset = batch.next_offset
         # The active segment's index lives in memory until the segment is sealed: recovery
         # rebuilds it by scanning the last segment anyway, and a write to a second file here
@@ -1066,17 +1085,39 @@ class SegmentLog:
         del self._segment_bases[slot + 1 :]
         segment = self._segments[-1]
         position, partial = self._locate_cut(segment, offset)
-        os.ftruncate(segment.fd, position)
+        kept_bytes = 0
+        if partial is None:
+            os.ftruncate(segment.fd, position)
+        else:
+            # Keep the records of the cut batch that lie below ``offset`` (they may be
+            # committed): rewrite that batch shorter in place, and only then cut the file
+            # after it. At no moment is the file without them: a crash or a failed write
+            # leaves the whole old batch, or the kept batch followed by a torn tail that
+            # recovery cuts. (Cutting first and appending the kept batch lost them to a
+            # full disk, and to a crash before the fsync.)
+            kept = Batch(partial.base_offset, partial.epoch, partial.timestamp_ms, partial.control,
+                         partial.records[: offset - partial.base_offset])
+            os.ftruncate(segment.fd, position + self._read_header(segment, position).total_bytes)
+            # Its own descriptor: the segment's is O_APPEND, and Linux appends a pwrite on
+            # such a descriptor at the end of the file whatever the position.
+            rewrite_fd = os.open(segment.path, os.O_WRONLY)
+            try:
+                with self._encoder.parts(kept) as parts:
+                    self._failpoints.hit("segment.before_write")
+                    _pwrite_all_parts(rewrite_fd, parts, position)
+                    self._failpoints.hit("segment.after_write")
+                    kept_bytes = len(parts[0]) + len(parts[1])
+                self._fsync(rewrite_fd)
+            finally:
+                os.close(rewrite_fd)
+            os.ftruncate(segment.fd, position + kept_bytes)
         segment.size_bytes = position
         segment.next_offset = partial.base_offset if partial is not None else offset
         segment.cut_index(segment.next_offset)
         self._rewrite_active_index(segment)
         self._epoch_entries = [(e, start) for e, start in self._epoch_entries if start < segment.next_offset]
-        if partial is not None:  # keep the records of a cut batch that lie below ``offset``
-            kept = Batch(partial.base_offset, partial.epoch, partial.timestamp_ms, partial.control,
-                         partial.records[: offset - partial.base_offset])
-            with self._encoder.parts(kept) as parts:
-                self._append_encoded(kept, parts)
+        if partial is not None:
+            self._note_written(segment, kept, position, kept_bytes)
         self._fsync(segment.fd)
         segment.durable_bytes = segment.size_bytes
         self._write_epoch_checkpoint()

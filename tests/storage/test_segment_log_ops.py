@@ -267,6 +267,30 @@ def test_a_write_that_makes_no_progress_fails_the_log_instead_of_spinning(
         assert reopened.read(0, EVERYTHING) == batches
 
 
+@pytest.mark.parametrize(("failpoint", "survivors"), [
+    ("segment.before_write=enospc@2", 6),  # the rewrite never started: the old batch stays whole
+    ("segment.after_write=error@2", 3),  # rewritten, then failed: the old batch's tail is torn
+    ("segment.after_fsync=error@2", 3),  # rewritten and synced, the file not yet cut after it
+])
+def test_a_truncation_inside_a_batch_that_fails_keeps_the_records_below_the_cut(
+        tmp_path: Path, failpoint: str, survivors: int) -> None:
+    """truncate_to inside a flushed batch rewrites the records below the cut as a shorter
+    batch. Whatever step fails (a full disk, an I/O error; a crash leaves the same files),
+    those records (possibly committed) are still there after reopening; they used to be
+    cut away before the rewrite, so a failed rewrite lost them."""
+    log_dir = tmp_path / "log"
+    batch = make_batch(0, 1, 6)
+    with SegmentLog(log_dir, failpoints=Failpoints(failpoint)) as log:
+        log.append(batch)  # the failpoints' first hits
+        log.flush()
+        with pytest.raises(LogWriteError):
+            log.truncate_to(3)
+    with SegmentLog(log_dir) as reopened:
+        (found,) = reopened.read(0, EVERYTHING)
+        assert found.records == batch.records[:survivors]
+        assert reopened.end_offset() == survivors
+
+
 def test_disk_full_failpoint(tmp_path: Path) -> None:
     with SegmentLog(tmp_path / "log", failpoints=Failpoints("segment.before_write=enospc")) as log:
         with pytest.raises(LogWriteError, match="disk full"):
