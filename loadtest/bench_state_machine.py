@@ -22,8 +22,9 @@ appended in version order.
 Next to each apply case, ``sqlite_floor`` measures what SQLite alone costs for the same
 rows: per batch, one transaction that inserts its history rows (values and links to each
 key's previous change) and updates the meta row, and in the batch that reaches
-HEADS_FLUSH_RECORDS records since the last time, upserts the heads changed since into
-``key_heads`` in key order, as apply does; executemany over precomputed parameters (no
+HEADS_FLUSH_RECORDS records since the last time, brings ``key_heads`` up to date with the
+statement apply uses (storage/state_schema.py COMPLETE_KEY_HEADS_SQL); executemany over
+precomputed parameters (no
 decode, no evaluation, no in-memory index), on the same schema with the same pragmas and a
 background checkpoint thread like the state machine's. Apply cannot beat it; the gap
 between the two is the state machine's own work.
@@ -60,6 +61,7 @@ from storage.state_machine import (
     StateMachine,
     decode_compact,
 )
+from storage.state_schema import COMPLETE_KEY_HEADS_SQL
 
 VALUE_BYTES = 256
 APPLY_BATCH_SIZES = (100, 1000)
@@ -127,24 +129,21 @@ def bench_apply(directory: str, pattern: str, batch_records: int, total_records:
     }
 
 
-def _floor_rows(records: list[bytes], batch_records: int) -> list[tuple[dict[str, tuple[Any, ...]], list[tuple[Any, ...]]]]:
-    """Per batch: (key -> its key_heads row after the batch, for the keys it writes; history
-    rows linked to each key's previous change), as apply writes them."""
+def _floor_rows(records: list[bytes], batch_records: int) -> list[list[tuple[Any, ...]]]:
+    """Per batch: its history rows linked to each key's previous change, as apply writes them."""
     batches = []
     create_versions: dict[str, int] = {}
     heads: dict[str, tuple[int | None, int | None]] = {}
     for start in range(0, len(records), batch_records):
-        final: dict[str, tuple[Any, ...]] = {}
         history_rows = []
         for offset in range(start, min(start + batch_records, len(records))):
             _compares, ((_kind, key, value, content_type, _create),), _failure = decode_compact(records[offset])
             version = offset + 1
             create_version = create_versions.setdefault(key, version)
-            final[key] = (key, version, 0)
             history_rows.append((version, 0, key, 1, value, content_type, create_version,
                                  *heads.get(key, (None, None))))
             heads[key] = (version, 0)
-        batches.append((final, history_rows))
+        batches.append(history_rows)
     return batches
 
 
@@ -174,25 +173,19 @@ def bench_sqlite_floor(directory: str, pattern: str, batch_records: int, total_r
 
     thread = threading.Thread(target=checkpoint_loop, daemon=True)
     thread.start()
-    upsert = ("INSERT INTO key_heads (key, mod_version, mod_seq) VALUES (?, ?, ?) "
-              "ON CONFLICT (key) DO UPDATE SET mod_version = excluded.mod_version, "
-              "mod_seq = excluded.mod_seq")
     insert_history = ("INSERT INTO history (version, seq, key, op, value, content_type, create_version, "
                       "prev_version, prev_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
     since_checkpoint = 0
     heads_version = 0
-    pending: dict[str, tuple[Any, ...]] = {}
     try:
         started = time.perf_counter()
         cpu_started = time.process_time()
-        for heads, history_rows in batches:
+        for history_rows in batches:
             end_version = history_rows[-1][0]
             writer.execute("BEGIN IMMEDIATE")
             writer.executemany(insert_history, history_rows)
-            pending.update(heads)
             if end_version - heads_version >= HEADS_FLUSH_RECORDS:
-                writer.executemany(upsert, [pending[key] for key in sorted(pending)])
-                pending.clear()
+                writer.execute(COMPLETE_KEY_HEADS_SQL)
                 heads_version = end_version
             writer.execute("UPDATE meta SET applied_version = ?, heads_version = ? WHERE id = 1",
                            (end_version, heads_version))
