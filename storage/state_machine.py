@@ -91,8 +91,9 @@ KEY_LOOKUP_CHUNK_KEYS = 500
 SQLITE_CACHE_KIB = 32 * 1024
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 # key_heads is brought up to date in the apply call that reaches this many records since it
-# last was: the heads that changed meanwhile, in key order, each page written once. Larger
-# means fewer page writes per record and more history rows to read at open.
+# last was (one statement over the history rows since: each changed page written once for
+# many updates). Larger means fewer page writes per record, a longer such call and more
+# history rows to read at open after a kill.
 HEADS_FLUSH_RECORDS = 10_000
 # A read whose head row was pruned between taking the head and reading the row takes the
 # (newer) head again, and reads its row holding the publish lock, which no call removing
