@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raft.types import Batch
-from storage.batch_codec import CorruptBatchError, decode_batch, encode_batch
+from storage.batch_codec import CorruptBatchError, decode_batch
 from storage.data_dir import DataDirError, DataDirLock
 from storage.durable_files import fsync_directory, write_file_atomically
 from storage.segment_log import (
@@ -40,6 +40,7 @@ from storage.segment_log import (
     finish_or_drop_swap,
     list_segment_bases,
     read_log_start_checkpoint,
+    rewrite_cut_batch,
     scan_last_segment,
 )
 
@@ -128,7 +129,8 @@ def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> R
     holder = [base for base in bases if base not in doomed][-1]
     holder_path = _segment_path(log_dir, holder)
     cleaned_end = checkpoint.cleaned_end if checkpoint is not None else 0
-    cut_at_byte, kept_partial = _locate_cut(holder_path, holder, truncate_at, cleaned_end, last=not doomed)
+    cut_at_byte, kept_partial, partial_end = _locate_cut(holder_path, holder, truncate_at, cleaned_end,
+                                                         last=not doomed)
     holder_size = holder_path.stat().st_size
     deleted = [_segment_path(log_dir, base) for base in doomed]
     dropped_bytes = sum(path.stat().st_size for path in deleted) + holder_size - cut_at_byte
@@ -138,11 +140,12 @@ def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> R
     for path in reversed(deleted):  # newest first, so a crash midway leaves a log without gaps
         path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
         path.unlink()
+    if kept_partial is not None:  # the segment log's own way: the kept records never leave the file
+        rewrite_cut_batch(holder_path, cut_at_byte, partial_end, kept_partial)
     fd = os.open(holder_path, os.O_RDWR)
     try:
-        os.ftruncate(fd, cut_at_byte)
-        if kept_partial is not None:
-            os.pwrite(fd, encode_batch(kept_partial), cut_at_byte)
+        if kept_partial is None:
+            os.ftruncate(fd, cut_at_byte)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -152,9 +155,11 @@ def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> R
     return report
 
 
-def _locate_cut(path: Path, base: int, truncate_at: int, cleaned_end: int, last: bool) -> tuple[int, Batch | None]:
+def _locate_cut(path: Path, base: int, truncate_at: int, cleaned_end: int, last: bool
+                ) -> tuple[int, Batch | None, int]:
     """Byte position in segment ``path`` where offset ``truncate_at`` begins; every batch before
-    it must be valid. Returns the cut position and the part of a straddling batch to keep."""
+    it must be valid. Returns the cut position, the part of a straddling batch to keep, and
+    where that batch ends (else the cut position again)."""
     data = path.read_bytes()
     position, expected_offset = 0, base
     while position < len(data):
@@ -162,7 +167,7 @@ def _locate_cut(path: Path, base: int, truncate_at: int, cleaned_end: int, last:
             batch, end = decode_batch(data, position)
         except CorruptBatchError as exc:
             if expected_offset >= truncate_at:
-                return position, None  # the bad batch is itself at or above the cut
+                return position, None, position  # the bad batch is itself at or above the cut
             raise RepairError(
                 f"{path} is corrupt at byte {position} ({exc.reason}), below --truncate-at {truncate_at}: "
                 f"use --truncate-at {expected_offset}") from exc
@@ -170,17 +175,17 @@ def _locate_cut(path: Path, base: int, truncate_at: int, cleaned_end: int, last:
             raise RepairError(f"{path} at byte {position}: batch has base offset {batch.base_offset}, "
                               f"expected {expected_offset}: use --truncate-at {expected_offset}")
         if batch.base_offset >= truncate_at:
-            return position, None
+            return position, None, position
         if batch.next_offset > truncate_at:
             kept = Batch(batch.base_offset, batch.epoch, batch.timestamp_ms, batch.control,
                          batch.records[: truncate_at - batch.base_offset])
-            return position, kept
+            return position, kept, end
         expected_offset = batch.next_offset
         position = end
     if last:
         raise RepairError(f"the log ends at offset {expected_offset}, at or below --truncate-at {truncate_at}: "
                           "nothing to truncate")
-    return position, None
+    return position, None, position
 
 
 def _cut_epoch_checkpoint(log_dir: Path, truncate_at: int) -> None:

@@ -380,22 +380,17 @@ def _segment_path(log_dir: Path, base_offset: int) -> Path:
     return log_dir / f"{base_offset:020d}{LOG_SUFFIX}"
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _write_all_parts(fd: int, parts: Sequence[bytes | memoryview]) -> None:
-    """Write ``parts`` one after the other with ``writev`` (no joined copy), however short
-    the writes. A call that writes nothing and reports no error is an I/O error: retrying it
-    would spin forever with the log's lock held."""
+def _write_all_parts(fd: int, parts: Sequence[bytes | memoryview], position: int | None = None) -> None:
+    """Write ``parts`` one after the other (``writev``, or ``pwritev`` at byte ``position``;
+    no joined copy), however short the writes. A call that writes nothing and reports no
+    error is an I/O error: retrying it would spin forever with the log's lock held."""
     views = [memoryview(part) for part in parts if part]
     while views:
-        written = os.writev(fd, views)
+        written = os.writev(fd, views) if position is None else os.pwritev(fd, views, position)
         if written == 0:
-            raise OSError(errno.EIO, "writev wrote no bytes of a non-empty write")
+            raise OSError(errno.EIO, "a write of a non-empty buffer wrote no bytes")
+        if position is not None:
+            position += written
         while views and written >= len(views[0]):
             written -= len(views[0])
             views.pop(0)
@@ -403,20 +398,34 @@ def _write_all_parts(fd: int, parts: Sequence[bytes | memoryview]) -> None:
             views[0] = views[0][written:]
 
 
-def _pwrite_all_parts(fd: int, parts: Sequence[bytes | memoryview], position: int) -> None:
-    """Write ``parts`` one after the other at byte ``position`` (``pwritev``), however short
-    the writes; a call that writes nothing and reports no error is an I/O error."""
-    views = [memoryview(part) for part in parts if part]
-    while views:
-        written = os.pwritev(fd, views, position)
-        if written == 0:
-            raise OSError(errno.EIO, "pwritev wrote no bytes of a non-empty write")
-        position += written
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
+def rewrite_cut_batch(path: Path, position: int, batch_end: int, kept: Batch,
+                      failpoints: Failpoints | None = None) -> int:
+    """Cut segment ``path`` inside the batch at byte ``position`` (ending at ``batch_end``),
+    keeping the records ``kept`` holds (they may be committed); return the new file size.
+    The caller fsyncs the file afterwards (and the segment log and ``metakv repair`` both do).
+
+    Order: the file is cut after the old batch, the kept records are rewritten over its start
+    as a shorter batch and fsynced, and only then is the file cut after them. At no moment
+    is the file without them: a crash or a failed write leaves the whole old batch, or the
+    kept batch followed by a torn tail that recovery cuts. (Cutting first and writing the
+    kept batch after lost them to a full disk, and to a crash before the fsync.) Its own
+    descriptor: a segment's is O_APPEND, and Linux appends a pwrite on such a descriptor at
+    the end of the file whatever the position."""
+    points = failpoints if failpoints is not None else Failpoints()
+    data = encode_batch(kept)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, batch_end)
+        points.hit("segment.before_write")
+        _write_all_parts(fd, (data,), position)
+        points.hit("segment.after_write")
+        points.hit("segment.before_fsync")
+        os.fsync(fd)
+        points.hit("segment.after_fsync")
+        os.ftruncate(fd, position + len(data))
+    finally:
+        os.close(fd)
+    return position + len(data)
 
 
 def _read_exact(fd: int, size: int, position: int) -> bytes:
@@ -860,7 +869,7 @@ class SegmentLog:
             slot = bisect.bisect_right(self._segment_bases, clean_end - 1) - 1
             holder = self._segments[slot]
             try:
-                cut_position, partial = self._locate_cut(holder, clean_end)
+                cut_position, partial, _ = self._locate_cut(holder, clean_end)
             except OSError as exc:
                 raise self._fail(exc) from exc
             check(partial is None, f"clean_end {clean_end} is not a batch boundary")
@@ -1041,7 +1050,7 @@ class SegmentLog:
         data = _encode_index(segment.index_offsets, segment.index_positions, (next_offset, segment.size_bytes))
         fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all(fd, data)
+            _write_all_parts(fd, (data,))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -1055,7 +1064,7 @@ class SegmentLog:
         """
         fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all(fd, _encode_index(segment.index_offsets, segment.index_positions, None))
+            _write_all_parts(fd, (_encode_index(segment.index_offsets, segment.index_positions, None),))
         finally:
             os.close(fd)
 
@@ -1084,33 +1093,13 @@ class SegmentLog:
         del self._segments[slot + 1 :]
         del self._segment_bases[slot + 1 :]
         segment = self._segments[-1]
-        position, partial = self._locate_cut(segment, offset)
-        kept_bytes = 0
+        position, partial, partial_end = self._locate_cut(segment, offset)
         if partial is None:
             os.ftruncate(segment.fd, position)
-        else:
-            # Keep the records of the cut batch that lie below ``offset`` (they may be
-            # committed): rewrite that batch shorter in place, and only then cut the file
-            # after it. At no moment is the file without them: a crash or a failed write
-            # leaves the whole old batch, or the kept batch followed by a torn tail that
-            # recovery cuts. (Cutting first and appending the kept batch lost them to a
-            # full disk, and to a crash before the fsync.)
+        else:  # keep the records of the cut batch that lie below ``offset``
             kept = Batch(partial.base_offset, partial.epoch, partial.timestamp_ms, partial.control,
                          partial.records[: offset - partial.base_offset])
-            os.ftruncate(segment.fd, position + self._read_header(segment, position).total_bytes)
-            # Its own descriptor: the segment's is O_APPEND, and Linux appends a pwrite on
-            # such a descriptor at the end of the file whatever the position.
-            rewrite_fd = os.open(segment.path, os.O_WRONLY)
-            try:
-                with self._encoder.parts(kept) as parts:
-                    self._failpoints.hit("segment.before_write")
-                    _pwrite_all_parts(rewrite_fd, parts, position)
-                    self._failpoints.hit("segment.after_write")
-                    kept_bytes = len(parts[0]) + len(parts[1])
-                self._fsync(rewrite_fd)
-            finally:
-                os.close(rewrite_fd)
-            os.ftruncate(segment.fd, position + kept_bytes)
+            kept_bytes = rewrite_cut_batch(segment.path, position, partial_end, kept, self._failpoints) - position
         segment.size_bytes = position
         segment.next_offset = partial.base_offset if partial is not None else offset
         segment.cut_index(segment.next_offset)
@@ -1127,19 +1116,20 @@ class SegmentLog:
         # Everything below ``offset`` is durable now: sealed segments were synced when sealed.
         self._flushed_offset = offset
 
-    def _locate_cut(self, segment: _Segment, offset: int) -> tuple[int, Batch | None]:
-        """Byte position where records >= ``offset`` begin, and the batch cut in two, if any."""
+    def _locate_cut(self, segment: _Segment, offset: int) -> tuple[int, Batch | None, int]:
+        """Byte position where records >= ``offset`` begin, the batch cut in two there (if
+        any), and the byte position where that batch ends (else the first position again)."""
         position = segment.position_for(offset)
         while position < segment.size_bytes:
             header = self._read_header(segment, position)
             next_offset = header.base_offset + header.count
             if next_offset > offset:
                 if header.base_offset >= offset:
-                    return position, None
+                    return position, None, position
                 batch, _ = self._read_batch(segment, position, header.total_bytes)
-                return position, batch
+                return position, batch, position + header.total_bytes
             position += header.total_bytes
-        return position, None
+        return position, None, position
 
     def _read_header(self, segment: _Segment, position: int) -> BatchHeader:
         data = _read_exact(segment.fd, HEADER_BYTES, position)
@@ -1303,10 +1293,10 @@ class SegmentLog:
                 segment.next_offset = batch.next_offset
                 buffer += data
                 if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
-                    _write_all(fd, buffer)
+                    _write_all_parts(fd, (buffer,))
                     buffer.clear()
             self._copy_tail(holder_fd, holder_path, cut_position, copied_end, pending[-1], fd, buffer)
-            _write_all(fd, buffer)
+            _write_all_parts(fd, (buffer,))
             os.fsync(fd)  # most of the last file: the fsync under the lock covers only the rest
         except BaseException:
             if fd >= 0:
@@ -1334,14 +1324,14 @@ class SegmentLog:
             buffer += chunk
             position += len(chunk)
             if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
-                _write_all(fd, buffer)
+                _write_all_parts(fd, (buffer,))
                 buffer.clear()
         segment.size_bytes += end - start
 
     @staticmethod
     def _finish_cleaned_file(fd: int, buffer: bytearray) -> None:
         try:
-            _write_all(fd, buffer)
+            _write_all_parts(fd, (buffer,))
             buffer.clear()
             os.fsync(fd)
         finally:
