@@ -43,7 +43,7 @@ import sqlite3
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
@@ -82,6 +82,7 @@ from storage.state_schema import (
     metadata,
     read_database_meta,
     upgrade_schema_2,
+    write_transaction,
 )
 
 logger = logging.getLogger(__name__)
@@ -96,9 +97,11 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 # history rows to read at open after a kill.
 HEADS_FLUSH_RECORDS = 10_000
 # A read whose head row was pruned between taking the head and reading the row takes the
-# (newer) head again, and reads its row holding the publish lock, which no call removing
-# rows can commit through: a row still missing then is a damaged database.
+# (newer) head again, and reads its row holding the publish lock, which every call that
+# removes rows holds through its COMMIT (so it only makes that writer wait for one read):
+# a row still missing then is a damaged database.
 READ_ATTEMPTS = 2
+_UNLOCKED = nullcontext()
 # Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
 # thread so that apply never waits for them; the thread is woken after this many records.
 CHECKPOINT_EVERY_RECORDS = 2_000
@@ -397,6 +400,8 @@ class StateMachine:
 
     @contextmanager
     def _write_transaction(self) -> Iterator[Connection]:
+        """One write transaction on the writer's SQLAlchemy connection (as
+        state_schema.write_transaction on a plain sqlite3 one)."""
         connection = self._writer
         connection.exec_driver_sql("BEGIN IMMEDIATE")
         try:
@@ -415,7 +420,7 @@ class StateMachine:
             if sa.inspect(connection).has_table(meta.name):
                 found = connection.exec_driver_sql("SELECT schema_version FROM meta").scalar()
                 if found == 2:
-                    upgrade_schema_2(connection)
+                    upgrade_schema_2(connection.connection.driver_connection)
                     found = SCHEMA_VERSION
                 if found is not None and found != SCHEMA_VERSION:
                     raise StateDatabaseError(
@@ -810,17 +815,14 @@ class StateMachine:
         cursor = self._reader_cursor()
         if at_version is not None:
             return at_version, self.entries_at([key], at_version)[key]
-        version, head, row = self._current_row(cursor, key)
-        if head is not None and row is None:
-            # Superseded and pruned since the head was taken: take the newer head and read
-            # its row holding the publish lock (see _read_holding_lock).
-            with self._publish_lock:
+        for attempt in range(READ_ATTEMPTS):  # the second holding the lock, see READ_ATTEMPTS
+            with self._publish_lock if attempt else _UNLOCKED:
                 version, head, row = self._current_row(cursor, key)
-            if head is not None and row is None:
-                raise self._missing_rows_error([key])
-        if head is None or row is None:
-            return version, None
-        return version, _new_entry(key, row[0], row[1], head[1], head[0])
+            if head is None:
+                return version, None
+            if row is not None:
+                return version, _new_entry(key, row[0], row[1], head[1], head[0])
+        raise self._missing_rows_error([key])
 
     def _current_row(self, cursor: sqlite3.Cursor, key: str
                      ) -> tuple[int, Head | None, tuple[bytes, str] | None]:
@@ -832,18 +834,6 @@ class StateMachine:
         if head is None or not head[0]:
             return version, None, None
         return version, head, cursor.execute(self._sql_row, head[1:]).fetchone()
-
-    @contextmanager
-    def _read_holding_lock(self, hold: bool) -> Iterator[None]:
-        """Hold the publish lock (``hold``) from taking the heads until their rows are read.
-        A call that removes history rows holds it through its COMMIT, so no row a head
-        names can go meanwhile: a read retried this way finds its rows, however fast the
-        writer supersedes and prunes them (it only makes that writer wait for one read)."""
-        if not hold:
-            yield
-            return
-        with self._publish_lock:
-            yield
 
     def entries_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
         """Every key's entry (None: absent) as of ``version``, in one read transaction.
@@ -888,7 +878,7 @@ class StateMachine:
     def _missing_rows_error(self, keys: Sequence[str]) -> StateDatabaseError:
         return StateDatabaseError(
             f"{self.db_path}: the history rows the heads of {list(keys)[:3]!r} name stay missing"
-            f" after {READ_ATTEMPTS} reads; the log is the source of truth: move the file away"
+            " when read holding the publish lock; the log is the source of truth: move the file away"
             " and restart to rebuild it from the log")
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
@@ -909,26 +899,32 @@ class StateMachine:
     def _list_current(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int
                       ) -> tuple[int, list[Entry]]:
         """(applied version, up to ``limit`` entries under ``prefix`` after ``after``)."""
-        for attempt in range(READ_ATTEMPTS):
-            with self._read_holding_lock(attempt > 0):
-                with self._publish_lock:
-                    version = self._applied_version
-                    puts: list[tuple[str, Head]] = []
-                    for key, head in self._index.range(prefix, after):
-                        if head[0]:
-                            puts.append((key, head))
-                            if len(puts) == limit:
-                                break
-                cursor.execute("BEGIN")
-                try:
-                    rows = self._rows_of(cursor, [head for _key, head in puts])
-                finally:
-                    cursor.execute("COMMIT")
+        for attempt in range(READ_ATTEMPTS):  # the second holding the lock, see READ_ATTEMPTS
+            with self._publish_lock if attempt else _UNLOCKED:
+                version, puts, rows = self._current_rows(cursor, prefix, after, limit)
             if len(rows) == len(puts):
                 return version, [_new_entry(key, *rows[head[1], head[2]], head[1], head[0])
                                  for key, head in puts]
-            # Some head was superseded and pruned since it was taken: take them again.
         raise self._missing_rows_error([key for key, _head in puts])
+
+    def _current_rows(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int
+                      ) -> tuple[int, list[tuple[str, Head]], dict[tuple[int, int], tuple[bytes, str]]]:
+        """(applied version, up to ``limit`` (key, put head) under ``prefix`` after ``after``,
+        their rows by (version, seq); rows pruned since the heads were taken are missing)."""
+        with self._publish_lock:
+            version = self._applied_version
+            puts: list[tuple[str, Head]] = []
+            for key, head in self._index.range(prefix, after):
+                if head[0]:
+                    puts.append((key, head))
+                    if len(puts) == limit:
+                        break
+        cursor.execute("BEGIN")
+        try:
+            rows = self._rows_of(cursor, [head for _key, head in puts])
+        finally:
+            cursor.execute("COMMIT")
+        return version, puts, rows
 
     def _list_at_version(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int,
                          version: int) -> list[Entry]:
@@ -1049,9 +1045,8 @@ class StateMachine:
             if snapshot_meta.schema_version == 2:  # from a peer not yet upgraded
                 copy = sqlite3.connect(temp_path, isolation_level=None)
                 try:
-                    copy.execute("BEGIN IMMEDIATE")
-                    upgrade_schema_2(copy)
-                    copy.execute("COMMIT")
+                    with write_transaction(copy):
+                        upgrade_schema_2(copy)
                 finally:
                     copy.close()
             with self._write_lock:
@@ -1106,17 +1101,8 @@ class StateMachine:
     def _flush_on_close(self) -> None:
         """Bring key_heads up to date, so the next open reads no history rows for it. A
         failure (a full disk) costs only that read: the database stays consistent."""
-        cursor = self._writer_cursor
         try:
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                self._flush_heads(cursor)
-                cursor.execute("UPDATE meta SET heads_version = ? WHERE id = 1", (self._applied_version,))
-            except BaseException:
-                if self._writer_dbapi.in_transaction:
-                    cursor.execute("ROLLBACK")
-                raise
-            cursor.execute("COMMIT")
+            complete_key_heads(self._writer_dbapi)
         except sqlite3.Error as exc:
             logger.warning("%s: key_heads not brought up to date at close (%s); the next open"
                            " reads them from the history rows", self.db_path, exc)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sqlite3
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,26 +119,35 @@ COMPLETE_HEADS_VERSION_SQL = "UPDATE meta SET heads_version = applied_version WH
 READABLE_SCHEMA_VERSIONS = (2, SCHEMA_VERSION)
 
 
-def upgrade_schema_2(connection: Any) -> None:
-    """Make a schema-2 database schema 3, inside the caller's transaction (``connection``:
-    sqlite3 or SQLAlchemy, anything with ``exec_driver_sql`` or ``execute`` of plain SQL).
-    Schema 2 wrote key_heads in every apply call, so it is complete at the applied version."""
-    run = getattr(connection, "exec_driver_sql", None) or connection.execute
-    run("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
-    run(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}, heads_version = applied_version")
+@contextmanager
+def write_transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` on a connection opened with ``isolation_level=None``.
+    Any failure rolls back, a failed COMMIT included (a full disk can leave the transaction
+    open, and every later BEGIN on the connection would fail)."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield connection
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+
+
+def upgrade_schema_2(connection: sqlite3.Connection) -> None:
+    """Make a schema-2 database schema 3, inside the caller's transaction. Schema 2 wrote
+    key_heads in every apply call, so it is complete at the applied version."""
+    connection.execute("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
+    connection.execute(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}, heads_version = applied_version")
 
 
 def complete_key_heads(connection: sqlite3.Connection) -> None:
     """Bring ``key_heads`` of the database ``connection`` is open on up to its applied
-    version, in one transaction (a snapshot's copy, before it is published)."""
-    connection.execute("BEGIN IMMEDIATE")
-    try:
+    version, in one transaction (a snapshot's copy before it is published, a state
+    database at close)."""
+    with write_transaction(connection):
         connection.execute(COMPLETE_KEY_HEADS_SQL)
         connection.execute(COMPLETE_HEADS_VERSION_SQL)
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")
 
 
 @dataclass(frozen=True, slots=True)
