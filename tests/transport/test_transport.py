@@ -243,24 +243,34 @@ async def refused_connection(port: int, data: bytes) -> None:
         writer.close()
 
 
-def test_every_refusal_names_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+def refusal_lines_of(caplog: pytest.LogCaptureFixture, config: TransportConfig,
+                     body: Callable[[Node], Awaitable[None]]) -> list[str]:
+    """Start node 2's transport with ``config``, run ``body`` against it, stop it; return
+    the refusal warnings it logged."""
     async def scenario() -> None:
-        config = TransportConfig(handshake_timeout_ms=100, refusal_log_interval_ms=0)  # log every one
         server = Node(2, {}, config=config)
         await server.transport.start()
         try:
-            await refused_connection(server.transport.port, b"")  # says nothing
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.transport.port)
-            writer.write(FRAME_LENGTH.pack(100) + b"\x01\x02")  # then hangs up inside the frame
-            writer.close()
-            await wait_until(lambda: server.transport.stats.connections_refused == 2, "two refusals")
-            await refused_connection(server.transport.port, FRAME_LENGTH.pack(3) + b"\x93\x00\x01")
+            await body(server)
         finally:
             await server.transport.stop()
 
     with caplog.at_level(logging.WARNING, logger="metakv.transport"):
         run(scenario)
-    lines = refusal_lines(caplog)
+    return refusal_lines(caplog)
+
+
+def test_every_refusal_names_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    async def body(server: Node) -> None:
+        await refused_connection(server.transport.port, b"")  # says nothing
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.transport.port)
+        writer.write(FRAME_LENGTH.pack(100) + b"\x01\x02")  # then hangs up inside the frame
+        writer.close()
+        await wait_until(lambda: server.transport.stats.connections_refused == 2, "two refusals")
+        await refused_connection(server.transport.port, FRAME_LENGTH.pack(3) + b"\x93\x00\x01")
+
+    config = TransportConfig(handshake_timeout_ms=100, refusal_log_interval_ms=0)  # log every one
+    lines = refusal_lines_of(caplog, config, body)
     assert len(lines) == 3
     assert all(line.startswith("node 2: refused raft connection from ('127.0.0.1', ") for line in lines)
     assert lines[0].endswith(": no handshake within 100 ms")
@@ -270,27 +280,20 @@ def test_every_refusal_names_its_reason(caplog: pytest.LogCaptureFixture) -> Non
 
 def test_refusal_warnings_are_limited_per_host_and_count_what_was_held_back(
         caplog: pytest.LogCaptureFixture) -> None:
-    async def scenario() -> None:
-        server = Node(2, {}, config=TransportConfig(refusal_log_interval_ms=60_000))
-        await server.transport.start()
-        try:
-            for _ in range(50):
-                await refused_connection(server.transport.port, FRAME_LENGTH.pack(3) + b"\x93\x00\x01")
-            await wait_until(lambda: server.transport.stats.connections_refused == 50, "50 refusals")
-            assert len(refusal_lines(caplog)) == 1
-            assert server.transport.stats.refusal_warnings_suppressed == 49
-            # The interval passes (the limiter's clock moves on): the next refusal logs again.
-            limiter = server.transport._refusal_log
-            later = limiter.clock() + 61
-            limiter.clock = lambda: later
-            await refused_connection(server.transport.port, b"\x00\x00\x00\x01\xc1")
-            await wait_until(lambda: server.transport.stats.connections_refused == 51, "51 refusals")
-        finally:
-            await server.transport.stop()
+    async def body(server: Node) -> None:
+        for _ in range(50):
+            await refused_connection(server.transport.port, FRAME_LENGTH.pack(3) + b"\x93\x00\x01")
+        await wait_until(lambda: server.transport.stats.connections_refused == 50, "50 refusals")
+        assert len(refusal_lines(caplog)) == 1
+        assert server.transport.stats.refusal_warnings_suppressed == 49
+        # The interval passes (the limiter's clock moves on): the next refusal logs again.
+        limiter = server.transport._refusal_log
+        later = limiter.clock() + 61
+        limiter.clock = lambda: later
+        await refused_connection(server.transport.port, b"\x00\x00\x00\x01\xc1")
+        await wait_until(lambda: server.transport.stats.connections_refused == 51, "51 refusals")
 
-    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
-        run(scenario)
-    lines = refusal_lines(caplog)
+    lines = refusal_lines_of(caplog, TransportConfig(refusal_log_interval_ms=60_000), body)
     assert len(lines) == 2
     assert lines[0].endswith(": hello: not msgpack")
     assert lines[1].endswith(": hello: not msgpack (49 more from 127.0.0.1 not logged since the previous line)")
