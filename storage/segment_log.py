@@ -39,7 +39,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -68,7 +67,7 @@ from storage.batch_codec import (
     decode_header,
     encode_batch,
 )
-from storage.durable_files import fsync_directory, write_file_atomically
+from storage.durable_files import fsync_directory, write_all_parts, write_file_atomically
 from storage.failpoints import Failpoints
 
 logger = logging.getLogger(__name__)
@@ -380,24 +379,6 @@ def _segment_path(log_dir: Path, base_offset: int) -> Path:
     return log_dir / f"{base_offset:020d}{LOG_SUFFIX}"
 
 
-def _write_all_parts(fd: int, parts: Sequence[bytes | memoryview], position: int | None = None) -> None:
-    """Write ``parts`` one after the other (``writev``, or ``pwritev`` at byte ``position``;
-    no joined copy), however short the writes. A call that writes nothing and reports no
-    error is an I/O error: retrying it would spin forever with the log's lock held."""
-    views = [memoryview(part) for part in parts if part]
-    while views:
-        written = os.writev(fd, views) if position is None else os.pwritev(fd, views, position)
-        if written == 0:
-            raise OSError(errno.EIO, "a write of a non-empty buffer wrote no bytes")
-        if position is not None:
-            position += written
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
-
-
 def rewrite_cut_batch(path: Path, position: int, batch_end: int, kept: Batch,
                       failpoints: Failpoints | None = None) -> int:
     """Cut segment ``path`` inside the batch at byte ``position`` (ending at ``batch_end``),
@@ -417,7 +398,7 @@ def rewrite_cut_batch(path: Path, position: int, batch_end: int, kept: Batch,
     try:
         os.ftruncate(fd, batch_end)
         points.hit("segment.before_write")
-        _write_all_parts(fd, (data,), position)
+        write_all_parts(fd, (data,), position)
         points.hit("segment.after_write")
         points.hit("segment.before_fsync")
         os.fsync(fd)
@@ -994,7 +975,7 @@ class SegmentLog:
         active = self._segments[-1]
         try:
             self._failpoints.hit("segment.before_write")
-            _write_all_parts(active.fd, parts)
+            write_all_parts(active.fd, parts)
             self._failpoints.hit("segment.after_write")
         except OSError as exc:
             try:  # do not leave half a batch for the next append to follow
@@ -1050,7 +1031,7 @@ class SegmentLog:
         data = _encode_index(segment.index_offsets, segment.index_positions, (next_offset, segment.size_bytes))
         fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all_parts(fd, (data,))
+            write_all_parts(fd, (data,))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -1064,7 +1045,7 @@ class SegmentLog:
         """
         fd = os.open(segment.index_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all_parts(fd, (_encode_index(segment.index_offsets, segment.index_positions, None),))
+            write_all_parts(fd, (_encode_index(segment.index_offsets, segment.index_positions, None),))
         finally:
             os.close(fd)
 
@@ -1293,10 +1274,10 @@ class SegmentLog:
                 segment.next_offset = batch.next_offset
                 buffer += data
                 if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
-                    _write_all_parts(fd, (buffer,))
+                    write_all_parts(fd, (buffer,))
                     buffer.clear()
             self._copy_tail(holder_fd, holder_path, cut_position, copied_end, pending[-1], fd, buffer)
-            _write_all_parts(fd, (buffer,))
+            write_all_parts(fd, (buffer,))
             os.fsync(fd)  # most of the last file: the fsync under the lock covers only the rest
         except BaseException:
             if fd >= 0:
@@ -1324,14 +1305,14 @@ class SegmentLog:
             buffer += chunk
             position += len(chunk)
             if len(buffer) >= CLEANED_WRITE_BUFFER_BYTES:
-                _write_all_parts(fd, (buffer,))
+                write_all_parts(fd, (buffer,))
                 buffer.clear()
         segment.size_bytes += end - start
 
     @staticmethod
     def _finish_cleaned_file(fd: int, buffer: bytearray) -> None:
         try:
-            _write_all_parts(fd, (buffer,))
+            write_all_parts(fd, (buffer,))
             buffer.clear()
             os.fsync(fd)
         finally:

@@ -25,6 +25,7 @@ import crc32c
 
 from raft.snapshots import CorruptSnapshotError, SnapshotNotFoundError
 from raft.types import SnapshotId, check
+from storage.durable_files import fsync_directory
 from storage.state_schema import NotAStateDatabaseError, read_database_meta
 
 logger = logging.getLogger(__name__)
@@ -109,14 +110,6 @@ def extract_database(path: str, destination: str) -> int:
     return _copy_checked(path, destination)
 
 
-def _fsync_directory(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 @dataclass(slots=True)
 class _Download:
     snapshot_id: SnapshotId
@@ -193,7 +186,7 @@ class SnapshotStore:
             os.fsync(handle.fileno())
         final_path = self.path_for(snapshot_id)
         os.replace(database_path, final_path)
-        _fsync_directory(self.snapshot_dir)
+        fsync_directory(self.snapshot_dir)
         logger.info("published snapshot %s (%d bytes)", final_path, db_length + TRAILER_BYTES)
         self._retain(snapshot_id)
         return final_path
@@ -212,7 +205,7 @@ class SnapshotStore:
                 if snapshot_id != keep_id:
                     os.unlink(self.path_for(snapshot_id))
                     logger.info("deleted old snapshot %s", snapshot_id)
-            _fsync_directory(self.snapshot_dir)
+            fsync_directory(self.snapshot_dir)
 
     # ---- downloads -----------------------------------------------------------------
 
@@ -252,7 +245,7 @@ class SnapshotStore:
             self._download = None
             final_path = self.path_for(snapshot_id)
             os.replace(download.path, final_path)
-            _fsync_directory(self.snapshot_dir)
+            fsync_directory(self.snapshot_dir)
             logger.info("downloaded snapshot %s (%d bytes)", final_path, download.size_bytes)
         self._retain(snapshot_id)
 

@@ -167,7 +167,7 @@ def test_disk_full_in_the_middle_of_a_write_leaves_no_partial_batch(tmp_path: Pa
         os.write(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(segment_log_module, "_write_all_parts", write_half_then_fill_the_disk)
+    monkeypatch.setattr(segment_log_module, "write_all_parts", write_half_then_fill_the_disk)
     with pytest.raises(LogWriteError, match="No space left on device"):
         log.append(make_batch(log.end_offset(), 1, 50))
     monkeypatch.undo()
