@@ -217,6 +217,7 @@ class NodeRuntime:
             self.quorum_state_file = QuorumStateFile(self.data_dir)
             persisted = self.quorum_state_file.read()
             self.snapshots = SnapshotStore(self.snapshots_dir)
+            self.snapshots.remove_stale_files()  # temp and partial files of a crashed copy or download
             self.state = StateMachine(str(self.data_dir / "state.db"))
             self._recover_state()
             # What is here already counts as arriving now: after a restart the lag holds
