@@ -35,7 +35,7 @@ from storage.batch_codec import (
     decode_header,
 )
 from storage.commands import CommandDecodeError, OpKind, decode_command_parts
-from storage.segment_log import INDEX_ENTRY
+from storage.segment_files import INDEX_ENTRY
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 SNAPSHOT_NAME = re.compile(r"^(\d{20})-(\d{10})\.snapshot$")

@@ -27,22 +27,23 @@ from pathlib import Path
 
 from raft.types import Batch
 from storage.batch_codec import CorruptBatchError, decode_batch
+from storage.cleaned_segments import finish_or_drop_swap
 from storage.data_dir import DataDirError, DataDirLock
-from storage.durable_files import fsync_directory, write_file_atomically
-from storage.segment_log import (
+from storage.durable_files import fsync_directory
+from storage.log_checkpoints import (
     EPOCH_CHECKPOINT_NAME,
+    decode_epoch_checkpoint,
+    read_log_start_checkpoint,
+    write_epoch_checkpoint,
+)
+from storage.segment_files import (
     INDEX_SUFFIX,
     CorruptLogError,
-    TornTail,
-    _segment_path,
-    decode_epoch_checkpoint,
-    encode_epoch_checkpoint,
-    finish_or_drop_swap,
     list_segment_bases,
-    read_log_start_checkpoint,
     rewrite_cut_batch,
-    scan_last_segment,
+    segment_path,
 )
+from storage.segment_scan import TornTail, scan_last_segment
 
 EXIT_USAGE = 2
 
@@ -83,7 +84,7 @@ def verify_log(log_dir: Path) -> VerifyReport:
     expected_offset: int | None = None
     bases = list_segment_bases(log_dir)
     for slot, base in enumerate(bases):
-        path = _segment_path(log_dir, base)
+        path = segment_path(log_dir, base)
         data = path.read_bytes()
         if expected_offset is not None and base != expected_offset and not expected_offset < base < cleaned_end:
             raise CorruptLogError(path, 0, f"segment starts at offset {base}, the previous one ends at "
@@ -127,12 +128,12 @@ def truncate_log_at(log_dir: Path, truncate_at: int, dry_run: bool = False) -> R
         raise RepairError(f"no segment files in {log_dir}: nothing to truncate")
     doomed = [base for base in bases if base >= truncate_at and base != bases[0]]
     holder = [base for base in bases if base not in doomed][-1]
-    holder_path = _segment_path(log_dir, holder)
+    holder_path = segment_path(log_dir, holder)
     cleaned_end = checkpoint.cleaned_end if checkpoint is not None else 0
     cut_at_byte, kept_partial, partial_end = _locate_cut(holder_path, holder, truncate_at, cleaned_end,
                                                          last=not doomed)
     holder_size = holder_path.stat().st_size
-    deleted = [_segment_path(log_dir, base) for base in doomed]
+    deleted = [segment_path(log_dir, base) for base in doomed]
     dropped_bytes = sum(path.stat().st_size for path in deleted) + holder_size - cut_at_byte
     report = RepairReport(truncate_at, deleted, holder_path, cut_at_byte, dropped_bytes)
     if dry_run:
@@ -197,7 +198,7 @@ def _cut_epoch_checkpoint(log_dir: Path, truncate_at: int) -> None:
     except ValueError:
         path.unlink()  # rebuilt from the segments by the next open
         return
-    write_file_atomically(path, encode_epoch_checkpoint([e for e in entries if e[1] < truncate_at]))
+    write_epoch_checkpoint(log_dir, [e for e in entries if e[1] < truncate_at])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,8 @@ import pytest
 
 from raft.log import MemoryLog
 from raft.types import Batch, ProtocolInvariantError, SnapshotId
-from storage.segment_log import LOG_START_CHECKPOINT_NAME, SegmentLog
+from storage.log_checkpoints import LOG_START_CHECKPOINT_NAME
+from storage.segment_log import SegmentLog
 
 
 def _batch(base: int, epoch: int, count: int = 1) -> Batch:

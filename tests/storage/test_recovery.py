@@ -13,13 +13,10 @@ import pytest
 
 from app.cli import main as metakv_main
 from raft.types import Batch, SnapshotId
+from storage.log_checkpoints import EPOCH_CHECKPOINT_NAME, LOG_START_CHECKPOINT_NAME
 from storage.repair import main as repair_main
-from storage.segment_log import (
-    EPOCH_CHECKPOINT_NAME,
-    LOG_START_CHECKPOINT_NAME,
-    CorruptLogError,
-    SegmentLog,
-)
+from storage.segment_files import CorruptLogError
+from storage.segment_log import SegmentLog
 from storage.state_machine import StateDatabaseError, StateMachine
 from tests.storage.helpers import make_batch, segment_files
 

@@ -19,7 +19,8 @@ from app.config import HostPort, NodeConfig
 from app.http import create_app
 from app.runtime import NodeRuntime
 from raft.node import Role
-from storage.segment_log import LOG_START_CHECKPOINT_NAME, CorruptLogError
+from storage.log_checkpoints import LOG_START_CHECKPOINT_NAME
+from storage.segment_files import CorruptLogError
 from tests.cluster import free_ports
 from tests.http.conftest import TEST_SETTINGS
 

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from raft.types import Batch, ProtocolInvariantError
+from storage.cleaned_segments import SWAP_MARKER_NAME
 from storage.failpoints import FAILPOINT_CRASH_EXIT_CODE, Failpoints
 from storage.repair import main as repair_main
-from storage.segment_log import SWAP_MARKER_NAME, CorruptLogError, LogChangedError, SegmentLog
+from storage.segment_files import CorruptLogError
+from storage.segment_log import LogChangedError, SegmentLog
 from tests.storage.helpers import make_batch, power_loss, segment_files
 
 SEGMENT_BYTES = 1024

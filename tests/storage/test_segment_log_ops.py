@@ -14,7 +14,8 @@ import pytest
 import storage.segment_log as segment_log_module
 from raft.types import SnapshotId
 from storage.failpoints import Failpoints, FailpointSpecError
-from storage.segment_log import LOG_START_CHECKPOINT_NAME, LogWriteError, SegmentLog
+from storage.log_checkpoints import LOG_START_CHECKPOINT_NAME
+from storage.segment_log import LogWriteError, SegmentLog
 from tests.storage.helpers import make_batch, power_loss, segment_files
 
 EVERYTHING = 1 << 40
