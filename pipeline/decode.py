@@ -12,9 +12,7 @@ import contextlib
 import gc
 import hashlib
 import os
-import re
 import sqlite3
-import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,12 +33,10 @@ from storage.batch_codec import (
     decode_header,
 )
 from storage.commands import CommandDecodeError, OpKind, decode_command_parts
-from storage.segment_files import INDEX_ENTRY
+from storage.segment_files import INDEX_ENTRY, SEGMENT_NAME
+from storage.snapshot_store import TRAILER as SNAPSHOT_TRAILER
+from storage.snapshot_store import TRAILER_MAGIC as SNAPSHOT_MAGIC
 
-SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
-SNAPSHOT_NAME = re.compile(r"^(\d{20})-(\d{10})\.snapshot$")
-SNAPSHOT_TRAILER = struct.Struct(">8sIQ")
-SNAPSHOT_MAGIC = b"MKVSNAP1"
 RESYNC_MAX_SCAN_BYTES = 64 * 1024 * 1024  # a skip never searches further than one max batch
 RESYNC_FIRST_STEP_BYTES = 4096  # a scan for the next batch reads this much first (batches are small),
 RESYNC_MAX_STEP_BYTES = 1024 * 1024  # doubling up to this much per read

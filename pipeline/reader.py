@@ -39,7 +39,6 @@ from pyspark.sql.types import (
 
 from pipeline.decode import (
     ENTRY_COLUMNS,
-    SNAPSHOT_NAME,
     decode_index,
     decode_range,
     query_sqlite_bytes,
@@ -51,6 +50,7 @@ from pipeline.errors import PipelineInputError
 from pipeline.fs import Entry, HadoopFS, qualify
 from raft.types import check
 from storage import state_schema
+from storage.snapshot_store import SNAPSHOT_NAME
 
 DATA_DIR_MARKERS = ("log", "snapshots", "state.db", "quorum-state")
 STATE_DB = "state.db"

@@ -38,7 +38,7 @@ DEFAULT_KEEP_SNAPSHOTS = 3
 SNAPSHOT_SUFFIX = ".snapshot"
 PARTIAL_SUFFIX = ".partial"
 TEMP_SUFFIX = ".tmp"
-_NAME = re.compile(r"^(\d{20})-(\d{10})\.snapshot$")
+SNAPSHOT_NAME = re.compile(r"^(\d{20})-(\d{10})\.snapshot$")
 
 
 def snapshot_file_name(snapshot_id: SnapshotId) -> str:
@@ -47,7 +47,7 @@ def snapshot_file_name(snapshot_id: SnapshotId) -> str:
 
 
 def parse_snapshot_file_name(name: str) -> SnapshotId | None:
-    match = _NAME.match(name)
+    match = SNAPSHOT_NAME.match(name)
     if match is None:
         return None
     return SnapshotId(int(match.group(1)), int(match.group(2)))
