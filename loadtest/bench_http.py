@@ -59,8 +59,8 @@ import uvloop
 from geventhttpclient import URL, HTTPClient
 
 from loadtest.clusters import LocalCluster, start_etcd
+from loadtest.local_cluster import Cluster, Node
 from loadtest.stores import _b64
-from tests.cluster import Cluster, Node
 
 VALUE_BYTES = 256
 WARMUP_S = 1.0
