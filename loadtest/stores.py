@@ -1,7 +1,7 @@
 """One client interface over two stores, so every scenario drives metakv and etcd alike.
 
 A scenario calls ``Store.put/get/delete/create/cas/list_prefix/put_many``; the adapter turns
-that into metakv's HTTP API (shared/API.md) or etcd's v3 JSON gateway (base64 keys and
+that into metakv's HTTP API (docs/api.md) or etcd's v3 JSON gateway (base64 keys and
 values, ``/v3/kv/*``). Both adapters follow the same client rules, which are what a careful
 production client does and what makes the comparison fair:
 
