@@ -1,5 +1,5 @@
 # metakv node image: one image serves every node; each container is configured only through
-# METAKV_* environment variables (see docker-compose.yml and docs/runtime.md).
+# METAKV_* environment variables (see docker-compose.yml and docs/api.md).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

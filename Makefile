@@ -1,43 +1,60 @@
 # metakv: `make run` starts a local cluster, `make test` runs every test CI runs.
-# Both create .venv and install what they need (pip, and apt-get for system packages).
+# Every target creates .venv and installs what it needs: `run` only Python packages (pip);
+# the targets that drive Java, etcd or wrk also install those Debian packages (apt-get, as root).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
-SYSTEM_STAMP := $(VENV)/.system-installed
 SEEDS ?= 100000
 
-.PHONY: run test lint sim clean venv system bench-pipeline
+.PHONY: run test lint sim clean venv system system-java system-etcd system-wrk
 
-# System packages: a Java runtime for PySpark, etcd for side-by-side load tests, wrk as the
-# benchmarks' HTTP load generator.
-$(SYSTEM_STAMP):
-	@mkdir -p $(VENV)
-	@if ! command -v java >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless etcd-server wrk >/dev/null; \
-		else \
-			echo "need java, etcd and wrk: run as root or apt-get install default-jre-headless etcd-server wrk" >&2; exit 1; \
-		fi; \
-	fi
-	touch $(SYSTEM_STAMP)
-
-$(STAMP): pyproject.toml $(SYSTEM_STAMP)
+# The package and its runtime dependencies: all `make run` needs.
+$(BASE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(BASE_STAMP)
+
+# Everything the tests, benchmarks and pipeline import (pytest, ruff, PySpark, Locust, ...).
+$(STAMP): pyproject.toml $(BASE_STAMP)
 	$(PY) -m pip install -q -e '.[dev,spark,load]'
 	touch $(STAMP)
 
 venv: $(STAMP)
-system: $(SYSTEM_STAMP)
 
-run: $(STAMP)
+# apt_install(commands, packages): install the Debian packages when one of the commands is
+# missing; only root can, so anyone else is told what to install.
+define apt_install
+	@for command in $(1); do command -v $$command >/dev/null 2>&1 || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
+		else \
+			echo "need $(1): run as root or apt-get install $(2)" >&2; exit 1; \
+		fi; \
+	fi
+endef
+
+# A Java runtime for PySpark (pipeline/), etcd for the side-by-side load tests, wrk as the
+# HTTP benchmark's load generator.
+system-java:
+	$(call apt_install,java,default-jre-headless)
+system-etcd:
+	$(call apt_install,etcd etcdctl,etcd-server etcd-client)
+system-wrk:
+	$(call apt_install,wrk,wrk)
+system: system-java system-etcd system-wrk
+
+run: $(BASE_STAMP)
 	$(VENV)/bin/metakv cluster up
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check raft storage app pipeline loadtest tests
 
-test: $(STAMP)
+# The tests use etcd (tests/loadtest), Java (tests/pipeline) and wrk (tests/loadtest).
+test: $(STAMP) system lint
 	$(PY) -m pytest -q tests
 
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
@@ -51,11 +68,11 @@ bench-storage: $(STAMP)
 # The standard metakv vs etcd load comparison (docs/loadtest.md); report under results/bench-*/report/.
 .PHONY: bench
 BENCH_ARGS ?=
-bench: $(STAMP)
+bench: $(STAMP) system-etcd
 	$(PY) -m loadtest bench $(BENCH_ARGS)
 
 .PHONY: bench-http
-bench-http: $(STAMP)
+bench-http: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_http --etcd --profile-dir results/profile
 
 # Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
@@ -68,7 +85,8 @@ chaos: $(STAMP)
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)
 
-bench-pipeline: $(STAMP)
+.PHONY: bench-pipeline
+bench-pipeline: $(STAMP) system-java
 	$(PY) -m loadtest.bench_pipeline --records $(or $(RECORDS),10000000)
 
 clean:

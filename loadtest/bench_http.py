@@ -59,8 +59,8 @@ import uvloop
 from geventhttpclient import URL, HTTPClient
 
 from loadtest.clusters import LocalCluster, start_etcd
-from loadtest.stores import _b64
-from tests.cluster import Cluster, Node
+from loadtest.local_cluster import Cluster, Node
+from loadtest.stores import b64
 
 VALUE_BYTES = 256
 WARMUP_S = 1.0
@@ -131,11 +131,11 @@ class EtcdRequests:
     name = "etcd"
 
     def write(self, client: HTTPClient, key: str, value: bytes) -> Any:
-        body = json.dumps({"key": _b64(key), "value": _b64(value)}).encode()
+        body = json.dumps({"key": b64(key), "value": b64(value)}).encode()
         return client.post("/v3/kv/put", body=body, headers={"Content-Type": "application/json"})
 
     def read(self, client: HTTPClient, key: str) -> Any:
-        body = json.dumps({"key": _b64(key), "serializable": True}).encode()
+        body = json.dumps({"key": b64(key), "serializable": True}).encode()
         return client.post("/v3/kv/range", body=body, headers={"Content-Type": "application/json"})
 
     def holds(self, client: HTTPClient, key: str) -> bool:
@@ -143,11 +143,11 @@ class EtcdRequests:
         return response.status_code == 200 and b'"kvs"' in response.read()
 
     def raw_write(self, key: str, value: bytes) -> bytes:
-        body = json.dumps({"key": _b64(key), "value": _b64(value)}).encode()
+        body = json.dumps({"key": b64(key), "value": b64(value)}).encode()
         return _raw_request("POST", "/v3/kv/put", "application/json", body)
 
     def raw_read(self, key: str) -> bytes:
-        body = json.dumps({"key": _b64(key), "serializable": True}).encode()
+        body = json.dumps({"key": b64(key), "serializable": True}).encode()
         return _raw_request("POST", "/v3/kv/range", "application/json", body)
 
 

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/bench_write_path.json"))
     args = parser.parse_args(argv)
 
-    from tests.cluster import Cluster
+    from loadtest.local_cluster import Cluster
 
     root = Path(tempfile.mkdtemp(prefix="metakv-write-path-"))
     cluster = Cluster(root, voters=3)

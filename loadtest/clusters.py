@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtest.local_cluster import free_ports
 from raft.types import check
 
 CLUSTER_START_TIMEOUT_S = 60.0  # until every node answers and a leader is known
@@ -105,21 +105,6 @@ class LocalCluster:
 
     def __exit__(self, *_: Any) -> None:
         self.stop()
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel picked as free; all sockets stay open until every port is chosen,
-    so no port is handed out twice."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def etcd_binary() -> str:

@@ -1,7 +1,7 @@
 """One client interface over two stores, so every scenario drives metakv and etcd alike.
 
 A scenario calls ``Store.put/get/delete/create/cas/list_prefix/put_many``; the adapter turns
-that into metakv's HTTP API (shared/API.md) or etcd's v3 JSON gateway (base64 keys and
+that into metakv's HTTP API (docs/api.md) or etcd's v3 JSON gateway (base64 keys and
 values, ``/v3/kv/*``). Both adapters follow the same client rules, which are what a careful
 production client does and what makes the comparison fair:
 
@@ -384,13 +384,13 @@ class EtcdStore(Store):
         return reply.json()
 
     def put(self, key: str, value: bytes, *, name: str = "put") -> int:
-        answer = self._post("/v3/kv/put", {"key": _b64(key), "value": _b64(value)}, name=name)
+        answer = self._post("/v3/kv/put", {"key": b64(key), "value": b64(value)}, name=name)
         return int(answer["header"]["revision"])
 
     def create(self, key: str, value: bytes, *, name: str = "create") -> int | None:
         document = {
-            "compare": [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}],
+            "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "success": [{"request_put": {"key": b64(key), "value": b64(value)}}],
             "failure": [],
         }
         answer = self._call_renamed(
@@ -399,14 +399,14 @@ class EtcdStore(Store):
         return int(answer["header"]["revision"]) if answer.get("succeeded") else None
 
     def delete(self, key: str, *, name: str = "delete") -> Deleted:
-        answer = self._post("/v3/kv/deleterange", {"key": _b64(key)}, name=name)
+        answer = self._post("/v3/kv/deleterange", {"key": b64(key)}, name=name)
         return Deleted(int(answer["header"]["revision"]), int(answer.get("deleted", 0)) > 0)
 
     def cas(self, key: str, expected_version: int, value: bytes, *, name: str = "cas") -> CasOutcome:
         document = {
-            "compare": [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(expected_version)}],
-            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}],
-            "failure": [{"request_range": {"key": _b64(key), "keys_only": True}}],
+            "compare": [{"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(expected_version)}],
+            "success": [{"request_put": {"key": b64(key), "value": b64(value)}}],
+            "failure": [{"request_range": {"key": b64(key), "keys_only": True}}],
         }
         answer = self._call_renamed(
             "/v3/kv/txn", json.dumps(document).encode(), name=f"{name}: won", lost_name=f"{name}: lost race"
@@ -446,7 +446,7 @@ class EtcdStore(Store):
         return answer
 
     def get(self, key: str, *, name: str = "get", min_version: int = 0) -> Entry | None:
-        answer = self._post("/v3/kv/range", {"key": _b64(key)}, name=name)
+        answer = self._post("/v3/kv/range", {"key": b64(key)}, name=name)
         kvs = answer.get("kvs") or []
         if not kvs:
             return None
@@ -455,7 +455,7 @@ class EtcdStore(Store):
     def list_prefix(self, prefix: str, *, limit: int, name: str = "list prefix", min_version: int = 0) -> list[Entry]:
         answer = self._post(
             "/v3/kv/range",
-            {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix.encode())), "limit": str(limit)},
+            {"key": b64(prefix), "range_end": b64(prefix_end(prefix.encode())), "limit": str(limit)},
             name=name,
         )
         return [
@@ -468,7 +468,7 @@ class EtcdStore(Store):
         for chunk in _chunks(list(items)):
             document = {
                 "compare": [],
-                "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}} for key, value in chunk],
+                "success": [{"request_put": {"key": b64(key), "value": b64(value)}} for key, value in chunk],
                 "failure": [],
             }
             answer = self._post("/v3/kv/txn", document, name=name)
@@ -479,8 +479,8 @@ class EtcdStore(Store):
         """The body that opens a gateway watch stream for changes after ``since_version``."""
         return json.dumps({
             "create_request": {
-                "key": _b64(prefix),
-                "range_end": _b64(prefix_end(prefix.encode())),
+                "key": b64(prefix),
+                "range_end": b64(prefix_end(prefix.encode())),
                 "start_revision": str(since_version + 1),
             }
         }).encode()
@@ -533,7 +533,8 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 
     return predicate()
 
 
-def _b64(data: str | bytes) -> str:
+def b64(data: str | bytes) -> str:
+    """Base64 text of ``data`` (UTF-8 first when it is text): how etcd's JSON gateway takes keys and values."""
     raw = data.encode() if isinstance(data, str) else data
     return base64.b64encode(raw).decode()
 

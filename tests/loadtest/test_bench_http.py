@@ -20,7 +20,7 @@ from loadtest.bench_http import (
     median_ratios,
 )
 from loadtest.clusters import LocalCluster
-from loadtest.stores import _b64
+from loadtest.stores import b64
 
 
 def _leader_url(cluster: LocalCluster) -> str:
@@ -59,7 +59,7 @@ def test_wrk_writes_are_stored_on_etcd(etcd_cluster: LocalCluster) -> None:
     url = _leader_url(etcd_cluster)
     result = closed_loop([url], 2, 1.0, "write", ETCD)
     assert result["errors"] == 0 and result["requests"] > 0
-    response = httpx.post(f"{url}/v3/kv/range", json={"key": _b64("bench/w0/"), "range_end": _b64("bench/w00"),
+    response = httpx.post(f"{url}/v3/kv/range", json={"key": b64("bench/w0/"), "range_end": b64("bench/w00"),
                                                       "count_only": True})
     assert response.status_code == 200 and int(response.json().get("count", 0)) >= min(result["requests"], 1000) // 2
 
