@@ -56,13 +56,8 @@ from storage.commands import (
     OpKind,
     encode_command,
 )
-from storage.state_machine import (
-    CompactCommand,
-    Entry,
-    command_keys,
-    compare_holds,
-    decode_compact,
-)
+from storage.evaluator import CompactCommand, command_keys, compare_holds, decode_compact
+from storage.state_types import Entry
 
 EMPTY_COMMAND = encode_command(Command((), (), ()))
 PAUSE_EVERY_RECORDS = 256  # output records built between two calls of clean_prefix's pause
