@@ -459,7 +459,7 @@ def summarise_profile(path: Path, requests: int, top: int = 25) -> dict[str, Any
         "http (app/http.py)": "app/http.py", "runtime (app/runtime.py)": "app/runtime.py",
         "raft core (raft/)": "raft/", "transport (app/transport.py)": "app/transport.py",
         "segment log (storage/segment_log.py)": "segment_log.py",
-        "state machine (storage/state_machine.py)": "state_machine.py",
+        "state machine (storage/state_*.py)": "storage/state_",
         "uvicorn/httptools": "uvicorn/", "fastapi/starlette": "starlette/", "sqlalchemy": "sqlalchemy/",
         "msgpack": "msgpack", "idle (event loop select)": "select",
     }

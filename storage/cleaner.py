@@ -33,8 +33,9 @@ one msgpack decode per surviving record and is rewritten without evaluation; the
 section is evaluated once. When the log starts above offset 0, keys the records before that
 point do not name are looked up in ``base_state`` (the state machine at that version).
 
-Conditions are evaluated with the state machine's own pure evaluator, so the cleaner and
-every replica's SQLite rows can never disagree about which branch of a command ran.
+Conditions are evaluated with apply's own pure evaluator (storage/evaluator.py), so the
+cleaner and every replica's SQLite rows can never disagree about which branch of a command
+ran.
 """
 
 from __future__ import annotations
@@ -56,16 +57,12 @@ from storage.commands import (
     OpKind,
     encode_command,
 )
-from storage.state_machine import (
-    CompactCommand,
-    Entry,
-    command_keys,
-    compare_holds,
-    decode_compact,
-)
+from storage.evaluator import CompactCommand, command_keys, decode_compact, evaluate_compact
+from storage.state_types import Entry
 
 EMPTY_COMMAND = encode_command(Command((), (), ()))
 PAUSE_EVERY_RECORDS = 256  # output records built between two calls of clean_prefix's pause
+EVALUATE_CHUNK_RECORDS = 1_000  # records evaluated per call of the evaluator
 _PUT, _DELETE, _GET = int(OpKind.PUT), int(OpKind.DELETE), int(OpKind.GET)
 
 # an entry as the cleaner tracks it: Entry's fields as a plain tuple (cheaper to build)
@@ -220,14 +217,15 @@ def _state_independent_ops(record: bytes) -> list[Any] | None:
 
 
 def _state_at(keys: set[str], known: dict[str, _Row | None], start: int, version: int,
-              base_state: BaseState | None) -> dict[str, _Row | None]:
+              base_state: BaseState | None) -> dict[str, Entry | None]:
     """The state at ``version`` of ``keys``: what the direct section produced, else (a log
     from 0) absent, else what ``base_state`` says."""
-    state: dict[str, _Row | None] = {}
+    state: dict[str, Entry | None] = {}
     unknown: list[str] = []
     for key in keys:
         if key in known:
-            state[key] = known[key]
+            row = known[key]
+            state[key] = None if row is None else Entry(*row)
         elif start == 0:
             state[key] = None
         else:
@@ -238,37 +236,27 @@ def _state_at(keys: set[str], known: dict[str, _Row | None], start: int, version
         for key in unknown:
             if key not in looked_up:
                 raise CleanerInputError(f"base state at version {version} does not name key {key!r}")
-            entry = looked_up[key]
-            state[key] = None if entry is None else (
-                entry.key, entry.value, entry.content_type, entry.mod_version, entry.create_version)
+            state[key] = looked_up[key]
     return state
 
 
-def _evaluate(pending: list[tuple[int, CompactCommand]], state: dict[str, _Row | None],
+def _evaluate(pending: list[tuple[int, CompactCommand]], state: dict[str, Entry | None],
               newest: dict[str, tuple[int, Any]]) -> None:
-    """Run the commands against ``state`` as StateMachine.apply does (its compare function,
-    its op rules: a PUT keeps the key's create_version, or takes its own version for a new
-    key, unless the op carries one), recording each key's newest effect. The cleaner needs
-    neither apply results nor history rows, so it skips building them; the property tests in
-    tests/compaction/test_cleaner.py replay every cleaned log through the real apply."""
-    for offset, (compares, success, failure) in pending:
-        ops = success
-        for key, kind, target in compares:
-            row = state[key]
-            if not compare_holds(kind, target, None if row is None else Entry(*row)):
-                ops = failure
-                break
-        version = offset + 1
-        for kind, key, value, content_type, create_version in ops:
-            if kind == _PUT:
-                if not create_version:
-                    previous = state[key]
-                    create_version = version if previous is None else previous[4]
-                state[key] = (key, value, content_type, version, create_version)
-                newest[key] = (offset, (_PUT, key, value, content_type, create_version))
-            elif kind == _DELETE:
-                state[key] = None
-                newest[key] = (offset, None)
+    """Run the commands against ``state`` through apply's own evaluator (storage/evaluator.py),
+    recording each key's newest effect: the entry a PUT wrote, or a tombstone for every
+    DELETE op that ran, whether or not the key existed (rule 2). A chunk at a time, so the
+    results (which the cleaner reads once) are freed young."""
+    for start in range(0, len(pending), EVALUATE_CHUNK_RECORDS):
+        results, _history_rows = evaluate_compact(pending[start:start + EVALUATE_CHUNK_RECORDS], state)
+        for result in results:
+            offset = result.offset
+            for op in result.ops:
+                if op.kind == OpKind.PUT:
+                    entry: Entry = op.entry  # type: ignore[assignment]
+                    newest[op.key] = (offset, (_PUT, op.key, entry.value, entry.content_type,
+                                               entry.create_version))
+                elif op.kind == OpKind.DELETE:
+                    newest[op.key] = (offset, None)
 
 
 def _group(records: dict[int, bytes], in_range: list[Batch]) -> list[Batch]:

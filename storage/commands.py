@@ -62,9 +62,6 @@ class Command:
     success: tuple[Op, ...]
     failure: tuple[Op, ...] = ()
 
-    def keys_written(self) -> set[str]:
-        return {op.key for op in (*self.success, *self.failure) if op.kind != OpKind.GET}
-
 
 def put(key: str, value: bytes, content_type: str = DEFAULT_CONTENT_TYPE, compare: tuple[Compare, ...] = ()) -> Command:
     return Command(compare, (Op(OpKind.PUT, key, value, content_type),))

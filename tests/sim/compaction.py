@@ -47,7 +47,8 @@ from storage.commands import (
     decode_command,
     encode_command,
 )
-from storage.state_machine import Entry, evaluate_commands
+from storage.evaluator import evaluate_commands
+from storage.state_types import Entry
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode
 
 KEYS = tuple(f"k{index}" for index in range(6))

@@ -23,18 +23,15 @@ from storage.commands import (
 )
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import (
-    HISTORY_ROWS_PER_STATEMENT,
     ApplyResult,
     Entry,
     OpResult,
     StateDatabaseError,
     StateMachine,
-    _builder_class,
-    _new_apply_result,
-    _new_entry,
-    _new_op_result,
 )
 from storage.state_schema import read_database_meta
+from storage.state_types import builder_class, new_apply_result, new_entry, new_op_result
+from storage.state_writes import HISTORY_ROWS_PER_STATEMENT
 from tests.state_machine.helpers import (
     batches_for,
     control_batch,
@@ -112,7 +109,7 @@ def test_offsets_missing_from_a_cleaned_log_are_skipped(state):
 
 @pytest.mark.parametrize(("broken_function", "commands"), [
     ("_apply_puts", [put("b", b"1")]),  # a call of plain PUTs only
-    ("_evaluate_compact", [put("b", b"1"), delete("a")]),  # any other call
+    ("evaluate_compact", [put("b", b"1"), delete("a")]),  # any other call
 ])
 def test_failed_apply_rolls_back_everything(state, monkeypatch, broken_function, commands):
     state.apply([data_batch(0, [put("a", b"1")])])
@@ -121,7 +118,7 @@ def test_failed_apply_rolls_back_everything(state, monkeypatch, broken_function,
     def broken(*_args):
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(f"storage.state_machine.{broken_function}", broken)
+    monkeypatch.setattr(f"storage.state_writes.{broken_function}", broken)
     with pytest.raises(sqlite3.OperationalError):
         state.apply([data_batch(1, commands)])
     monkeypatch.undo()
@@ -390,7 +387,7 @@ def test_key_heads_written_behind_apply_gives_what_writing_it_every_call_gives(t
                     assert machine.applied_version == offset
                 elif step == "fail":
                     with monkeypatch.context() as patched:
-                        patched.setattr("storage.state_machine._link_history", _broken)
+                        patched.setattr("storage.state_writes._link_history", _broken)
                         with pytest.raises(sqlite3.OperationalError):
                             machine.apply([data_batch(offset, [put("a", b"lost"), delete("b")])])
             if isinstance(step, list):
@@ -481,13 +478,13 @@ def test_pruning_during_apply_with_key_heads_written_behind(tmp_path):
 def test_apply_results_are_the_public_frozen_dataclasses():
     """Apply builds Entry, OpResult and ApplyResult without their generated __init__; the
     objects are the same as the constructors give: equal, equally hashed, still frozen."""
-    entry = _new_entry("k", b"v", "text/plain", 3, 2)
-    op = _new_op_result(OpKind.PUT, "k", False, False, entry)
-    result = _new_apply_result(2, 3, True, (op,), ())
+    entry = new_entry("k", b"v", "text/plain", 3, 2)
+    op = new_op_result(OpKind.PUT, "k", False, False, entry)
+    result = new_apply_result(2, 3, True, (op,), ())
     expected = ApplyResult(2, 3, True, (OpResult(OpKind.PUT, "k", False, False,
                                                  Entry("k", b"v", "text/plain", 3, 2)),), ())
     assert result == expected and hash(result) == hash(expected) and repr(result) == repr(expected)
-    assert _new_apply_result(0, 1, False, (), (), "bad").error == "bad"
+    assert new_apply_result(0, 1, False, (), (), "bad").error == "bad"
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.value = b"other"  # type: ignore[misc]
     assert type(result) is ApplyResult and type(op) is OpResult and type(entry) is Entry
@@ -501,12 +498,12 @@ def test_a_builder_of_another_layout_cannot_become_the_dataclass():
     short = type("ShortBuilder", (), {"__slots__": ("key", "value", "content_type", "mod_version")})()
     with pytest.raises(TypeError):
         short.__class__ = Entry
-    assert type(_builder_class(Entry)()) is not Entry
+    assert type(builder_class(Entry)()) is not Entry
 
 
 def _general_path_only(real_decode_call):
-    """_decode_call, except that a call of plain PUTs also comes back as compact commands,
-    so apply takes the general path (_evaluate_compact, _link_history) for every call."""
+    """decode_call, except that a call of plain PUTs also comes back as compact commands,
+    so apply takes the general path (evaluate_compact, _link_history) for every call."""
     def decode_call(plan):
         puts, commands = real_decode_call(plan)
         if commands is None:
@@ -539,13 +536,13 @@ def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatc
     the same results, rows and heads as the general path, repeated keys in one call
     included, and the same rows as applying each record in its own call (also with
     key_heads written every call)."""
-    import storage.state_machine as state_machine_module
+    import storage.state_writes as state_writes_module
 
     with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
         machines = {name: StateMachine(os.path.join(directory, f"{name}.db"), heads_flush_records=records)
                     for name, records in (("fast", 10_000), ("general", 10_000),
                                           ("every_call", 1), ("one_by_one", 10_000))}
-        real_decode_call = state_machine_module._decode_call
+        real_decode_call = state_writes_module.decode_call
         try:
             offset = 0
             for index, commands in enumerate(calls):
@@ -553,7 +550,7 @@ def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatc
                 results = {}
                 for name, machine in machines.items():
                     if name == "general":
-                        monkeypatch.setattr(state_machine_module, "_decode_call",
+                        monkeypatch.setattr(state_writes_module, "decode_call",
                                             _general_path_only(real_decode_call))
                     try:
                         if name == "one_by_one":
@@ -563,7 +560,7 @@ def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatc
                         else:
                             results[name] = machine.apply([batch])
                     finally:
-                        monkeypatch.setattr(state_machine_module, "_decode_call", real_decode_call)
+                        monkeypatch.setattr(state_writes_module, "decode_call", real_decode_call)
                     if index == prune_after:
                         machine.prune_history(offset)
                 assert results["fast"] == results["general"] == results["every_call"] == results["one_by_one"]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage.commands import CommandDecodeError, decode_command, encode_command
-from storage.state_machine import decode_compact
+from storage.evaluator import decode_compact
 from tests.state_machine.test_replicas_property import commands
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(0, 3),

@@ -8,11 +8,11 @@ import threading
 import pytest
 
 from storage.commands import Command, Op, OpKind, delete, put
+from storage.key_index import prefix_upper_bound
 from storage.state_machine import (
     StateMachine,
     VersionCompactedError,
     VersionNotAppliedError,
-    prefix_upper_bound,
 )
 from tests.state_machine.helpers import data_batch
 

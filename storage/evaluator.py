@@ -1,0 +1,255 @@
+"""The command evaluator: records decoded to compact commands, run against a key -> entry view.
+
+Pure (no database): apply (storage/state_writes.py) runs every call's commands through it,
+and the cleaner (storage/cleaner.py) and the replay pipeline run the same functions, so
+every replica, the cleaner and the pipeline agree on which branch of a command ran.
+
+- Compares are evaluated against the state before the record: MOD_VERSION is the key's
+  mod_version (0 when missing), EXISTS whether it exists, VALUE whether it exists with
+  that value. All hold: the success ops run, otherwise the failure ops.
+- A PUT keeps the key's create_version, takes its own version for a new key, or restores
+  the create_version a cleaned record carries. A DELETE of a missing key changes nothing.
+- Records that do not decode are no-ops (their result carries the error), never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import msgpack
+
+from raft.types import Batch
+from storage.commands import (
+    COMMAND_VERSION,
+    Command,
+    CommandDecodeError,
+    CompareKind,
+    OpKind,
+    decode_command,
+)
+from storage.state_schema import HISTORY_OP_DELETE, HISTORY_OP_PUT
+from storage.state_types import (
+    ApplyResult,
+    Entry,
+    OpResult,
+    new_apply_result,
+    new_entry,
+    new_op_result,
+)
+
+logger = logging.getLogger(__name__)
+
+# The state machine's working form of a command: plain tuples, cheaper to build and read
+# than the Command dataclasses, with the same content:
+#   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type, create_version), ...) x 2)
+# (create_version is 0 except in a PUT the cleaner rewrote, see storage/commands.py)
+CompactOp = tuple[int, str, bytes, str, int]
+CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
+_OP_KINDS = {int(kind): kind for kind in OpKind}
+_PUT, _DELETE = int(OpKind.PUT), int(OpKind.DELETE)
+_SIMPLE_OP_KINDS = frozenset(_OP_KINDS)
+
+
+def decode_compact(record: bytes) -> CompactCommand:
+    """Decode a record as ``storage.commands.decode_command`` does, into the compact form.
+
+    The common record, one op and no compares, is recognised directly; any other shape goes
+    through ``decode_command``, which accepts a superset of what the shortcut accepts and
+    gives the same content for it, so both paths agree on every record.
+    """
+    try:
+        value = msgpack.unpackb(record, raw=False)
+    except Exception:  # decode_command below reports it the same way every time
+        value = None
+    if (type(value) is list and len(value) == 4 and type(value[0]) is int
+            and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
+            and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
+            and not value[3]):
+        op = value[2][0]
+        if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] in _SIMPLE_OP_KINDS
+                and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
+            return (), ((op[0], op[1], op[2], op[3], 0),), ()
+    return compact_command(decode_command(record))
+
+
+def compact_command(command: Command) -> CompactCommand:
+    return (
+        tuple((c.key, int(c.kind), c.target) for c in command.compare),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.success),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.failure),
+    )
+
+
+# A plain PUT record as the all-puts path carries it: (offset, key, value, content_type).
+PutRecord = tuple[int, str, bytes, str]
+
+
+def decode_call(plan: list[tuple[Batch, int]]
+                 ) -> tuple[list[PutRecord], list[tuple[int, CompactCommand | str]] | None]:
+    """Decode the records ``plan`` covers (control batches have none).
+
+    While every record is a plain PUT (one put op, no compares, no failure ops, no
+    create_version: exactly the records decode_compact returns as one PUT op) they are
+    kept as PutRecords and ``(puts, None)`` is returned. At the first other record the
+    PUTs so far become compact commands and the rest is decoded as decode_compact does:
+    ``(puts, commands)``, commands holding every record (or its decode error) in order.
+    """
+    puts: list[PutRecord] = []
+    append = puts.append
+    unpackb = msgpack.unpackb
+    for position, (batch, first_index) in enumerate(plan):
+        if batch.control:
+            continue
+        records = batch.records
+        base_offset = batch.base_offset
+        for index in range(first_index, len(records)):
+            try:
+                value = unpackb(records[index], raw=False)
+            except Exception:  # not msgpack: decode_compact reports it, below
+                value = None
+            if (type(value) is list and len(value) == 4 and type(value[0]) is int
+                    and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
+                    and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
+                    and not value[3]):
+                op = value[2][0]
+                if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] == _PUT
+                        and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
+                    append((base_offset + index, op[1], op[2], op[3]))
+                    continue
+            commands: list[tuple[int, CompactCommand | str]] = [
+                (offset, ((), ((_PUT, key, value, content_type, 0),), ()))
+                for offset, key, value, content_type in puts]
+            _decode_rest(plan, position, index, commands)
+            return puts, commands
+    return puts, None
+
+
+def _decode_rest(plan: list[tuple[Batch, int]], position: int, index: int,
+                 commands: list[tuple[int, CompactCommand | str]]) -> None:
+    """Append (offset, command or decode error) to ``commands`` for every record from
+    record ``index`` of ``plan[position]`` on."""
+    for batch, first_index in plan[position:]:
+        if batch.control:
+            continue
+        for record_index in range(max(first_index, index), len(batch.records)):
+            offset = batch.base_offset + record_index
+            try:
+                commands.append((offset, decode_compact(batch.records[record_index])))
+            except CommandDecodeError as exc:
+                logger.warning("record at offset %d does not decode (%s); applied as a no-op",
+                               offset, exc)
+                commands.append((offset, f"record does not decode: {exc}"))
+        index = 0
+
+
+def keys_of(commands: list[tuple[int, CompactCommand | str]]) -> set[str]:
+    """Every key the commands may read or write (the common one-op command directly)."""
+    keys: set[str] = set()
+    add = keys.add
+    for _offset, command in commands:
+        if type(command) is str:
+            continue
+        compares, success, failure = command
+        if not compares and not failure and len(success) == 1:
+            add(success[0][1])
+        else:
+            keys.update(command_keys(command))
+    return keys
+
+
+def command_keys(command: CompactCommand) -> Iterator[str]:
+    compares, success, failure = command
+    for compare in compares:
+        yield compare[0]
+    for op in success:
+        yield op[1]
+    for op in failure:
+        yield op[1]
+
+
+def compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) -> bool:
+    if kind == CompareKind.MOD_VERSION:
+        return (0 if entry is None else entry.mod_version) == target
+    if kind == CompareKind.EXISTS:
+        return (entry is not None) == target
+    return entry is not None and entry.value == target
+
+
+# A change as the evaluator reports it: (version, seq, key, op, value, content_type,
+# create_version); apply links it to the key's previous change before writing it.
+HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
+
+
+def evaluate_commands(
+    commands: Sequence[tuple[int, Command | str]], state: dict[str, Entry | None]
+) -> list[ApplyResult]:
+    """The apply evaluator on its own: run ``(offset, command or decode error)`` pairs against
+    ``state`` (key -> Entry or None, holding every key the commands name; updated in place)
+    exactly as apply does, without touching a database. Used by the replay pipeline and
+    the simulator's key-value model."""
+    return evaluate_compact(
+        [(offset, command if isinstance(command, str) else compact_command(command))
+         for offset, command in commands], state)[0]
+
+
+def evaluate_compact(
+    commands: Sequence[tuple[int, CompactCommand | str]], state: dict[str, Entry | None]
+) -> tuple[list[ApplyResult], list[HistoryRow]]:
+    """Run the commands against ``state`` (updated in place); pure and deterministic.
+
+    Returns the results and the history rows (every change, in (version, seq) order).
+    """
+    results: list[ApplyResult] = []
+    history_rows: list[HistoryRow] = []
+    append_result = results.append
+    append_history = history_rows.append
+    for offset, command in commands:
+        version = offset + 1
+        seq = 0  # position of a change within its record: the same on every replica
+        if isinstance(command, str):
+            append_result(new_apply_result(offset, version, False, (), (), command))
+            continue
+        compares, success, failure = command
+        if not compares and len(success) == 1 and success[0][0] == _PUT:
+            # The common record, one unconditional PUT: the loop below without its branches.
+            _kind, key, value, content_type, op_create_version = success[0]
+            previous = state[key]
+            create_version = op_create_version or (
+                version if previous is None else previous.create_version)
+            entry = new_entry(key, value, content_type, version, create_version)
+            state[key] = entry
+            append_history((version, 0, key, HISTORY_OP_PUT, value, content_type, create_version))
+            append_result(new_apply_result(
+                offset, version, True, (new_op_result(OpKind.PUT, key, previous is None, False, entry),), ()))
+            continue
+        failed: tuple[tuple[str, int], ...] = ()
+        if compares:
+            failed = tuple(
+                (key, 0 if state[key] is None else state[key].mod_version)  # type: ignore[union-attr]
+                for key, kind, target in compares if not compare_holds(kind, target, state[key]))
+        op_results: list[OpResult] = []
+        for kind, key, value, content_type, op_create_version in failure if failed else success:
+            previous = state[key]
+            if kind == _PUT:
+                # A cleaned record restores the create_version of the records it replaced.
+                create_version = op_create_version or (
+                    version if previous is None else previous.create_version)
+                entry = new_entry(key, value, content_type, version, create_version)
+                state[key] = entry
+                append_history((version, seq, key, HISTORY_OP_PUT, value, content_type, create_version))
+                seq += 1
+                op_results.append(new_op_result(_OP_KINDS[kind], key, previous is None, False, entry))
+            elif kind == _DELETE:
+                if previous is not None:
+                    state[key] = None
+                    append_history((version, seq, key, HISTORY_OP_DELETE, None, None,
+                                    previous.create_version))
+                    seq += 1
+                op_results.append(new_op_result(_OP_KINDS[kind], key, False, previous is not None, None))
+            else:
+                op_results.append(new_op_result(_OP_KINDS[kind], key, False, False, previous))
+        append_result(new_apply_result(offset, version, not failed, tuple(op_results), failed))
+    return results, history_rows
+

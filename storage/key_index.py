@@ -1,0 +1,100 @@
+"""The in-memory key index: every key's head (its newest history row), and the keys in order.
+
+Like etcd's key index over its store of revisions: the state machine reads and updates
+heads here and writes ``key_heads`` on disk behind apply (docs/state-machine.md, Schema).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sortedcontainers import SortedList
+
+
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The smallest string above every string starting with ``prefix`` (None: no bound).
+
+    SQLite compares TEXT by UTF-8 bytes, which orders like code points, so bumping the last
+    code point gives an index-friendly range ``prefix <= key < bound``.
+    """
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop())
+        if last == 0x10FFFF:
+            continue
+        bumped = 0xE000 if last + 1 == 0xD800 else last + 1
+        return "".join(chars) + chr(bumped)
+    return None
+
+
+# A key's head as the index keeps it: (create_version, head_version, head_seq), naming the
+# key's newest history row; create_version is 0 when that change is a delete (the key is
+# absent; the row stays a head until it falls below the horizon, since a later put links
+# to it). For a put head the entry's mod_version is head_version. Only ints: the garbage
+# collector untracks such a tuple the first time it sees it, so an index of a million keys
+# adds nothing to the cost of a full collection.
+Head = tuple[int, int, int]
+
+
+class HeadIndex:
+    """Every key's head (key -> Head) and the keys in order.
+
+    The writer changes it only after a commit, under the state machine's publish lock; a
+    reader takes heads under that lock. It holds every key that has a head (no bound: like
+    etcd's key index, the keys of a metadata store fit in memory; the values stay in
+    SQLite). The heads are a plain dict and the order a separate SortedList that changes
+    only when a key is created or forgotten: most calls only update heads, at dict speed.
+    """
+
+    def __init__(self) -> None:
+        self.heads: dict[str, Head] = {}
+        self.keys: SortedList = SortedList()
+        # key -> version of its head, for the keys whose head is a delete.
+        self._deletes: dict[str, int] = {}
+
+    def clear(self) -> None:
+        self.heads = {}
+        self.keys = SortedList()
+        self._deletes = {}
+
+    def load(self, heads: dict[str, Head]) -> None:
+        self.heads = heads
+        self.keys = SortedList(heads)
+        self._deletes = {key: head[1] for key, head in heads.items() if not head[0]}
+
+    def update(self, new_heads: dict[str, Head]) -> None:
+        """Record a committed call's new heads."""
+        heads = self.heads
+        created = [key for key in new_heads if key not in heads]
+        heads.update(new_heads)
+        if created:
+            self.keys.update(created)
+        deletes = self._deletes
+        for key, head in new_heads.items():
+            if not head[0]:
+                deletes[key] = head[1]
+            elif deletes:
+                deletes.pop(key, None)
+
+    def forget_deletes_through(self, version: int) -> None:
+        """Drop the keys whose head is a delete at or below ``version`` (a prune to that
+        horizon removed those heads; key_heads was brought up to date before it)."""
+        deletes = self._deletes
+        gone = [key for key, head_version in deletes.items() if head_version <= version]
+        for key in gone:
+            del deletes[key]
+            del self.heads[key]
+            self.keys.remove(key)
+
+    def range(self, prefix: str, after: str | None) -> Iterator[tuple[str, Head]]:
+        """(key, head) for the keys starting with ``prefix`` and above ``after``, in key
+        order (code point order, which is SQLite's order of UTF-8 TEXT)."""
+        heads = self.heads
+        upper = prefix_upper_bound(prefix) if prefix else None
+        if after is not None and after >= prefix:
+            keys = self.keys.irange(after, upper, inclusive=(False, False))
+        else:
+            keys = self.keys.irange(prefix, upper, inclusive=(True, False))
+        for key in keys:
+            yield key, heads[key]
+
