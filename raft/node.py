@@ -49,7 +49,9 @@ from raft.roles import (
 )
 from raft.snapshots import CorruptSnapshotError, SnapshotNotFoundError, SnapshotStore
 from raft.types import (
+    BATCH_OVERHEAD_BYTES,
     CONTROL_LEADER_CHANGE,
+    RECORD_OVERHEAD_BYTES,
     Batch,
     ErrorCode,
     SnapshotId,
@@ -66,10 +68,6 @@ __all__ = [
     "Ready",
     "Role",
 ]
-
-BATCH_OVERHEAD_BYTES = 34  # Batch.size_bytes() of an empty batch
-RECORD_OVERHEAD_BYTES = 5
-
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:

@@ -84,7 +84,7 @@ import enum
 from dataclasses import dataclass, field
 
 from raft.messages import FetchRequest
-from raft.types import SnapshotId
+from raft.types import BATCH_OVERHEAD_BYTES, SnapshotId
 
 
 class Role(enum.Enum):
@@ -172,7 +172,7 @@ class PendingBatch:
     """Accumulated proposals waiting to become one log batch (group commit)."""
 
     records: list[bytes] = field(default_factory=list)
-    size_bytes: int = 34
+    size_bytes: int = BATCH_OVERHEAD_BYTES
 
 
 @dataclass(slots=True)
