@@ -1,9 +1,9 @@
 """RaftNode: metakv's consensus core as a pure state machine (see docs/raft-core-api.md).
 
 The rules and the transition table are at the top of raft/roles.py; every transition is a
-``_become_*`` method in the "Transitions" section below. Inputs are messages, ticks,
-proposals, read requests and flush completions, each with the current time in integer
-milliseconds; the output of every input is collected into one ``Ready``.
+``_become_*`` method in the "Transitions" section below, checked against that table. Inputs
+are messages, ticks, proposals, read requests and flush completions, each with the current
+time in integer milliseconds; the output of every input is collected into one ``Ready``.
 The leader's and the follower's handlers live in raft/leader.py and raft/follower.py;
 RaftNode combines them and alone changes roles and the persisted quorum state.
 """
@@ -43,6 +43,7 @@ from raft.roles import (
     Role,
     RoleState,
     UnattachedState,
+    transition_allowed,
 )
 from raft.snapshots import SnapshotStore
 from raft.types import (
@@ -354,7 +355,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         return timeout_ms + self._rng.randrange(timeout_ms)
 
     # ------------------------------------------------------------------ transitions
-    # The only places that assign self._state. Each says which rule of roles.py it follows.
+    # The only places that assign self._state. Each says which rule of roles.py it follows
+    # and checks its move against roles.TRANSITIONS (_restart picks the first role).
 
     def _restart(self, now_ms: int) -> None:
         """Rule 10: choose the starting role from the persisted state and the log."""
@@ -378,6 +380,13 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
                 persisted.epoch, persisted.voted_id, now_ms + self._random_election_timeout_ms(), now_ms
             )
 
+    def _check_transition(self, to_role: Role, epoch: int) -> None:
+        """A move that raft/roles.py's TRANSITIONS does not list is a broken invariant."""
+        old = self._state
+        check(transition_allowed(old.role, to_role, epoch > old.epoch),
+              f"transition {old.role.value} -> {to_role.value} (epoch {old.epoch} -> {epoch}) "
+              "is not in raft/roles.py TRANSITIONS")
+
     def _leave_role(self, now_ms: int) -> None:
         """Drop what only the old role held; tell the runtime the role changed."""
         state = self._state
@@ -387,6 +396,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
 
     def _become_unattached(self, now_ms: int, epoch: int, voted_id: int = -1, delay_ms: int | None = None) -> None:
         """Rules 1, 2, 8: no leader known in ``epoch``."""
+        self._check_transition(Role.UNATTACHED, epoch)
         self._leave_role(now_ms)
         if epoch > self._persisted.epoch:
             self._persist(epoch, voted_id, NO_LEADER)
@@ -395,6 +405,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
 
     def _become_follower(self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str) -> None:
         """Rules 1, 3, 4, 7: a leader of ``epoch`` is known."""
+        self._check_transition(Role.FOLLOWER, epoch)
         check(leader_id != self._id, "cannot follow itself")
         voted_id = self._persisted.voted_id if epoch == self._persisted.epoch else -1
         self._leave_role(now_ms)
@@ -420,6 +431,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         check(self.is_voter, "observers never campaign")
         check(not self._shutting_down, "a node shutting down never campaigns")
         old = self._state
+        self._check_transition(Role.PROSPECTIVE, old.epoch)
         leader_id = old.leader_id if isinstance(old, FollowerState) else NO_LEADER
         if not isinstance(old, ProspectiveState):
             self._leave_role(now_ms)
@@ -437,6 +449,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def _become_candidate(self, now_ms: int) -> None:
         """Rule 4: persist epoch + 1 and a vote for itself, ask for votes."""
         epoch = self._state.epoch + 1
+        self._check_transition(Role.CANDIDATE, epoch)
         self._leave_role(now_ms)
         self._persist(epoch, self._id, NO_LEADER)
         state = CandidateState(epoch, now_ms + self._random_election_timeout_ms())
@@ -452,6 +465,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def _become_leader(self, now_ms: int) -> None:
         """Rule 6: append LeaderChange, announce with BeginQuorumEpoch."""
         epoch = self._state.epoch
+        self._check_transition(Role.LEADER, epoch)
         self._leave_role(now_ms)
         self._persist(epoch, self._id, self._id)
         log = self._log
@@ -469,6 +483,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
 
     def _become_resigned(self, now_ms: int, leader: LeaderState) -> None:
         """Rule 8: stop serving; EndQuorumEpoch with successors ordered by replicated offset."""
+        self._check_transition(Role.RESIGNED, leader.epoch)
         successors = tuple(
             p.replica_id for p in sorted(leader.voters.values(), key=lambda p: (-p.end_offset, p.replica_id))
         )
