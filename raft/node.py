@@ -333,10 +333,6 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         elif isinstance(state, CandidateState):  # abandon the running election (keeps its vote)
             self._become_unattached(now_ms, state.epoch, self._id)
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
     def on_snapshot_installed(self, now_ms: int, snapshot_id: SnapshotId) -> None:
         """The runtime loaded ``snapshot_id``; nothing in the core waits on it."""
         self.high_watermark = max(self.high_watermark, min(snapshot_id.end_offset, self._log.end_offset()))
