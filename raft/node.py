@@ -1,4 +1,4 @@
-"""RaftNode: metakv's consensus core as a pure state machine (see docs/raft-core-api.md).
+"""RaftNode: metakv's consensus core as a pure state machine (driving contract: raft/__init__.py).
 
 The rules and the transition table are at the top of raft/roles.py; every transition is a
 ``_become_*`` method in the "Transitions" section below, checked against that table. Inputs
@@ -117,7 +117,7 @@ class ProposalRejectedError(Exception):
 
 @dataclass(slots=True)
 class Ready:
-    """Everything the caller must do after one input, in this order (see the API doc)."""
+    """The caller's work after one or more inputs, in the order raft/__init__.py gives."""
 
     quorum_state: QuorumStateRecord | None = None
     messages: list[Envelope] = field(default_factory=list)
