@@ -197,9 +197,7 @@ class FollowerHandlers(NodeBase):
         ))
 
     def _on_fetch_snapshot_response(self, now_ms: int, src: int, response: FetchSnapshotResponse) -> None:
-        if src not in self._voters or response.epoch < 0:
-            return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
+        if not self._observe_response_epoch(now_ms, src, response.epoch, response.leader_id):
             return
         state = self._state
         if (not isinstance(state, FollowerState) or state.phase != FetchPhase.SNAPSHOT or state.leader_id != src

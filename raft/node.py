@@ -592,9 +592,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         return (request.last_offset_epoch, request.last_offset) >= (log.last_epoch(), log.end_offset())
 
     def _on_vote_response(self, now_ms: int, src: int, response: VoteResponse) -> None:
-        if src not in self._voters or response.epoch < 0:
-            return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
+        if not self._observe_response_epoch(now_ms, src, response.epoch, response.leader_id):
             return
         state = self._state
         if response.error != ErrorCode.NONE:

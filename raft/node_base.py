@@ -96,6 +96,13 @@ class NodeBase:
     def _check_quorum_ms(self) -> int:
         return self.config.fetch_timeout_ms * 3 // 2
 
+    def _observe_response_epoch(self, now_ms: int, src: int, epoch: int, leader_id: int) -> bool:
+        """Rule 1 for a response; False when it is dropped (not from a voter, or a bad or
+        older epoch)."""
+        if src not in self._voters or epoch < 0:
+            return False
+        return self._observe_epoch(now_ms, epoch, leader_id, src=src)
+
     # ------------------------------------------------------------------ transitions (RaftNode implements them)
 
     def _observe_epoch(
