@@ -57,16 +57,16 @@ from app.service import (
 )
 from app.transport import RaftTransport
 from raft.messages import Envelope
-from raft.node import (
+from raft.node import NotLeaderError as RaftNotLeaderError
+from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
+from raft.types import (
     BATCH_OVERHEAD_BYTES,
     RECORD_OVERHEAD_BYTES,
-    ProposalRejectedError,
-    RaftConfig,
-    RaftNode,
-    Role,
+    Batch,
+    ProtocolInvariantError,
+    SnapshotId,
+    check,
 )
-from raft.node import NotLeaderError as RaftNotLeaderError
-from raft.types import Batch, ProtocolInvariantError, SnapshotId, check
 from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix_digest
 from storage.commands import Command, encode_command
 from storage.data_dir import DataDirLock, check_identity

@@ -280,12 +280,6 @@ class RaftTransport:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
 
-    def set_peer_address(self, peer_id: int, host: str, port: int) -> None:
-        """Add or move a peer (e.g. a voter learned later); reconnects on the next send."""
-        self._peers[peer_id] = (host, port)
-        if peer_id != self.node_id and peer_id not in self._outbound_tasks and not self._stopping:
-            self._start_outbound(peer_id)
-
     # -- sending ------------------------------------------------------------
 
     def send(self, envelope: Envelope) -> None:

@@ -1,7 +1,9 @@
 """The log as the core sees it: a narrow protocol, and an in-memory twin for the simulator.
 
-storage/segment_log.py implements ``RaftLog`` on disk. ``MemoryLog.reopen()`` models a
-crash: everything appended but not flushed is lost.
+storage/segment_log.py implements ``RaftLog`` on disk. The protocol holds only what raft/
+calls; the caller's side (``flush``, the cleaner's ``replace_prefix``, snapshots and
+retention) is on the concrete logs, ``SegmentLog`` and ``MemoryLog``, whose ``reopen()``
+models a crash: everything appended but not flushed is lost.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class QuorumStateRecord:
 
 
 class RaftLog(Protocol):
-    """The log operations the core needs. Offsets count records, not bytes."""
+    """The log operations the core calls. Offsets count records, not bytes."""
 
     def start_offset(self) -> int:
         """The first offset still held (above 0 once a prefix was replaced by a snapshot)."""
@@ -40,7 +42,8 @@ class RaftLog(Protocol):
         """Epoch of the last batch; the snapshot's epoch when the log is empty past it; else 0."""
 
     def append(self, batch: Batch) -> None:
-        """Append one batch; batch.base_offset == end_offset() and its epoch >= last_epoch()."""
+        """Append one batch; its epoch >= last_epoch(), and batch.base_offset == end_offset(),
+        or above it only when the whole batch lies below cleaned_end()."""
 
     def truncate_to(self, offset: int) -> None:
         """Drop every record at ``offset`` and above (never below start_offset())."""
@@ -52,9 +55,6 @@ class RaftLog(Protocol):
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """(largest epoch <= ``epoch`` held, the end offset of that epoch); (0, 0) when none.
         For epoch >= last_epoch() this is (last_epoch(), end_offset())."""
-
-    def flush(self) -> int:
-        """Make everything appended durable; return the new flushed_offset()."""
 
     def latest_snapshot_id(self) -> SnapshotId | None:
         """The newest snapshot the log knows of, or None."""
@@ -69,10 +69,6 @@ class RaftLog(Protocol):
     def allow_gaps_below(self, offset: int) -> None:
         """Durably let appends below ``offset`` skip offsets (a follower copying the
         leader's cleaned prefix). Raises cleaned_end(); never lowers it."""
-
-    def replace_prefix(self, batches: Sequence[Batch], clean_end: int) -> None:
-        """Replace every batch below ``clean_end`` (a batch boundary) by ``batches``, a
-        compacted copy of that prefix (storage/cleaner.py); durable when it returns."""
 
 
 class MemoryLog:
@@ -151,6 +147,7 @@ class MemoryLog:
         return best
 
     def flush(self) -> int:
+        """Make everything appended durable (the caller's flush; Ready.flush asks for it)."""
         self._flushed_offset = self.end_offset()
         self._durable_batches = list(self._batches)
         return self._flushed_offset

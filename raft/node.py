@@ -1,9 +1,11 @@
-"""RaftNode: metakv's consensus core as a pure state machine (see docs/raft-core-api.md).
+"""RaftNode: metakv's consensus core as a pure state machine (driving contract: raft/__init__.py).
 
 The rules and the transition table are at the top of raft/roles.py; every transition is a
-``_become_*`` method in the "Transitions" section below. Inputs are messages, ticks,
-proposals, read requests and flush completions, each with the current time in integer
-milliseconds; the output of every input is collected into one ``Ready``.
+``_become_*`` method in the "Transitions" section below, checked against that table. Inputs
+are messages, ticks, proposals, read requests and flush completions, each with the current
+time in integer milliseconds; the output of every input is collected into one ``Ready``.
+The leader's and the follower's handlers live in raft/leader.py and raft/follower.py;
+RaftNode combines them and alone changes roles and the persisted quorum state.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from raft.follower import FollowerHandlers
+from raft.leader import LeaderHandlers
 from raft.log import QuorumStateRecord, RaftLog
 from raft.messages import (
-    ANONYMOUS_REPLICA,
-    NO_EPOCH,
     NO_LEADER,
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -28,28 +30,26 @@ from raft.messages import (
     FetchSnapshotRequest,
     FetchSnapshotResponse,
     Message,
-    ReplicaState,
     VoteRequest,
     VoteResponse,
 )
 from raft.roles import (
     CandidateState,
-    FetchPhase,
     FollowerState,
     LeaderState,
-    ParkedFetch,
-    PendingBatch,
-    PendingRead,
     ProspectiveState,
     ReplicaProgress,
     ResignedState,
     Role,
     RoleState,
     UnattachedState,
+    transition_allowed,
 )
-from raft.snapshots import CorruptSnapshotError, SnapshotNotFoundError, SnapshotStore
+from raft.snapshots import SnapshotStore
 from raft.types import (
+    BATCH_OVERHEAD_BYTES,
     CONTROL_LEADER_CHANGE,
+    RECORD_OVERHEAD_BYTES,
     Batch,
     ErrorCode,
     SnapshotId,
@@ -66,10 +66,6 @@ __all__ = [
     "Ready",
     "Role",
 ]
-
-BATCH_OVERHEAD_BYTES = 34  # Batch.size_bytes() of an empty batch
-RECORD_OVERHEAD_BYTES = 5
-
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
@@ -121,7 +117,7 @@ class ProposalRejectedError(Exception):
 
 @dataclass(slots=True)
 class Ready:
-    """Everything the caller must do after one input, in this order (see the API doc)."""
+    """The caller's work after one or more inputs, in the order raft/__init__.py gives."""
 
     quorum_state: QuorumStateRecord | None = None
     messages: list[Envelope] = field(default_factory=list)
@@ -133,7 +129,7 @@ class Ready:
     snapshot_to_install: SnapshotId | None = None
 
 
-class RaftNode:
+class RaftNode(LeaderHandlers, FollowerHandlers):
     """One metakv replica's consensus state; see the module docstring and raft/roles.py."""
 
     def __init__(
@@ -186,40 +182,6 @@ class RaftNode:
     # ------------------------------------------------------------------ queries
 
     @property
-    def node_id(self) -> int:
-        return self._id
-
-    @property
-    def is_voter(self) -> bool:
-        return self._id in self._voters
-
-    @property
-    def role(self) -> Role:
-        return self._state.role
-
-    @property
-    def epoch(self) -> int:
-        return self._state.epoch
-
-    @property
-    def leader_id(self) -> int:
-        state = self._state
-        if isinstance(state, LeaderState):
-            return self._id
-        if isinstance(state, FollowerState):
-            return state.leader_id
-        return NO_LEADER
-
-    @property
-    def leader_endpoint(self) -> str:
-        state = self._state
-        if isinstance(state, LeaderState):
-            return self.config.endpoint
-        if isinstance(state, FollowerState):
-            return state.leader_endpoint
-        return ""
-
-    @property
     def quorum_state(self) -> QuorumStateRecord:
         """The quorum state as last handed out for persisting."""
         return self._persisted
@@ -245,28 +207,6 @@ class RaftNode:
                 and applied_version >= log.start_offset()
                 and applied_version >= min(self.dirty_offset, log.cleaned_end()))
 
-    def tombstone_unsafe_below(self) -> int:
-        """A fetcher with 0 < fetch offset < this may have missed a dropped tombstone: the
-        leader sends it a snapshot. Every cleaning drops tombstones only below the tombstone
-        horizon and its cleaned end minus tombstone_retention_records (docs/compaction.md);
-        both only rise, so this bound covers every cleaning that went into this log. A
-        fetcher inside the retention window still finds its tombstones and continues."""
-        retained_from = max(0, self._log.cleaned_end() - self.config.tombstone_retention_records)
-        return min(self.tombstone_horizon, retained_from)
-
-    def describe_quorum(self, now_ms: int) -> DescribeQuorumResponse:
-        state = self._state
-        if not isinstance(state, LeaderState):
-            return DescribeQuorumResponse(
-                ErrorCode.NOT_LEADER_OR_FOLLOWER, self.epoch, self.leader_id, self.high_watermark, (), ()
-            )
-        me = ReplicaState(self._id, self.config.endpoint, self._log.end_offset(), now_ms, now_ms)
-        voters = [me] + [_replica_state(p) for p in sorted(state.voters.values(), key=lambda p: p.replica_id)]
-        observers = [_replica_state(p) for p in sorted(state.observers.values(), key=lambda p: p.replica_id)]
-        return DescribeQuorumResponse(
-            ErrorCode.NONE, state.epoch, self._id, self.high_watermark, tuple(voters), tuple(observers)
-        )
-
     def next_deadline_ms(self) -> int:
         """The latest time by which ``tick`` must be called."""
         state = self._state
@@ -281,22 +221,8 @@ class RaftNode:
                 return min(state.election_deadline_ms, state.end_quorum_next_ms)
             return state.election_deadline_ms
         if isinstance(state, FollowerState):
-            deadline = state.last_contact_ms + self.config.fetch_timeout_ms
-            if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
-                deadline = min(deadline, state.fetch_sent_ms + self._fetch_request_timeout_ms())
-            elif state.phase == FetchPhase.BACKOFF:
-                deadline = min(deadline, state.next_fetch_ms)
-            return deadline
-        deadline = state.elected_ms + self._check_quorum_ms()
-        if self._last_quorum_fetch_ms(state) >= 0:
-            deadline = max(deadline, self._last_quorum_fetch_ms(state) + self._check_quorum_ms())
-        if state.begin_quorum_pending:
-            deadline = min(deadline, state.begin_quorum_next_ms)
-        for parked in state.parked.values():
-            deadline = min(deadline, parked.deadline_ms)
-        if state.pending_batches and state.linger_deadline_ms >= 0 and not self._flush_requested:
-            deadline = min(deadline, state.linger_deadline_ms)
-        return deadline
+            return self._follower_deadline_ms(state)
+        return self._leader_deadline_ms(state)
 
     # ------------------------------------------------------------------ inputs
 
@@ -361,16 +287,7 @@ class RaftNode:
                 f"accumulator full: {state.pending_records} records pending "
                 f"(max_pending_records={self.config.max_pending_records})"
             )
-        base_offset = self._log.end_offset() + state.pending_records
-        if not state.pending_batches or state.pending_batches[-1].size_bytes + size_bytes > self.config.max_batch_bytes:
-            state.pending_batches.append(PendingBatch())
-        pending = state.pending_batches[-1]
-        pending.records.extend(records)
-        pending.size_bytes += size_bytes
-        if state.pending_records == 0:
-            state.linger_deadline_ms = now_ms + self.config.append_linger_ms
-        state.pending_records += len(records)
-        self._leader_drain(now_ms, state)
+        base_offset = self._leader_accumulate(now_ms, state, records, size_bytes)
         return Proposal(state.epoch, base_offset, base_offset + len(records) - 1)
 
     def on_flushed(self, now_ms: int) -> None:
@@ -380,9 +297,8 @@ class RaftNode:
         if isinstance(state, LeaderState):
             self._leader_drain(now_ms, state)
             self._leader_update_high_watermark(now_ms, state)
-        elif isinstance(state, FollowerState) and state.phase == FetchPhase.WAIT_FLUSH:
-            state.phase = FetchPhase.IDLE
-            self._follower_fetch_if_ready(now_ms, state)
+        elif isinstance(state, FollowerState):
+            self._follower_on_flushed(now_ms, state)
         if log.flushed_offset() < log.end_offset():
             self._request_flush()
 
@@ -396,11 +312,7 @@ class RaftNode:
             )
         self._read_token += 1
         token = self._read_token
-        state.read_nonce += 1
-        state.reads[token] = PendingRead(token, state.read_nonce)
-        # Answer parked fetches now, so followers fetch again (and confirm) quickly.
-        self._leader_wake_parked(now_ms, state)
-        self._leader_complete_reads(state)
+        self._leader_add_read(now_ms, state, token)
         return token
 
     def resign(self, now_ms: int) -> None:
@@ -421,23 +333,11 @@ class RaftNode:
         elif isinstance(state, CandidateState):  # abandon the running election (keeps its vote)
             self._become_unattached(now_ms, state.epoch, self._id)
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
     def on_snapshot_installed(self, now_ms: int, snapshot_id: SnapshotId) -> None:
         """The runtime loaded ``snapshot_id``; nothing in the core waits on it."""
         self.high_watermark = max(self.high_watermark, min(snapshot_id.end_offset, self._log.end_offset()))
 
     # ------------------------------------------------------------------ outputs
-
-    def _send(self, dst: int, message: Message) -> None:
-        self._ready.messages.append(Envelope(self._id, dst, message))
-
-    def _request_flush(self) -> None:
-        if not self._flush_requested:
-            self._flush_requested = True
-            self._ready.flush = True
 
     def _persist(self, epoch: int, voted_id: int, leader_id: int) -> None:
         record = QuorumStateRecord(epoch, voted_id, leader_id)
@@ -450,17 +350,9 @@ class RaftNode:
         timeout_ms = self.config.election_timeout_ms
         return timeout_ms + self._rng.randrange(timeout_ms)
 
-    def _fetch_request_timeout_ms(self) -> int:
-        """When to give up on an unanswered Fetch and send it again: well inside the fetch
-        timeout, so one lost message does not start an election."""
-        config = self.config
-        return min(config.request_timeout_ms, config.fetch_max_wait_ms + config.fetch_timeout_ms // 4)
-
-    def _check_quorum_ms(self) -> int:
-        return self.config.fetch_timeout_ms * 3 // 2
-
     # ------------------------------------------------------------------ transitions
-    # The only places that assign self._state. Each says which rule of roles.py it follows.
+    # The only places that assign self._state. Each says which rule of roles.py it follows
+    # and checks its move against roles.TRANSITIONS (_restart picks the first role).
 
     def _restart(self, now_ms: int) -> None:
         """Rule 10: choose the starting role from the persisted state and the log."""
@@ -484,23 +376,23 @@ class RaftNode:
                 persisted.epoch, persisted.voted_id, now_ms + self._random_election_timeout_ms(), now_ms
             )
 
+    def _check_transition(self, to_role: Role, epoch: int) -> None:
+        """A move that raft/roles.py's TRANSITIONS does not list is a broken invariant."""
+        old = self._state
+        check(transition_allowed(old.role, to_role, epoch > old.epoch),
+              f"transition {old.role.value} -> {to_role.value} (epoch {old.epoch} -> {epoch}) "
+              "is not in raft/roles.py TRANSITIONS")
+
     def _leave_role(self, now_ms: int) -> None:
         """Drop what only the old role held; tell the runtime the role changed."""
         state = self._state
         if isinstance(state, LeaderState):
-            # A leader was in contact with the leader (itself) until now: X-Last-Contact-Ms
-            # counts from here, not from the last Fetch answer it got as a follower.
-            self._last_fetched_ms = now_ms
-            self._ready.reads_failed.extend(state.reads)
-            state.reads.clear()
-            for parked in state.parked.values():  # tell waiting fetchers at once
-                self._send(parked.src, self._error_fetch_response(
-                    parked.request, ErrorCode.NOT_LEADER_OR_FOLLOWER, leader_id=NO_LEADER))
-            state.parked.clear()
+            self._leader_step_down(now_ms, state)
         self._ready.role_changed = True
 
     def _become_unattached(self, now_ms: int, epoch: int, voted_id: int = -1, delay_ms: int | None = None) -> None:
         """Rules 1, 2, 8: no leader known in ``epoch``."""
+        self._check_transition(Role.UNATTACHED, epoch)
         self._leave_role(now_ms)
         if epoch > self._persisted.epoch:
             self._persist(epoch, voted_id, NO_LEADER)
@@ -509,6 +401,7 @@ class RaftNode:
 
     def _become_follower(self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str) -> None:
         """Rules 1, 3, 4, 7: a leader of ``epoch`` is known."""
+        self._check_transition(Role.FOLLOWER, epoch)
         check(leader_id != self._id, "cannot follow itself")
         voted_id = self._persisted.voted_id if epoch == self._persisted.epoch else -1
         self._leave_role(now_ms)
@@ -534,6 +427,7 @@ class RaftNode:
         check(self.is_voter, "observers never campaign")
         check(not self._shutting_down, "a node shutting down never campaigns")
         old = self._state
+        self._check_transition(Role.PROSPECTIVE, old.epoch)
         leader_id = old.leader_id if isinstance(old, FollowerState) else NO_LEADER
         if not isinstance(old, ProspectiveState):
             self._leave_role(now_ms)
@@ -551,6 +445,7 @@ class RaftNode:
     def _become_candidate(self, now_ms: int) -> None:
         """Rule 4: persist epoch + 1 and a vote for itself, ask for votes."""
         epoch = self._state.epoch + 1
+        self._check_transition(Role.CANDIDATE, epoch)
         self._leave_role(now_ms)
         self._persist(epoch, self._id, NO_LEADER)
         state = CandidateState(epoch, now_ms + self._random_election_timeout_ms())
@@ -566,6 +461,7 @@ class RaftNode:
     def _become_leader(self, now_ms: int) -> None:
         """Rule 6: append LeaderChange, announce with BeginQuorumEpoch."""
         epoch = self._state.epoch
+        self._check_transition(Role.LEADER, epoch)
         self._leave_role(now_ms)
         self._persist(epoch, self._id, self._id)
         log = self._log
@@ -583,6 +479,7 @@ class RaftNode:
 
     def _become_resigned(self, now_ms: int, leader: LeaderState) -> None:
         """Rule 8: stop serving; EndQuorumEpoch with successors ordered by replicated offset."""
+        self._check_transition(Role.RESIGNED, leader.epoch)
         successors = tuple(
             p.replica_id for p in sorted(leader.voters.values(), key=lambda p: (-p.end_offset, p.replica_id))
         )
@@ -695,9 +592,7 @@ class RaftNode:
         return (request.last_offset_epoch, request.last_offset) >= (log.last_epoch(), log.end_offset())
 
     def _on_vote_response(self, now_ms: int, src: int, response: VoteResponse) -> None:
-        if src not in self._voters or response.epoch < 0:
-            return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
+        if not self._observe_response_epoch(now_ms, src, response.epoch, response.leader_id):
             return
         state = self._state
         if response.error != ErrorCode.NONE:
@@ -736,12 +631,6 @@ class RaftNode:
     def _on_begin_quorum_response(self, now_ms: int, src: int, response: BeginQuorumEpochResponse) -> None:
         if src in self._voters and response.epoch >= 0:
             self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
-
-    def _send_begin_quorum(self, now_ms: int, state: LeaderState) -> None:
-        request = BeginQuorumEpochRequest(state.epoch, self._id, self.config.endpoint)
-        for voter in sorted(state.begin_quorum_pending):
-            self._send(voter, request)
-        state.begin_quorum_next_ms = now_ms + self.config.request_timeout_ms
 
     def _on_end_quorum(self, now_ms: int, src: int, request: EndQuorumEpochRequest) -> None:
         if request.leader_id != src or request.epoch < 0:
@@ -790,463 +679,6 @@ class RaftNode:
             self._send(voter, request)
         state.end_quorum_next_ms = now_ms + self.config.request_timeout_ms
 
-    # ------------------------------------------------------------------ fetch: leader side
-
-    def _on_fetch(self, now_ms: int, src: int, request: FetchRequest) -> None:
-        if (request.fetch_offset < 0 or request.epoch < 0 or request.last_fetched_epoch < 0
-                or request.last_fetched_epoch > request.epoch or request.max_wait_ms < 0
-                or request.high_watermark < 0 or request.read_nonce < 0
-                or (request.replica_id != ANONYMOUS_REPLICA and request.replica_id != src)):
-            self._send(src, self._error_fetch_response(request, ErrorCode.INVALID_REQUEST))
-            return
-        state = self._state
-        if request.epoch < state.epoch:
-            self._send(src, self._error_fetch_response(request, ErrorCode.FENCED_LEADER_EPOCH))
-            return
-        if request.epoch > state.epoch:
-            self._send(src, self._error_fetch_response(request, ErrorCode.UNKNOWN_LEADER_EPOCH))
-            return
-        if not isinstance(state, LeaderState):
-            self._send(src, self._error_fetch_response(request, ErrorCode.NOT_LEADER_OR_FOLLOWER))
-            return
-        self._leader_on_fetch(now_ms, src, request, state)
-
-    def _leader_on_fetch(self, now_ms: int, src: int, request: FetchRequest, state: LeaderState) -> None:
-        log = self._log
-        if request.replica_endpoint and request.replica_id != ANONYMOUS_REPLICA:
-            if request.replica_id in self._voters or len(self.peer_endpoints) < len(self._voters) + self.config.max_observers:
-                self.peer_endpoints[request.replica_id] = request.replica_endpoint
-        state.parked.pop(src, None)
-        if request.fetch_offset < log.start_offset():
-            self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
-            return
-        unsafe_below = self.tombstone_unsafe_below()
-        if 0 < request.fetch_offset < unsafe_below:
-            # DESIGN sec. 3: tombstones at or above this fetcher's offset may have been
-            # dropped from our cleaned prefix; it may hold keys whose deletes it will never
-            # see. Only a snapshot at or above that point may replace its state.
-            snapshot_id = log.latest_snapshot_id()
-            if snapshot_id is None or snapshot_id.end_offset < unsafe_below:
-                self.snapshot_wanted_offset = max(self.snapshot_wanted_offset, unsafe_below)
-                self._send(src, self._error_fetch_response(request, ErrorCode.SNAPSHOT_NOT_FOUND))
-            else:
-                self._send(src, self._fetch_response(request, state, snapshot_id=snapshot_id))
-            return
-        if request.fetch_offset > 0 or request.last_fetched_epoch > 0:
-            epoch, end_offset = log.end_offset_for_epoch(request.last_fetched_epoch)
-            if epoch != request.last_fetched_epoch or end_offset < request.fetch_offset:
-                if end_offset < log.start_offset() and log.latest_snapshot_id() is not None:
-                    # The divergence lies in the prefix we replaced by a snapshot.
-                    self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
-                else:
-                    self._send(src, self._fetch_response(request, state, diverging=(epoch, end_offset)))
-                return
-        # The fetch position is consistent with our log: the fetcher holds (durably) every
-        # offset below fetch_offset.
-        progress = self._leader_progress(state, request)
-        if progress is not None:
-            progress.end_offset = request.fetch_offset
-            progress.last_fetch_ms = now_ms
-            if request.fetch_offset >= log.end_offset():
-                progress.last_caught_up_ms = now_ms
-            if request.replica_endpoint:
-                progress.endpoint = request.replica_endpoint
-        is_voter = request.replica_id in state.voters and request.replica_id == src
-        if is_voter:
-            state.begin_quorum_pending.discard(src)
-            for read in state.reads.values():
-                if request.read_nonce >= read.nonce:
-                    read.confirmed.add(src)
-            self._leader_update_high_watermark(now_ms, state)
-            self._leader_complete_reads(state)
-        if self._leader_should_park(request, state, src if is_voter else None):
-            wait_ms = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
-            state.parked[src] = ParkedFetch(src, request, now_ms + wait_ms)
-            return
-        self._leader_answer_fetch(src, request, state)
-
-    def _leader_progress(self, state: LeaderState, request: FetchRequest) -> ReplicaProgress | None:
-        replica_id = request.replica_id
-        if replica_id in state.voters:
-            return state.voters[replica_id]
-        if replica_id == ANONYMOUS_REPLICA or replica_id == self._id or replica_id in self._voters:
-            return None
-        progress = state.observers.get(replica_id)
-        if progress is None and len(state.observers) < self.config.max_observers:
-            progress = ReplicaProgress(replica_id)
-            state.observers[replica_id] = progress
-        return progress
-
-    def _leader_should_park(self, request: FetchRequest, state: LeaderState, voter: int | None) -> bool:
-        if request.max_wait_ms <= 0 or request.fetch_offset < self._log.end_offset():
-            return False
-        if len(state.parked) >= len(self._voters) + self.config.max_observers:
-            return False  # the parking lot is full: answer at once (bound: voters + max_observers)
-        if request.high_watermark < self.high_watermark:
-            return False
-        if voter is not None and request.read_nonce < state.read_nonce and state.reads:
-            return False  # it must learn the read nonce now, to confirm the pending reads
-        return True
-
-    def _leader_answer_fetch(self, src: int, request: FetchRequest, state: LeaderState) -> None:
-        records = tuple(self._log.read(request.fetch_offset, self.config.max_batch_bytes))
-        self._send(src, self._fetch_response(request, state, records=records))
-
-    def _fetch_response(
-        self,
-        request: FetchRequest,
-        state: LeaderState,
-        records: tuple[Batch, ...] = (),
-        diverging: tuple[int, int] | None = None,
-        snapshot_id: SnapshotId | None = None,
-    ) -> FetchResponse:
-        self._leader_update_compaction_offsets(state)
-        diverging_epoch, diverging_end = diverging if diverging is not None else (NO_EPOCH, -1)
-        return FetchResponse(
-            ErrorCode.NONE, state.epoch, self._id, self.config.endpoint, request.fetch_offset,
-            self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
-            records, diverging_epoch, diverging_end, snapshot_id, state.read_nonce,
-        )
-
-    def _error_fetch_response(
-        self, request: FetchRequest, error: ErrorCode, leader_id: int | None = None
-    ) -> FetchResponse:
-        if leader_id is None:
-            leader_id = self.leader_id
-        endpoint = self.peer_endpoints.get(leader_id, "") if leader_id != self._id else self.config.endpoint
-        return FetchResponse(
-            error, self.epoch, leader_id, endpoint, request.fetch_offset,
-            self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
-            (), NO_EPOCH, -1, None,
-        )
-
-    def _leader_wake_parked(self, now_ms: int, state: LeaderState) -> None:
-        if not state.parked:
-            return
-        parked = list(state.parked.values())
-        state.parked.clear()
-        # Parked fetchers usually wait at the same offset (the log end): read it once.
-        records_at: dict[int, tuple[Batch, ...]] = {}
-        for fetch in parked:
-            offset = fetch.request.fetch_offset
-            records = records_at.get(offset)
-            if records is None:
-                records = records_at[offset] = tuple(self._log.read(offset, self.config.max_batch_bytes))
-            self._send(fetch.src, self._fetch_response(fetch.request, state, records=records))
-
-    def _leader_tick(self, now_ms: int, state: LeaderState) -> None:
-        if state.pending_batches:
-            self._leader_drain(now_ms, state)
-        expired = [p for p in state.parked.values() if p.deadline_ms <= now_ms]
-        for parked in expired:
-            del state.parked[parked.src]
-            self._leader_answer_fetch(parked.src, parked.request, state)
-        if state.begin_quorum_pending and now_ms >= state.begin_quorum_next_ms:
-            self._send_begin_quorum(now_ms, state)
-        if len(self._voters) > 1 and now_ms >= state.elected_ms + self._check_quorum_ms():
-            if now_ms - self._last_quorum_fetch_ms(state) >= self._check_quorum_ms():
-                self._become_resigned(now_ms, state)
-
-    def _last_quorum_fetch_ms(self, state: LeaderState) -> int:
-        """The latest time by which a majority of voters (the leader counts) had fetched."""
-        if len(self._voters) == 1:
-            return 1 << 62
-        times = sorted((p.last_fetch_ms for p in state.voters.values()), reverse=True)
-        return times[self._majority - 2]
-
-    def _leader_drain(self, now_ms: int, state: LeaderState) -> None:
-        """Group commit: turn accumulated proposals into log batches.
-
-        Full batches go to the log at once; the last, partial one waits while a flush is
-        in flight (it will join the next flush) or while the linger time runs.
-        """
-        if not state.pending_batches:
-            return
-        log = self._log
-        appended = False
-        while state.pending_batches:
-            pending = state.pending_batches[0]
-            is_last = len(state.pending_batches) == 1
-            if is_last and (self._flush_requested or now_ms < state.linger_deadline_ms):
-                break
-            state.pending_batches.pop(0)
-            log.append(Batch(log.end_offset(), state.epoch, now_ms, False, tuple(pending.records)))
-            state.pending_records -= len(pending.records)
-            appended = True
-        if appended:
-            self._request_flush()
-            self._leader_wake_parked(now_ms, state)
-        if not state.pending_batches:
-            state.linger_deadline_ms = -1
-
-    def _leader_update_high_watermark(self, now_ms: int, state: LeaderState) -> None:
-        """Rule 6: majority of durable offsets, only past the epoch start, never back."""
-        offsets = [self._log.flushed_offset()]
-        offsets.extend(max(p.end_offset, 0) for p in state.voters.values())
-        offsets.sort(reverse=True)
-        candidate = offsets[self._majority - 1]
-        if candidate > state.epoch_start_offset and candidate > self.high_watermark:
-            self.high_watermark = candidate
-            self._leader_wake_parked(now_ms, state)
-            self._leader_complete_reads(state)
-            # Also here, not only when answering a fetch: a single voter (no fetchers) must
-            # still learn how far its own log may be cleaned.
-            self._leader_update_compaction_offsets(state)
-
-    def _leader_update_compaction_offsets(self, state: LeaderState) -> None:
-        """Dirty offset: min(HW, every voter's offset); tombstone horizon: min of voters'."""
-        lowest = self._log.flushed_offset()
-        for progress in state.voters.values():
-            if progress.end_offset < 0:
-                return  # a voter not heard from yet in this epoch: keep the old values
-            lowest = min(lowest, progress.end_offset)
-        self.tombstone_horizon = max(self.tombstone_horizon, lowest)
-        self.dirty_offset = max(self.dirty_offset, min(self.high_watermark, lowest))
-
-    def _leader_complete_reads(self, state: LeaderState) -> None:
-        if not state.reads or self.high_watermark <= state.epoch_start_offset:
-            return
-        done = [t for t, r in state.reads.items() if len(r.confirmed) + 1 >= self._majority]
-        for token in done:
-            del state.reads[token]
-            self._ready.reads_done.append((token, self.high_watermark))
-
-    # ------------------------------------------------------------------ fetch: follower side
-
-    def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
-        if now_ms - state.last_contact_ms >= self.config.fetch_timeout_ms:
-            if not self.is_voter:
-                self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
-            elif self._shutting_down:  # rule 11: no leader known any more, and no campaign
-                self._become_unattached(now_ms, state.epoch, state.voted_id)
-            else:
-                self._become_prospective(now_ms)
-            return
-        if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
-            if now_ms - state.fetch_sent_ms >= self._fetch_request_timeout_ms():
-                if state.phase == FetchPhase.SNAPSHOT:
-                    self._follower_send_snapshot_fetch(now_ms, state)
-                else:
-                    state.phase = FetchPhase.IDLE
-                    self._follower_fetch_if_ready(now_ms, state)
-        elif state.phase == FetchPhase.BACKOFF and now_ms >= state.next_fetch_ms:
-            state.phase = FetchPhase.IDLE
-            self._follower_fetch_if_ready(now_ms, state)
-
-    def _follower_fetch_if_ready(self, now_ms: int, state: FollowerState) -> None:
-        """Send the next Fetch, but only for flushed data: the fetch offset is the ack."""
-        if state.phase != FetchPhase.IDLE:
-            return
-        log = self._log
-        if log.flushed_offset() < log.end_offset():
-            state.phase = FetchPhase.WAIT_FLUSH
-            self._request_flush()
-            return
-        self._send_fetch(now_ms, state.leader_id, state.epoch)
-        state.phase = FetchPhase.IN_FLIGHT
-        state.fetch_offset_in_flight = log.end_offset()
-        state.fetch_sent_ms = now_ms
-
-    def _send_fetch(self, now_ms: int, dst: int, epoch: int) -> None:
-        log = self._log
-        state = self._state
-        read_nonce = state.read_nonce if isinstance(state, FollowerState) and state.leader_id == dst else 0
-        self._send(dst, FetchRequest(
-            epoch, self._id, log.end_offset(), log.last_epoch(), self.high_watermark,
-            self.config.fetch_max_wait_ms, self.config.endpoint, read_nonce,
-        ))
-
-    def _observer_probe(self, now_ms: int, state: UnattachedState) -> None:
-        """Rule 2: an observer asks a random voter who leads."""
-        voters = sorted(self._voters)
-        self._send_fetch(now_ms, voters[self._rng.randrange(len(voters))], state.epoch)
-        state.probe_deadline_ms = now_ms + self.config.retry_backoff_ms + self._rng.randrange(
-            self.config.retry_backoff_ms + 1)
-
-    def _on_fetch_response(self, now_ms: int, src: int, response: FetchResponse) -> None:
-        if (src not in self._voters or response.epoch < 0 or response.high_watermark < 0
-                or response.log_start_offset < 0 or response.fetch_offset < 0 or response.read_nonce < 0):
-            return
-        if response.error != ErrorCode.NONE:
-            self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src)
-            state = self._state
-            if (isinstance(state, FollowerState) and state.leader_id == src and state.phase == FetchPhase.IN_FLIGHT
-                    and state.fetch_offset_in_flight == response.fetch_offset):
-                state.phase = FetchPhase.BACKOFF
-                state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
-            return
-        if response.leader_id != src:
-            return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src):
-            return
-        state = self._state
-        if not isinstance(state, FollowerState) or state.leader_id != src or state.epoch != response.epoch:
-            return
-        if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
-            return  # stale or duplicated answer
-        state.last_contact_ms = now_ms
-        state.fetched_ms = now_ms
-        self._last_fetched_ms = now_ms
-        state.read_nonce = max(state.read_nonce, response.read_nonce)
-        state.phase = FetchPhase.IDLE
-        if response.leader_endpoint:
-            state.leader_endpoint = response.leader_endpoint
-            self.peer_endpoints[src] = response.leader_endpoint
-        self.dirty_offset = max(self.dirty_offset, response.dirty_offset)
-        self.tombstone_horizon = max(self.tombstone_horizon, response.tombstone_horizon)
-        self.dirty_offset_known = True
-        if response.snapshot_id is not None:
-            self._follower_start_snapshot(now_ms, state, response.snapshot_id)
-            return
-        if response.diverging_epoch != NO_EPOCH:
-            self._follower_truncate(response)
-        else:
-            self._follower_append(response)
-        self._follower_fetch_if_ready(now_ms, state)
-
-    def _follower_truncate(self, response: FetchResponse) -> None:
-        """Rule 7: cut the log back to where it agrees with the leader (never below HW)."""
-        log = self._log
-        if response.diverging_epoch < 0 or response.diverging_end_offset < 0:
-            return
-        epoch, end_offset = log.end_offset_for_epoch(response.diverging_epoch)
-        offset = min(end_offset, response.diverging_end_offset)
-        if offset < self.high_watermark or offset < log.start_offset() or offset >= log.end_offset():
-            return
-        log.truncate_to(offset)
-
-    def _follower_append(self, response: FetchResponse) -> None:
-        log = self._log
-        # Offsets may jump only inside the leader's cleaned prefix, which lies below the
-        # dirty offset it announced (every replica cleans to at most that offset).
-        end = log.end_offset()
-        # Continuing a copy: the last answer's batches below the dirty offset were counted
-        # as cleaned prefix already (or this log is empty, about to copy from 0).
-        copying = end <= log.cleaned_end()
-        for batch in response.records:
-            if batch.next_offset > response.dirty_offset:
-                break
-            copying = copying or batch.base_offset > end  # an offset gap: a cleaned prefix
-            end = max(end, batch.next_offset)
-        # A cleaned prefix lacks superseded records also where no offset is missing: a key's
-        # old value is gone at a gap and its new one may lie many contiguous batches later.
-        # So everything copied below the dirty offset counts as cleaned prefix, not just up
-        # to the last gap, and no state inside it is taken for a real version
-        # (is_real_state); found by the compaction simulator checking every applied batch.
-        if copying and end > log.cleaned_end():
-            log.allow_gaps_below(end)
-        for batch in response.records:
-            end = log.end_offset()
-            if batch.next_offset <= end:
-                continue
-            if ((batch.base_offset > end and batch.next_offset > log.cleaned_end())
-                    or batch.epoch > response.epoch or batch.epoch < log.last_epoch()):
-                break  # a gap outside a cleaned prefix or an epoch out of order: fetch again
-            if batch.base_offset < end:
-                batch = Batch(end, batch.epoch, batch.timestamp_ms, batch.control, batch.records[end - batch.base_offset:])
-            log.append(batch)
-        self.high_watermark = max(self.high_watermark, min(log.end_offset(), response.high_watermark))
-
-    # ------------------------------------------------------------------ snapshots
-
-    def _follower_start_snapshot(self, now_ms: int, state: FollowerState, snapshot_id: SnapshotId) -> None:
-        if snapshot_id.end_offset < self.high_watermark or snapshot_id.end_offset <= self._log.start_offset():
-            state.phase = FetchPhase.BACKOFF
-            state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
-            return
-        state.snapshot_id = snapshot_id
-        state.snapshot_position = 0
-        state.snapshot_size = -1
-        self._follower_send_snapshot_fetch(now_ms, state)
-
-    def _follower_send_snapshot_fetch(self, now_ms: int, state: FollowerState) -> None:
-        check(state.snapshot_id is not None, "snapshot fetch without a snapshot id")
-        if state.snapshot_id is None:
-            return
-        state.phase = FetchPhase.SNAPSHOT
-        state.fetch_sent_ms = now_ms
-        self._send(state.leader_id, FetchSnapshotRequest(
-            state.epoch, self._id, state.snapshot_id, state.snapshot_position, self.config.snapshot_chunk_bytes
-        ))
-
-    def _on_fetch_snapshot(self, now_ms: int, src: int, request: FetchSnapshotRequest) -> None:
-        state = self._state
-        snapshot_id = request.snapshot_id
-
-        def answer(error: ErrorCode, size: int = 0, chunk: bytes = b"") -> None:
-            self._send(src, FetchSnapshotResponse(error, self.epoch, self.leader_id, snapshot_id, size, request.position, chunk))
-
-        if (request.position < 0 or request.max_bytes <= 0 or request.epoch < 0
-                or snapshot_id.end_offset < 0 or snapshot_id.epoch < 0):
-            answer(ErrorCode.INVALID_REQUEST)
-            return
-        if request.epoch < state.epoch:
-            answer(ErrorCode.FENCED_LEADER_EPOCH)
-            return
-        if request.epoch > state.epoch:
-            answer(ErrorCode.UNKNOWN_LEADER_EPOCH)
-            return
-        if not isinstance(state, LeaderState):
-            answer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-            return
-        try:
-            size = self._snapshots.size_bytes(snapshot_id)
-            if request.position > size:
-                answer(ErrorCode.POSITION_OUT_OF_RANGE, size)
-                return
-            max_bytes = min(request.max_bytes, self.config.snapshot_chunk_bytes)
-            chunk = self._snapshots.read_chunk(snapshot_id, request.position, max_bytes) if request.position < size else b""
-        except (SnapshotNotFoundError, OSError):  # gone, or unreadable: the fetcher retries
-            answer(ErrorCode.SNAPSHOT_NOT_FOUND)
-            return
-        except ValueError:
-            answer(ErrorCode.POSITION_OUT_OF_RANGE)
-            return
-        answer(ErrorCode.NONE, size, chunk)
-
-    def _on_fetch_snapshot_response(self, now_ms: int, src: int, response: FetchSnapshotResponse) -> None:
-        if src not in self._voters or response.epoch < 0:
-            return
-        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src):
-            return
-        state = self._state
-        if (not isinstance(state, FollowerState) or state.phase != FetchPhase.SNAPSHOT or state.leader_id != src
-                or response.snapshot_id != state.snapshot_id or response.position != state.snapshot_position):
-            return
-        state.last_contact_ms = state.fetched_ms = self._last_fetched_ms = now_ms
-        snapshot_id = state.snapshot_id
-        if response.error != ErrorCode.NONE or response.size < 0 or response.position + len(response.chunk) > response.size:
-            self._follower_abandon_snapshot(now_ms, state)
-            return
-        try:
-            if response.position == 0:
-                self._snapshots.begin_download(snapshot_id, response.size)
-                state.snapshot_size = response.size
-            if response.size != state.snapshot_size:
-                self._follower_abandon_snapshot(now_ms, state)
-                return
-            if response.chunk:
-                self._snapshots.write_chunk(snapshot_id, response.position, response.chunk)
-            state.snapshot_position = response.position + len(response.chunk)
-            if state.snapshot_position < response.size:
-                self._follower_send_snapshot_fetch(now_ms, state)
-                return
-            self._snapshots.finish_download(snapshot_id)
-        except (CorruptSnapshotError, ValueError, SnapshotNotFoundError, OSError):  # start over later
-            self._follower_abandon_snapshot(now_ms, state)
-            return
-        self._log.reset_to_snapshot(snapshot_id)
-        self.high_watermark = max(self.high_watermark, snapshot_id.end_offset)
-        self._ready.snapshot_to_install = snapshot_id
-        state.snapshot_id = None
-        state.phase = FetchPhase.IDLE
-        self._follower_fetch_if_ready(now_ms, state)
-
-    def _follower_abandon_snapshot(self, now_ms: int, state: FollowerState) -> None:
-        state.snapshot_id = None
-        state.phase = FetchPhase.BACKOFF
-        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
-
     # ------------------------------------------------------------------ describe
 
     def _on_describe_quorum(self, now_ms: int, src: int, request: DescribeQuorumRequest) -> None:
@@ -1254,13 +686,6 @@ class RaftNode:
 
     def _ignore(self, now_ms: int, src: int, message: Message) -> None:
         """Responses this core never asked for (DescribeQuorumResponse)."""
-
-
-def _replica_state(progress: ReplicaProgress) -> ReplicaState:
-    return ReplicaState(
-        progress.replica_id, progress.endpoint, max(progress.end_offset, 0),
-        progress.last_fetch_ms, progress.last_caught_up_ms,
-    )
 
 
 _HANDLERS = {

@@ -5,8 +5,9 @@ Rules and theory of operation (KRaft: KIP-595, KIP-996 pre-vote, KIP-630 snapsho
 
 A node is always in exactly one role, for one epoch. Every transition lives in
 ``RaftNode._become_*`` (raft/node.py, section "Transitions"); nothing else assigns
-``RaftNode._state``. The persisted quorum state (epoch, voted id, leader id) changes only
-inside those methods, and only in the ways listed here.
+``RaftNode._state``, and each of them checks its move against ``TRANSITIONS`` below (a
+move not in the table is a broken invariant). The persisted quorum state (epoch, voted
+id, leader id) changes only inside those methods, and only in the ways listed here.
 
 1. Epochs only grow. Any valid message carrying a higher epoch moves a node to that epoch:
    to Follower when the message names the leader, otherwise to Unattached. The new epoch
@@ -58,24 +59,8 @@ inside those methods, and only in the ways listed here.
     timer only re-arms, and a voter whose fetches time out goes Unattached. It still
     grants votes and follows a new leader, so the successor it named can win.
 
-Transition table (from → to : trigger)
-
-    Unattached  → Prospective : election timer (voters)
-    Unattached  → Follower    : BeginQuorumEpoch / Fetch response naming a leader
-    Prospective → Candidate   : majority of pre-votes
-    Prospective → Follower    : leader of this epoch discovered
-    Prospective → Prospective : election timer, no leader known (new round)
-    Prospective → Follower    : election timer, a leader was known (fetch from it again)
-    Candidate   → Leader      : majority of votes
-    Candidate   → Prospective : election timer
-    Candidate   → Follower    : leader of this epoch discovered
-    Leader      → Resigned    : resign() or check-quorum failure
-    Follower    → Prospective : fetch timeout (voters); Unattached (observers)
-    Follower    → Unattached  : EndQuorumEpoch from its leader
-    Resigned    → Prospective : election timer (never while shutting down, rule 11)
-    Candidate   → Unattached  : begin_shutdown (rule 11)
-    Follower    → Unattached  : fetch timeout while shutting down (rule 11)
-    any         → Unattached/Follower at a higher epoch : rule 1
+The transition table is ``TRANSITIONS`` right below (after ``Role``): every (from, to) pair
+with the rule that allows it and its trigger.
 """
 
 from __future__ import annotations
@@ -84,7 +69,7 @@ import enum
 from dataclasses import dataclass, field
 
 from raft.messages import FetchRequest
-from raft.types import SnapshotId
+from raft.types import BATCH_OVERHEAD_BYTES, SnapshotId
 
 
 class Role(enum.Enum):
@@ -94,6 +79,51 @@ class Role(enum.Enum):
     LEADER = "leader"
     FOLLOWER = "follower"
     RESIGNED = "resigned"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One allowed move between roles; ``higher_epoch_only``: only when the epoch rises."""
+
+    from_role: Role
+    to_role: Role
+    rule: int
+    trigger: str
+    higher_epoch_only: bool = False
+
+
+# Every move a node may make. A same-epoch move must be listed; any role may also move to
+# Unattached or Follower when a message shows a higher epoch (rule 1).
+TRANSITIONS: frozenset[Transition] = frozenset({
+    Transition(Role.UNATTACHED, Role.PROSPECTIVE, 2, "election timer (voters)"),
+    Transition(Role.UNATTACHED, Role.FOLLOWER, 2, "BeginQuorumEpoch / Fetch response naming a leader of this epoch"),
+    Transition(Role.UNATTACHED, Role.UNATTACHED, 5, "vote granted (the election timer restarts)"),
+    Transition(Role.PROSPECTIVE, Role.CANDIDATE, 3, "majority of pre-votes"),
+    Transition(Role.PROSPECTIVE, Role.FOLLOWER, 3, "leader of this epoch discovered, or timer with a leader known"),
+    Transition(Role.PROSPECTIVE, Role.PROSPECTIVE, 3, "election timer, no leader known (new round)"),
+    Transition(Role.PROSPECTIVE, Role.UNATTACHED, 5, "vote granted to another candidate (ends its own round)"),
+    Transition(Role.CANDIDATE, Role.LEADER, 4, "majority of votes"),
+    Transition(Role.CANDIDATE, Role.PROSPECTIVE, 4, "election timer"),
+    Transition(Role.CANDIDATE, Role.FOLLOWER, 4, "leader of this epoch discovered"),
+    Transition(Role.CANDIDATE, Role.UNATTACHED, 11, "begin_shutdown abandons the election"),
+    Transition(Role.LEADER, Role.RESIGNED, 8, "resign(), begin_shutdown() or check-quorum failure"),
+    Transition(Role.FOLLOWER, Role.PROSPECTIVE, 7, "fetch timeout (voters)"),
+    Transition(Role.FOLLOWER, Role.UNATTACHED, 7, "fetch timeout (observers; voters shutting down, rule 11)"),
+    Transition(Role.FOLLOWER, Role.UNATTACHED, 8, "EndQuorumEpoch from its leader"),
+    Transition(Role.RESIGNED, Role.PROSPECTIVE, 8, "election timer (never while shutting down, rule 11)"),
+}) | frozenset(
+    Transition(role, to_role, 1, "a valid message shows a higher epoch", higher_epoch_only=True)
+    for role in Role for to_role in (Role.UNATTACHED, Role.FOLLOWER)
+)
+
+_ALLOWED_ANY_EPOCH = frozenset((t.from_role, t.to_role) for t in TRANSITIONS if not t.higher_epoch_only)
+_ALLOWED_HIGHER_EPOCH = frozenset((t.from_role, t.to_role) for t in TRANSITIONS)
+
+
+def transition_allowed(from_role: Role, to_role: Role, epoch_rises: bool) -> bool:
+    """Is the move from ``from_role`` to ``to_role`` in ``TRANSITIONS``?"""
+    allowed = _ALLOWED_HIGHER_EPOCH if epoch_rises else _ALLOWED_ANY_EPOCH
+    return (from_role, to_role) in allowed
 
 
 @dataclass(slots=True)
@@ -172,7 +202,7 @@ class PendingBatch:
     """Accumulated proposals waiting to become one log batch (group commit)."""
 
     records: list[bytes] = field(default_factory=list)
-    size_bytes: int = 34
+    size_bytes: int = BATCH_OVERHEAD_BYTES
 
 
 @dataclass(slots=True)
@@ -233,3 +263,4 @@ class ResignedState:
 RoleState = (
     UnattachedState | ProspectiveState | CandidateState | LeaderState | FollowerState | ResignedState
 )
+

@@ -32,6 +32,13 @@ class ErrorCode(enum.IntEnum):
     INCONSISTENT_CLUSTER_ID = 8  # the sender belongs to another cluster
 
 
+# Batch.size_bytes() accounting, shared by the leader's max_batch_bytes check and the
+# runtime's: the codec's batch header (storage/batch_codec.py HEADER_BYTES) and the largest
+# msgpack length prefix of one record (bin 32). tests/raft/test_batch_overhead.py checks both.
+BATCH_OVERHEAD_BYTES = 34
+RECORD_OVERHEAD_BYTES = 5
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotId:
     """A snapshot covers offsets below ``end_offset``; ``epoch`` is the epoch of offset end_offset - 1."""
@@ -65,7 +72,7 @@ class Batch:
 
     def size_bytes(self) -> int:
         """Approximate encoded size, used for max_batch_bytes accounting."""
-        return 34 + sum(len(record) + 5 for record in self.records)
+        return BATCH_OVERHEAD_BYTES + sum(len(record) + RECORD_OVERHEAD_BYTES for record in self.records)
 
 
 # Control records: what the core itself writes into the log.

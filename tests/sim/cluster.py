@@ -142,7 +142,11 @@ class Cluster:
         heapq.heappush(self._queue, (time_ms, self._sequence, event))
 
     def _after_input(self, node: SimNode) -> None:
-        """Perform the node's Ready in the contract's order, then check invariants."""
+        """Perform the node's Ready as raft/__init__.py orders it, then check invariants.
+
+        Persist, send and flush come first; reads and role changes are only recorded. A
+        state model (tests/sim/compaction.py) installs a snapshot, then applies, in
+        ``after_ready``; ``on_snapshot_installed`` follows."""
         core = node.core
         if core is None:
             return

@@ -1,0 +1,238 @@
+"""The follower's side of RaftNode: fetching, appending, truncation on divergence, and
+snapshot download (rule 7 of raft/roles.py; observers too, rules 2 and 9).
+
+The fetch state lives in ``FollowerState`` and is touched only here; RaftNode
+(raft/node.py) owns the transitions.
+"""
+
+from __future__ import annotations
+
+from raft.messages import (
+    NO_EPOCH,
+    FetchRequest,
+    FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+)
+from raft.node_base import NodeBase
+from raft.roles import FetchPhase, FollowerState, UnattachedState
+from raft.snapshots import CorruptSnapshotError, SnapshotNotFoundError
+from raft.types import Batch, ErrorCode, SnapshotId, check
+
+
+class FollowerHandlers(NodeBase):
+    """Mixin of RaftNode: what a node does while it follows (FollowerState)."""
+
+    def _follower_deadline_ms(self, state: FollowerState) -> int:
+        """The fetch timeout, and the retry of an unanswered or refused Fetch."""
+        deadline = state.last_contact_ms + self.config.fetch_timeout_ms
+        if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
+            deadline = min(deadline, state.fetch_sent_ms + self._fetch_request_timeout_ms())
+        elif state.phase == FetchPhase.BACKOFF:
+            deadline = min(deadline, state.next_fetch_ms)
+        return deadline
+
+    def _follower_on_flushed(self, now_ms: int, state: FollowerState) -> None:
+        """A Fetch that waited for this flush may go now (its fetch offset is the ack)."""
+        if state.phase == FetchPhase.WAIT_FLUSH:
+            state.phase = FetchPhase.IDLE
+            self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
+        if now_ms - state.last_contact_ms >= self.config.fetch_timeout_ms:
+            if not self.is_voter:
+                self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
+            elif self._shutting_down:  # rule 11: no leader known any more, and no campaign
+                self._become_unattached(now_ms, state.epoch, state.voted_id)
+            else:
+                self._become_prospective(now_ms)
+            return
+        if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
+            if now_ms - state.fetch_sent_ms >= self._fetch_request_timeout_ms():
+                if state.phase == FetchPhase.SNAPSHOT:
+                    self._follower_send_snapshot_fetch(now_ms, state)
+                else:
+                    state.phase = FetchPhase.IDLE
+                    self._follower_fetch_if_ready(now_ms, state)
+        elif state.phase == FetchPhase.BACKOFF and now_ms >= state.next_fetch_ms:
+            state.phase = FetchPhase.IDLE
+            self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_fetch_if_ready(self, now_ms: int, state: FollowerState) -> None:
+        """Send the next Fetch, but only for flushed data: the fetch offset is the ack."""
+        if state.phase != FetchPhase.IDLE:
+            return
+        log = self._log
+        if log.flushed_offset() < log.end_offset():
+            state.phase = FetchPhase.WAIT_FLUSH
+            self._request_flush()
+            return
+        self._send_fetch(now_ms, state.leader_id, state.epoch)
+        state.phase = FetchPhase.IN_FLIGHT
+        state.fetch_offset_in_flight = log.end_offset()
+        state.fetch_sent_ms = now_ms
+
+    def _send_fetch(self, now_ms: int, dst: int, epoch: int) -> None:
+        log = self._log
+        state = self._state
+        read_nonce = state.read_nonce if isinstance(state, FollowerState) and state.leader_id == dst else 0
+        self._send(dst, FetchRequest(
+            epoch, self._id, log.end_offset(), log.last_epoch(), self.high_watermark,
+            self.config.fetch_max_wait_ms, self.config.endpoint, read_nonce,
+        ))
+
+    def _observer_probe(self, now_ms: int, state: UnattachedState) -> None:
+        """Rule 2: an observer asks a random voter who leads."""
+        voters = sorted(self._voters)
+        self._send_fetch(now_ms, voters[self._rng.randrange(len(voters))], state.epoch)
+        state.probe_deadline_ms = now_ms + self.config.retry_backoff_ms + self._rng.randrange(
+            self.config.retry_backoff_ms + 1)
+
+    # ------------------------------------------------------------------ fetch responses
+
+    def _on_fetch_response(self, now_ms: int, src: int, response: FetchResponse) -> None:
+        if (src not in self._voters or response.epoch < 0 or response.high_watermark < 0
+                or response.log_start_offset < 0 or response.fetch_offset < 0 or response.read_nonce < 0):
+            return
+        if response.error != ErrorCode.NONE:
+            self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src)
+            state = self._state
+            if (isinstance(state, FollowerState) and state.leader_id == src and state.phase == FetchPhase.IN_FLIGHT
+                    and state.fetch_offset_in_flight == response.fetch_offset):
+                state.phase = FetchPhase.BACKOFF
+                state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+            return
+        if response.leader_id != src:
+            return
+        if not self._observe_epoch(now_ms, response.epoch, response.leader_id, response.leader_endpoint, src):
+            return
+        state = self._state
+        if not isinstance(state, FollowerState) or state.leader_id != src or state.epoch != response.epoch:
+            return
+        if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
+            return  # stale or duplicated answer
+        state.last_contact_ms = now_ms
+        state.fetched_ms = now_ms
+        self._last_fetched_ms = now_ms
+        state.read_nonce = max(state.read_nonce, response.read_nonce)
+        state.phase = FetchPhase.IDLE
+        if response.leader_endpoint:
+            state.leader_endpoint = response.leader_endpoint
+            self.peer_endpoints[src] = response.leader_endpoint
+        self.dirty_offset = max(self.dirty_offset, response.dirty_offset)
+        self.tombstone_horizon = max(self.tombstone_horizon, response.tombstone_horizon)
+        self.dirty_offset_known = True
+        if response.snapshot_id is not None:
+            self._follower_start_snapshot(now_ms, state, response.snapshot_id)
+            return
+        if response.diverging_epoch != NO_EPOCH:
+            self._follower_truncate(response)
+        else:
+            self._follower_append(response)
+        self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_truncate(self, response: FetchResponse) -> None:
+        """Rule 7: cut the log back to where it agrees with the leader (never below HW)."""
+        log = self._log
+        if response.diverging_epoch < 0 or response.diverging_end_offset < 0:
+            return
+        epoch, end_offset = log.end_offset_for_epoch(response.diverging_epoch)
+        offset = min(end_offset, response.diverging_end_offset)
+        if offset < self.high_watermark or offset < log.start_offset() or offset >= log.end_offset():
+            return
+        log.truncate_to(offset)
+
+    def _follower_append(self, response: FetchResponse) -> None:
+        log = self._log
+        # Offsets may jump only inside the leader's cleaned prefix, which lies below the
+        # dirty offset it announced (every replica cleans to at most that offset).
+        end = log.end_offset()
+        # Continuing a copy: the last answer's batches below the dirty offset were counted
+        # as cleaned prefix already (or this log is empty, about to copy from 0).
+        copying = end <= log.cleaned_end()
+        for batch in response.records:
+            if batch.next_offset > response.dirty_offset:
+                break
+            copying = copying or batch.base_offset > end  # an offset gap: a cleaned prefix
+            end = max(end, batch.next_offset)
+        # A cleaned prefix lacks superseded records also where no offset is missing: a key's
+        # old value is gone at a gap and its new one may lie many contiguous batches later.
+        # So everything copied below the dirty offset counts as cleaned prefix, not just up
+        # to the last gap, and no state inside it is taken for a real version
+        # (is_real_state); found by the compaction simulator checking every applied batch.
+        if copying and end > log.cleaned_end():
+            log.allow_gaps_below(end)
+        for batch in response.records:
+            end = log.end_offset()
+            if batch.next_offset <= end:
+                continue
+            if ((batch.base_offset > end and batch.next_offset > log.cleaned_end())
+                    or batch.epoch > response.epoch or batch.epoch < log.last_epoch()):
+                break  # a gap outside a cleaned prefix or an epoch out of order: fetch again
+            if batch.base_offset < end:
+                batch = Batch(end, batch.epoch, batch.timestamp_ms, batch.control, batch.records[end - batch.base_offset:])
+            log.append(batch)
+        self.high_watermark = max(self.high_watermark, min(log.end_offset(), response.high_watermark))
+
+    # ------------------------------------------------------------------ snapshot download
+
+    def _follower_start_snapshot(self, now_ms: int, state: FollowerState, snapshot_id: SnapshotId) -> None:
+        if snapshot_id.end_offset < self.high_watermark or snapshot_id.end_offset <= self._log.start_offset():
+            state.phase = FetchPhase.BACKOFF
+            state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+            return
+        state.snapshot_id = snapshot_id
+        state.snapshot_position = 0
+        state.snapshot_size = -1
+        self._follower_send_snapshot_fetch(now_ms, state)
+
+    def _follower_send_snapshot_fetch(self, now_ms: int, state: FollowerState) -> None:
+        check(state.snapshot_id is not None, "snapshot fetch without a snapshot id")
+        if state.snapshot_id is None:
+            return
+        state.phase = FetchPhase.SNAPSHOT
+        state.fetch_sent_ms = now_ms
+        self._send(state.leader_id, FetchSnapshotRequest(
+            state.epoch, self._id, state.snapshot_id, state.snapshot_position, self.config.snapshot_chunk_bytes
+        ))
+
+    def _on_fetch_snapshot_response(self, now_ms: int, src: int, response: FetchSnapshotResponse) -> None:
+        if not self._observe_response_epoch(now_ms, src, response.epoch, response.leader_id):
+            return
+        state = self._state
+        if (not isinstance(state, FollowerState) or state.phase != FetchPhase.SNAPSHOT or state.leader_id != src
+                or response.snapshot_id != state.snapshot_id or response.position != state.snapshot_position):
+            return
+        state.last_contact_ms = state.fetched_ms = self._last_fetched_ms = now_ms
+        snapshot_id = state.snapshot_id
+        if response.error != ErrorCode.NONE or response.size < 0 or response.position + len(response.chunk) > response.size:
+            self._follower_abandon_snapshot(now_ms, state)
+            return
+        try:
+            if response.position == 0:
+                self._snapshots.begin_download(snapshot_id, response.size)
+                state.snapshot_size = response.size
+            if response.size != state.snapshot_size:
+                self._follower_abandon_snapshot(now_ms, state)
+                return
+            if response.chunk:
+                self._snapshots.write_chunk(snapshot_id, response.position, response.chunk)
+            state.snapshot_position = response.position + len(response.chunk)
+            if state.snapshot_position < response.size:
+                self._follower_send_snapshot_fetch(now_ms, state)
+                return
+            self._snapshots.finish_download(snapshot_id)
+        except (CorruptSnapshotError, ValueError, SnapshotNotFoundError, OSError):  # start over later
+            self._follower_abandon_snapshot(now_ms, state)
+            return
+        self._log.reset_to_snapshot(snapshot_id)
+        self.high_watermark = max(self.high_watermark, snapshot_id.end_offset)
+        self._ready.snapshot_to_install = snapshot_id
+        state.snapshot_id = None
+        state.phase = FetchPhase.IDLE
+        self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_abandon_snapshot(self, now_ms: int, state: FollowerState) -> None:
+        state.snapshot_id = None
+        state.phase = FetchPhase.BACKOFF
+        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms

@@ -1,0 +1,378 @@
+"""The leader's side of RaftNode: fetch handling, replica progress, group commit, reads.
+
+Rules 6 and 9 of raft/roles.py. The leader's per-replica progress, parked fetches and
+pending reads live in ``LeaderState`` and are touched only here (and dropped by
+``_leader_step_down`` when the node leaves the role); RaftNode (raft/node.py) owns the
+transitions.
+"""
+
+from __future__ import annotations
+
+from raft.messages import (
+    ANONYMOUS_REPLICA,
+    NO_EPOCH,
+    NO_LEADER,
+    BeginQuorumEpochRequest,
+    DescribeQuorumResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+    ReplicaState,
+)
+from raft.node_base import NodeBase
+from raft.roles import LeaderState, ParkedFetch, PendingBatch, PendingRead, ReplicaProgress
+from raft.snapshots import SnapshotNotFoundError
+from raft.types import Batch, ErrorCode, SnapshotId
+
+
+class LeaderHandlers(NodeBase):
+    """Mixin of RaftNode: what a node does while it leads (LeaderState)."""
+
+    # ------------------------------------------------------------------ queries
+
+    def describe_quorum(self, now_ms: int) -> DescribeQuorumResponse:
+        state = self._state
+        if not isinstance(state, LeaderState):
+            return DescribeQuorumResponse(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER, self.epoch, self.leader_id, self.high_watermark, (), ()
+            )
+        me = ReplicaState(self._id, self.config.endpoint, self._log.end_offset(), now_ms, now_ms)
+        voters = [me] + [_replica_state(p) for p in sorted(state.voters.values(), key=lambda p: p.replica_id)]
+        observers = [_replica_state(p) for p in sorted(state.observers.values(), key=lambda p: p.replica_id)]
+        return DescribeQuorumResponse(
+            ErrorCode.NONE, state.epoch, self._id, self.high_watermark, tuple(voters), tuple(observers)
+        )
+
+    def tombstone_unsafe_below(self) -> int:
+        """A fetcher with 0 < fetch offset < this may have missed a dropped tombstone: the
+        leader sends it a snapshot. Every cleaning drops tombstones only below the tombstone
+        horizon and its cleaned end minus tombstone_retention_records (docs/compaction.md);
+        both only rise, so this bound covers every cleaning that went into this log. A
+        fetcher inside the retention window still finds its tombstones and continues."""
+        retained_from = max(0, self._log.cleaned_end() - self.config.tombstone_retention_records)
+        return min(self.tombstone_horizon, retained_from)
+
+    def _leader_deadline_ms(self, state: LeaderState) -> int:
+        """Check-quorum, BeginQuorumEpoch retries, parked fetches and the linger time."""
+        deadline = state.elected_ms + self._check_quorum_ms()
+        if self._last_quorum_fetch_ms(state) >= 0:
+            deadline = max(deadline, self._last_quorum_fetch_ms(state) + self._check_quorum_ms())
+        if state.begin_quorum_pending:
+            deadline = min(deadline, state.begin_quorum_next_ms)
+        for parked in state.parked.values():
+            deadline = min(deadline, parked.deadline_ms)
+        if state.pending_batches and state.linger_deadline_ms >= 0 and not self._flush_requested:
+            deadline = min(deadline, state.linger_deadline_ms)
+        return deadline
+
+    # ------------------------------------------------------------------ inputs
+
+    def _leader_accumulate(
+        self, now_ms: int, state: LeaderState, records: list[bytes] | tuple[bytes, ...], size_bytes: int
+    ) -> int:
+        """Group commit: add a checked proposal to the pending batches; returns its base offset."""
+        base_offset = self._log.end_offset() + state.pending_records
+        if not state.pending_batches or state.pending_batches[-1].size_bytes + size_bytes > self.config.max_batch_bytes:
+            state.pending_batches.append(PendingBatch())
+        pending = state.pending_batches[-1]
+        pending.records.extend(records)
+        pending.size_bytes += size_bytes
+        if state.pending_records == 0:
+            state.linger_deadline_ms = now_ms + self.config.append_linger_ms
+        state.pending_records += len(records)
+        self._leader_drain(now_ms, state)
+        return base_offset
+
+    def _leader_add_read(self, now_ms: int, state: LeaderState, token: int) -> None:
+        """A read_index call: raise the read nonce; the read waits for voters to echo it."""
+        state.read_nonce += 1
+        state.reads[token] = PendingRead(token, state.read_nonce)
+        # Answer parked fetches now, so followers fetch again (and confirm) quickly.
+        self._leader_wake_parked(now_ms, state)
+        self._leader_complete_reads(state)
+
+    def _leader_tick(self, now_ms: int, state: LeaderState) -> None:
+        if state.pending_batches:
+            self._leader_drain(now_ms, state)
+        expired = [p for p in state.parked.values() if p.deadline_ms <= now_ms]
+        for parked in expired:
+            del state.parked[parked.src]
+            self._leader_answer_fetch(parked.src, parked.request, state)
+        if state.begin_quorum_pending and now_ms >= state.begin_quorum_next_ms:
+            self._send_begin_quorum(now_ms, state)
+        if len(self._voters) > 1 and now_ms >= state.elected_ms + self._check_quorum_ms():
+            if now_ms - self._last_quorum_fetch_ms(state) >= self._check_quorum_ms():
+                self._become_resigned(now_ms, state)
+
+    def _last_quorum_fetch_ms(self, state: LeaderState) -> int:
+        """The latest time by which a majority of voters (the leader counts) had fetched."""
+        if len(self._voters) == 1:
+            return 1 << 62
+        times = sorted((p.last_fetch_ms for p in state.voters.values()), reverse=True)
+        return times[self._majority - 2]
+
+    def _leader_drain(self, now_ms: int, state: LeaderState) -> None:
+        """Group commit: turn accumulated proposals into log batches.
+
+        Full batches go to the log at once; the last, partial one waits while a flush is
+        in flight (it will join the next flush) or while the linger time runs.
+        """
+        if not state.pending_batches:
+            return
+        log = self._log
+        appended = False
+        while state.pending_batches:
+            pending = state.pending_batches[0]
+            is_last = len(state.pending_batches) == 1
+            if is_last and (self._flush_requested or now_ms < state.linger_deadline_ms):
+                break
+            state.pending_batches.pop(0)
+            log.append(Batch(log.end_offset(), state.epoch, now_ms, False, tuple(pending.records)))
+            state.pending_records -= len(pending.records)
+            appended = True
+        if appended:
+            self._request_flush()
+            self._leader_wake_parked(now_ms, state)
+        if not state.pending_batches:
+            state.linger_deadline_ms = -1
+
+    def _leader_step_down(self, now_ms: int, state: LeaderState) -> None:
+        """Leaving the leader role: fail pending reads, answer parked fetches at once."""
+        # A leader was in contact with the leader (itself) until now: X-Last-Contact-Ms
+        # counts from here, not from the last Fetch answer it got as a follower.
+        self._last_fetched_ms = now_ms
+        self._ready.reads_failed.extend(state.reads)
+        state.reads.clear()
+        for parked in state.parked.values():  # tell waiting fetchers at once
+            self._send(parked.src, self._error_fetch_response(
+                parked.request, ErrorCode.NOT_LEADER_OR_FOLLOWER, leader_id=NO_LEADER))
+        state.parked.clear()
+
+    # ------------------------------------------------------------------ fetch
+
+    def _on_fetch(self, now_ms: int, src: int, request: FetchRequest) -> None:
+        if (request.fetch_offset < 0 or request.epoch < 0 or request.last_fetched_epoch < 0
+                or request.last_fetched_epoch > request.epoch or request.max_wait_ms < 0
+                or request.high_watermark < 0 or request.read_nonce < 0
+                or (request.replica_id != ANONYMOUS_REPLICA and request.replica_id != src)):
+            self._send(src, self._error_fetch_response(request, ErrorCode.INVALID_REQUEST))
+            return
+        state = self._state
+        if request.epoch < state.epoch:
+            self._send(src, self._error_fetch_response(request, ErrorCode.FENCED_LEADER_EPOCH))
+            return
+        if request.epoch > state.epoch:
+            self._send(src, self._error_fetch_response(request, ErrorCode.UNKNOWN_LEADER_EPOCH))
+            return
+        if not isinstance(state, LeaderState):
+            self._send(src, self._error_fetch_response(request, ErrorCode.NOT_LEADER_OR_FOLLOWER))
+            return
+        self._leader_on_fetch(now_ms, src, request, state)
+
+    def _leader_on_fetch(self, now_ms: int, src: int, request: FetchRequest, state: LeaderState) -> None:
+        log = self._log
+        if request.replica_endpoint and request.replica_id != ANONYMOUS_REPLICA:
+            if request.replica_id in self._voters or len(self.peer_endpoints) < len(self._voters) + self.config.max_observers:
+                self.peer_endpoints[request.replica_id] = request.replica_endpoint
+        state.parked.pop(src, None)
+        if request.fetch_offset < log.start_offset():
+            self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
+            return
+        unsafe_below = self.tombstone_unsafe_below()
+        if 0 < request.fetch_offset < unsafe_below:
+            # DESIGN sec. 3: tombstones at or above this fetcher's offset may have been
+            # dropped from our cleaned prefix; it may hold keys whose deletes it will never
+            # see. Only a snapshot at or above that point may replace its state.
+            snapshot_id = log.latest_snapshot_id()
+            if snapshot_id is None or snapshot_id.end_offset < unsafe_below:
+                self.snapshot_wanted_offset = max(self.snapshot_wanted_offset, unsafe_below)
+                self._send(src, self._error_fetch_response(request, ErrorCode.SNAPSHOT_NOT_FOUND))
+            else:
+                self._send(src, self._fetch_response(request, state, snapshot_id=snapshot_id))
+            return
+        if request.fetch_offset > 0 or request.last_fetched_epoch > 0:
+            epoch, end_offset = log.end_offset_for_epoch(request.last_fetched_epoch)
+            if epoch != request.last_fetched_epoch or end_offset < request.fetch_offset:
+                if end_offset < log.start_offset() and log.latest_snapshot_id() is not None:
+                    # The divergence lies in the prefix we replaced by a snapshot.
+                    self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
+                else:
+                    self._send(src, self._fetch_response(request, state, diverging=(epoch, end_offset)))
+                return
+        # The fetch position is consistent with our log: the fetcher holds (durably) every
+        # offset below fetch_offset.
+        progress = self._leader_progress(state, request)
+        if progress is not None:
+            progress.end_offset = request.fetch_offset
+            progress.last_fetch_ms = now_ms
+            if request.fetch_offset >= log.end_offset():
+                progress.last_caught_up_ms = now_ms
+            if request.replica_endpoint:
+                progress.endpoint = request.replica_endpoint
+        is_voter = request.replica_id in state.voters and request.replica_id == src
+        if is_voter:
+            state.begin_quorum_pending.discard(src)
+            for read in state.reads.values():
+                if request.read_nonce >= read.nonce:
+                    read.confirmed.add(src)
+            self._leader_update_high_watermark(now_ms, state)
+            self._leader_complete_reads(state)
+        if self._leader_should_park(request, state, src if is_voter else None):
+            wait_ms = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
+            state.parked[src] = ParkedFetch(src, request, now_ms + wait_ms)
+            return
+        self._leader_answer_fetch(src, request, state)
+
+    def _leader_progress(self, state: LeaderState, request: FetchRequest) -> ReplicaProgress | None:
+        replica_id = request.replica_id
+        if replica_id in state.voters:
+            return state.voters[replica_id]
+        if replica_id == ANONYMOUS_REPLICA or replica_id == self._id or replica_id in self._voters:
+            return None
+        progress = state.observers.get(replica_id)
+        if progress is None and len(state.observers) < self.config.max_observers:
+            progress = ReplicaProgress(replica_id)
+            state.observers[replica_id] = progress
+        return progress
+
+    def _leader_should_park(self, request: FetchRequest, state: LeaderState, voter: int | None) -> bool:
+        if request.max_wait_ms <= 0 or request.fetch_offset < self._log.end_offset():
+            return False
+        if len(state.parked) >= len(self._voters) + self.config.max_observers:
+            return False  # the parking lot is full: answer at once (bound: voters + max_observers)
+        if request.high_watermark < self.high_watermark:
+            return False
+        if voter is not None and request.read_nonce < state.read_nonce and state.reads:
+            return False  # it must learn the read nonce now, to confirm the pending reads
+        return True
+
+    def _leader_answer_fetch(self, src: int, request: FetchRequest, state: LeaderState) -> None:
+        records = tuple(self._log.read(request.fetch_offset, self.config.max_batch_bytes))
+        self._send(src, self._fetch_response(request, state, records=records))
+
+    def _fetch_response(
+        self,
+        request: FetchRequest,
+        state: LeaderState,
+        records: tuple[Batch, ...] = (),
+        diverging: tuple[int, int] | None = None,
+        snapshot_id: SnapshotId | None = None,
+    ) -> FetchResponse:
+        self._leader_update_compaction_offsets(state)
+        diverging_epoch, diverging_end = diverging if diverging is not None else (NO_EPOCH, -1)
+        return FetchResponse(
+            ErrorCode.NONE, state.epoch, self._id, self.config.endpoint, request.fetch_offset,
+            self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
+            records, diverging_epoch, diverging_end, snapshot_id, state.read_nonce,
+        )
+
+    def _error_fetch_response(
+        self, request: FetchRequest, error: ErrorCode, leader_id: int | None = None
+    ) -> FetchResponse:
+        if leader_id is None:
+            leader_id = self.leader_id
+        endpoint = self.peer_endpoints.get(leader_id, "") if leader_id != self._id else self.config.endpoint
+        return FetchResponse(
+            error, self.epoch, leader_id, endpoint, request.fetch_offset,
+            self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
+            (), NO_EPOCH, -1, None,
+        )
+
+    def _leader_wake_parked(self, now_ms: int, state: LeaderState) -> None:
+        if not state.parked:
+            return
+        parked = list(state.parked.values())
+        state.parked.clear()
+        # Parked fetchers usually wait at the same offset (the log end): read it once.
+        records_at: dict[int, tuple[Batch, ...]] = {}
+        for fetch in parked:
+            offset = fetch.request.fetch_offset
+            records = records_at.get(offset)
+            if records is None:
+                records = records_at[offset] = tuple(self._log.read(offset, self.config.max_batch_bytes))
+            self._send(fetch.src, self._fetch_response(fetch.request, state, records=records))
+
+    # ------------------------------------------------------------------ commit, compaction offsets, reads
+
+    def _leader_update_high_watermark(self, now_ms: int, state: LeaderState) -> None:
+        """Rule 6: majority of durable offsets, only past the epoch start, never back."""
+        offsets = [self._log.flushed_offset()]
+        offsets.extend(max(p.end_offset, 0) for p in state.voters.values())
+        offsets.sort(reverse=True)
+        candidate = offsets[self._majority - 1]
+        if candidate > state.epoch_start_offset and candidate > self.high_watermark:
+            self.high_watermark = candidate
+            self._leader_wake_parked(now_ms, state)
+            self._leader_complete_reads(state)
+            # Also here, not only when answering a fetch: a single voter (no fetchers) must
+            # still learn how far its own log may be cleaned.
+            self._leader_update_compaction_offsets(state)
+
+    def _leader_update_compaction_offsets(self, state: LeaderState) -> None:
+        """Dirty offset: min(HW, every voter's offset); tombstone horizon: min of voters'."""
+        lowest = self._log.flushed_offset()
+        for progress in state.voters.values():
+            if progress.end_offset < 0:
+                return  # a voter not heard from yet in this epoch: keep the old values
+            lowest = min(lowest, progress.end_offset)
+        self.tombstone_horizon = max(self.tombstone_horizon, lowest)
+        self.dirty_offset = max(self.dirty_offset, min(self.high_watermark, lowest))
+
+    def _leader_complete_reads(self, state: LeaderState) -> None:
+        if not state.reads or self.high_watermark <= state.epoch_start_offset:
+            return
+        done = [t for t, r in state.reads.items() if len(r.confirmed) + 1 >= self._majority]
+        for token in done:
+            del state.reads[token]
+            self._ready.reads_done.append((token, self.high_watermark))
+
+    # ------------------------------------------------------------------ quorum epoch, snapshots
+
+    def _send_begin_quorum(self, now_ms: int, state: LeaderState) -> None:
+        request = BeginQuorumEpochRequest(state.epoch, self._id, self.config.endpoint)
+        for voter in sorted(state.begin_quorum_pending):
+            self._send(voter, request)
+        state.begin_quorum_next_ms = now_ms + self.config.request_timeout_ms
+
+    def _on_fetch_snapshot(self, now_ms: int, src: int, request: FetchSnapshotRequest) -> None:
+        state = self._state
+        snapshot_id = request.snapshot_id
+
+        def answer(error: ErrorCode, size: int = 0, chunk: bytes = b"") -> None:
+            self._send(src, FetchSnapshotResponse(error, self.epoch, self.leader_id, snapshot_id, size, request.position, chunk))
+
+        if (request.position < 0 or request.max_bytes <= 0 or request.epoch < 0
+                or snapshot_id.end_offset < 0 or snapshot_id.epoch < 0):
+            answer(ErrorCode.INVALID_REQUEST)
+            return
+        if request.epoch < state.epoch:
+            answer(ErrorCode.FENCED_LEADER_EPOCH)
+            return
+        if request.epoch > state.epoch:
+            answer(ErrorCode.UNKNOWN_LEADER_EPOCH)
+            return
+        if not isinstance(state, LeaderState):
+            answer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            return
+        try:
+            size = self._snapshots.size_bytes(snapshot_id)
+            if request.position > size:
+                answer(ErrorCode.POSITION_OUT_OF_RANGE, size)
+                return
+            max_bytes = min(request.max_bytes, self.config.snapshot_chunk_bytes)
+            chunk = self._snapshots.read_chunk(snapshot_id, request.position, max_bytes) if request.position < size else b""
+        except (SnapshotNotFoundError, OSError):  # gone, or unreadable: the fetcher retries
+            answer(ErrorCode.SNAPSHOT_NOT_FOUND)
+            return
+        except ValueError:
+            answer(ErrorCode.POSITION_OUT_OF_RANGE)
+            return
+        answer(ErrorCode.NONE, size, chunk)
+
+
+def _replica_state(progress: ReplicaProgress) -> ReplicaState:
+    return ReplicaState(
+        progress.replica_id, progress.endpoint, max(progress.end_offset, 0),
+        progress.last_fetch_ms, progress.last_caught_up_ms,
+    )
