@@ -38,6 +38,7 @@ from raft.log import MemoryLog
 from raft.node import Ready, Role
 from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch, SnapshotId
+from storage import compaction_policy as policy
 from storage.cleaning_run import run_cleaning
 from storage.commands import (
     DEFAULT_CONTENT_TYPE,
@@ -49,15 +50,6 @@ from storage.commands import (
     OpKind,
     decode_command,
     encode_command,
-)
-from storage.compaction_policy import (
-    Recovery,
-    clean_target_offset,
-    newest_snapshot,
-    recovery_step,
-    snapshot_due,
-    snapshot_helps,
-    wanted_snapshot_exists,
 )
 from storage.state_machine import Entry, evaluate_commands
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode
@@ -129,24 +121,24 @@ class CompactionSim:
         """The runtime's _recover_state, through the same policy (storage.compaction_policy)."""
         log = node.log
         start, cleaned = log.start_offset(), log.cleaner_end()
-        step = recovery_step(model.applied, start, log.end_offset(), cleaned)
-        if step is Recovery.START_OVER:  # the leader will send its whole cleaned log from 0
+        step = policy.recovery_step(model.applied, start, log.end_offset(), cleaned)
+        if step is policy.Recovery.START_OVER:  # the leader will send its whole cleaned log from 0
             model.applied, model.state = 0, dict.fromkeys(KEYS)
             self.cluster.stats["sim_restarts_from_empty_log"] += 1
-        if step is not Recovery.LOAD_SNAPSHOT:
+        if step is not policy.Recovery.LOAD_SNAPSHOT:
             return
-        snapshot_id = newest_snapshot(log.latest_snapshot_id(), node.snapshots.latest_id())
-        if snapshot_id is not None and snapshot_helps(snapshot_id, model.applied, start):
+        snapshot_id = policy.newest_snapshot(log.latest_snapshot_id(), node.snapshots.latest_id())
+        if snapshot_id is not None and policy.snapshot_helps(snapshot_id, model.applied, start):
             self._load(model, snapshot_id, node)
-        step = recovery_step(model.applied, start, log.end_offset(), cleaned, snapshot_loaded=True)
-        if step is Recovery.BELOW_LOG_START:
+        step = policy.recovery_step(model.applied, start, log.end_offset(), cleaned, snapshot_loaded=True)
+        if step is policy.Recovery.BELOW_LOG_START:
             raise InvariantViolation(f"node {node.node_id}: log starts at {start} without a snapshot "
                                      f"reaching it (state at version {model.applied})")
-        if step is Recovery.REFUSE:
+        if step is policy.Recovery.REFUSE:
             raise InvariantViolation(
                 f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
                 f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
-        if step is Recovery.REBUILD_FROM_0:
+        if step is policy.Recovery.REBUILD_FROM_0:
             model.applied, model.state = 0, dict.fromkeys(KEYS)
             self.cluster.stats["sim_rebuilds_from_0"] += 1
 
@@ -187,10 +179,10 @@ class CompactionSim:
         newest = node.log.latest_snapshot_id()
         snapshot_end = newest.end_offset if newest is not None else 0
         wanted = core.snapshot_wanted_offset
-        due = snapshot_due(model.applied, snapshot_end, wanted, every_records=0)
-        if wanted_snapshot_exists(wanted, snapshot_end):
+        due = policy.snapshot_due(model.applied, snapshot_end, wanted, every_records=0)
+        if policy.wanted_snapshot_exists(wanted, snapshot_end):
             core.snapshot_wanted_offset = 0
-        if due and self._snapshot(node) and wanted_snapshot_exists(core.snapshot_wanted_offset, model.applied):
+        if due and self._snapshot(node) and policy.wanted_snapshot_exists(core.snapshot_wanted_offset, model.applied):
             core.snapshot_wanted_offset = 0
 
     def _apply(self, node: SimNode, model: _Model, high_watermark: int) -> None:
@@ -287,7 +279,7 @@ class CompactionSim:
         # admin compaction's: no dirty ratio, no lag), without a throttle or a clock.
         run = run_cleaning(
             _CleanableMemoryLog(log), _ModelBase(self, model),
-            clean_target_offset(core.dirty_offset, model.applied, log.flushed_offset()), core.tombstone_horizon,
+            policy.clean_target_offset(core.dirty_offset, model.applied, log.flushed_offset()), core.tombstone_horizon,
             force=True, aged_end=None, min_dirty_ratio=0.0, tombstone_retention_records=TOMBSTONE_RETENTION_RECORDS,
             pause=_no_pause, clock=_no_clock)
         if run.base_state_error is not None:
