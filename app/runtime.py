@@ -906,7 +906,8 @@ class NodeRuntime:
         run = run_cleaning(self.log, self.state, dirty, horizon, force=force, aged_end=aged_end,
                            min_dirty_ratio=config.cleaner_min_dirty_ratio,
                            tombstone_retention_records=config.tombstone_retention_records,
-                           pause=Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S).pause, clock=time.perf_counter)
+                           new_pause=lambda: Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S).pause,
+                           clock=time.perf_counter)
         result, report = run.result, run.report
         if result is None or run.digest is None:
             return report

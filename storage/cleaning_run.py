@@ -98,7 +98,7 @@ class CleaningRun:
 
 def run_cleaning(log: CleanableLog, state: CleaningBase, dirty: int, horizon: int, *, force: bool,
                  aged_end: int | None, min_dirty_ratio: float, tombstone_retention_records: int,
-                 pause: Callable[[], None], clock: Callable[[], float]) -> CleaningRun:
+                 new_pause: Callable[[], Callable[[], None]], clock: Callable[[], float]) -> CleaningRun:
     """Read the log from its start, clean it up to ``dirty`` (see
     storage.compaction_policy.clean_target_offset) with tombstones dropped below
     ``horizon`` (lowered by the retention), install it with ``replace_prefix``, whose log
@@ -107,7 +107,8 @@ def run_cleaning(log: CleanableLog, state: CleaningBase, dirty: int, horizon: in
     A log that starts at a snapshot is cleaned from its start offset like a log from 0;
     the state machine answers the state at the version where evaluation starts (the
     cleaner needs it only for keys the records before that point do not name). ``force``
-    (an admin compaction) ignores ``min_dirty_ratio``."""
+    (an admin compaction) ignores ``min_dirty_ratio``. ``new_pause`` makes the pause called
+    between steps (a throttle's), once the state is synced: the wait for the disk is no CPU."""
     start = log.start_offset()
     cleaned_before = max(start, log.cleaned_end())
     if dirty > cleaned_before:
@@ -119,6 +120,7 @@ def run_cleaning(log: CleanableLog, state: CleaningBase, dirty: int, horizon: in
     if dirty <= cleaned_before:
         report["reason"] = "nothing new below the dirty offset"
         return CleaningRun(report)
+    pause = new_pause()
     selection = select_prefix(log.iter_batches(start), cleaned_before, dirty, aged_end, pause)
     dirty = report["dirty_offset"] = selection.dirty_offset
     if dirty <= cleaned_before:

@@ -150,7 +150,7 @@ def _log(tmp_path: Path) -> SegmentLog:
 def _run(log: SegmentLog, state: _State, dirty: int, **settings: object) -> dict:
     options: dict = {"force": False, "aged_end": None, "min_dirty_ratio": 0.0, "tombstone_retention_records": 0}
     options.update(settings)
-    return run_cleaning(log, state, dirty, dirty, pause=_no_pause, clock=lambda: 0.0, **options).report
+    return run_cleaning(log, state, dirty, dirty, new_pause=lambda: _no_pause, clock=lambda: 0.0, **options).report
 
 
 def test_a_cleaning_stops_at_the_durable_state_and_installs_the_prefix(tmp_path: Path) -> None:

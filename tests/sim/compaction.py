@@ -281,7 +281,7 @@ class CompactionSim:
             _CleanableMemoryLog(log), _ModelBase(self, model),
             policy.clean_target_offset(core.dirty_offset, model.applied, log.flushed_offset()), core.tombstone_horizon,
             force=True, aged_end=None, min_dirty_ratio=0.0, tombstone_retention_records=TOMBSTONE_RETENTION_RECORDS,
-            pause=_no_pause, clock=_no_clock)
+            new_pause=lambda: _no_pause, clock=_no_clock)
         if run.base_state_error is not None:
             raise InvariantViolation(f"t={self.cluster.now_ms} node {node_id}: {run.report['reason']}")
         result = run.result
