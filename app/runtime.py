@@ -22,7 +22,6 @@ Inputs are coalesced: many messages or proposals arriving in one loop iteration 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import errno
 import functools
@@ -65,20 +64,37 @@ from raft.types import (
     Batch,
     ProtocolInvariantError,
     SnapshotId,
-    check,
 )
-from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix_digest
+from storage.cleaner import prefix_digest
+from storage.cleaning_run import (
+    CLEANER_BUSY_SHARE,
+    CLEANER_SLICE_S,
+    PRUNE_STEP_VERSIONS,
+    Throttle,
+    prune_history,
+    read_prefix_digest,
+    run_cleaning,
+)
 from storage.commands import Command, encode_command
+from storage.compaction_policy import (
+    ArrivalMarks,
+    Recovery,
+    clean_target_offset,
+    newest_snapshot,
+    recovery_step,
+    snapshot_due,
+    snapshot_helps,
+    trim_batches,
+    wanted_snapshot_exists,
+)
 from storage.data_dir import DataDirLock, check_identity
 from storage.quorum_state import QuorumStateFile
-from storage.segment_log import LogChangedError, LogWriteError, SegmentLog
+from storage.segment_log import LogWriteError, SegmentLog
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import (
     SnapshotRejectedError,
     StateDatabaseError,
     StateMachine,
-    VersionCompactedError,
-    VersionNotAppliedError,
 )
 
 logger = logging.getLogger("metakv.runtime")
@@ -86,45 +102,9 @@ logger = logging.getLogger("metakv.runtime")
 # Bounds on the work one loop turn may do, so a catching-up replica keeps answering HTTP.
 APPLY_MAX_READS_PER_TURN = 8
 APPLY_READ_BYTES = 1024 * 1024  # per log read while applying; whole batches may exceed it
-# Background work (cleaning, pruning the history it frees) yields the CPU: after each
-# CLEANER_SLICE_S of work its thread sleeps long enough to use at most CLEANER_BUSY_SHARE of
-# a core (docs/compaction.md "Throttle").
-CLEANER_BUSY_SHARE = 0.25
-CLEANER_SLICE_S = 0.002
-PRUNE_STEP_VERSIONS = 500  # history versions pruned per write transaction after a cleaning
-# min_compaction_lag_ms is measured on this replica's own clock, from when each version was
-# applied here (batch timestamps are the leader's monotonic clock, meaningless on another
-# host): marks (version end, time.monotonic()) at most one per ARRIVAL_MARK_MIN_INTERVAL_S,
-# or per lag / ARRIVAL_MARKS_PER_LAG when that is longer, so ARRIVAL_MARKS_MAX bounds them.
-ARRIVAL_MARK_MIN_INTERVAL_S = 0.01
-ARRIVAL_MARKS_PER_LAG = 4_000
-ARRIVAL_MARKS_MAX = 8_000
 MAX_TIMER_DELAY_S = 3600.0  # the core answers 'never' with a huge deadline; re-check hourly
 LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
                      0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-class _Throttle:
-    """Caps a background thread's CPU: ``pause()``, called between small steps of work,
-    sleeps after every ``slice_s`` of work for as long as keeps the thread busy at most
-    ``busy_share`` of the time. Why: cleaning is Python holding the GIL; unthrottled, the
-    three nodes of a cluster clean at about the same moment and a burst of a few hundred
-    milliseconds of CPU each (on a shared two-core machine) showed up as 100-300 ms in
-    every write's p99 (etcd throttles its compaction the same way: batches with sleeps)."""
-
-    __slots__ = ("busy_share", "slice_s", "_since")
-
-    def __init__(self, busy_share: float, slice_s: float) -> None:
-        check(0 < busy_share <= 1 and slice_s > 0, "throttle needs 0 < busy_share <= 1 and slice_s > 0")
-        self.busy_share = busy_share
-        self.slice_s = slice_s
-        self._since = time.perf_counter()
-
-    def pause(self) -> None:
-        busy_s = time.perf_counter() - self._since
-        if busy_s >= self.slice_s:
-            time.sleep(busy_s * (1 / self.busy_share - 1))
-            self._since = time.perf_counter()
 
 
 def monotonic_ms() -> int:
@@ -182,11 +162,9 @@ class NodeRuntime:
         # Compaction (docs/compaction.md): one cleaning at a time, on its own thread.
         self._clean_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cleaner-{config.node_id}")
         self._clean_task: asyncio.Task[dict[str, Any]] | None = None
-        # (end version, time.monotonic() when every version below it had been applied here).
-        self._arrivals: collections.deque[tuple[int, float]] = collections.deque(maxlen=ARRIVAL_MARKS_MAX)
-        self._pending_arrival: tuple[int, float] | None = None
-        self._arrival_mark_interval_s = max(ARRIVAL_MARK_MIN_INTERVAL_S,
-                                            config.min_compaction_lag_ms / 1000 / ARRIVAL_MARKS_PER_LAG)
+        # When versions were applied here, on time.monotonic() (min_compaction_lag_ms).
+        self._arrival_marks = ArrivalMarks(config.min_compaction_lag_ms)
+        self._arrivals = self._arrival_marks.marks  # (end version, seconds); tests set ages here
         self._cleaner_timer: asyncio.TimerHandle | None = None
         # (log start, end offset, sha256) of the cleaned range [log start, end offset)
         self._prefix_digest: tuple[int, int, str] = (0, 0, prefix_digest([], 0))
@@ -220,9 +198,7 @@ class NodeRuntime:
             self.snapshots.remove_stale_files()  # temp and partial files of a crashed copy or download
             self.state = StateMachine(str(self.data_dir / "state.db"))
             self._recover_state()
-            # What is here already counts as arriving now: after a restart the lag holds
-            # it back as if just written (this replica cannot tell its age).
-            self._arrivals.append((max(self._applied_version, self.log.end_offset()), time.monotonic()))
+            self._arrival_marks.restarted(max(self._applied_version, self.log.end_offset()), time.monotonic())
             cfg = self.config
             self.node = RaftNode(
                 RaftConfig(
@@ -250,7 +226,7 @@ class NodeRuntime:
                 latest = self.snapshots.latest_id()
                 self._snapshot_end = latest.end_offset if latest is not None else 0
                 self._prefix_digest = await asyncio.get_running_loop().run_in_executor(
-                    self._clean_executor, self._read_prefix_digest)
+                    self._clean_executor, read_prefix_digest, self.log)
             except BaseException:
                 await self.transport.stop()
                 raise
@@ -292,37 +268,32 @@ class NodeRuntime:
                 f"{log.end_offset()}: the log lost records this node had committed and applied (a "
                 f"corrupt tail was cut, or the log was repaired), and it is the only voter. To go on "
                 f"without them, move state.db away: the node rebuilds it from the log")
-        if start == 0 and log.end_offset() == 0:
-            if self._applied_version > 0:
-                logger.warning("node %d: the log is empty but the state is at version %d: starting "
-                               "over from offset 0", self.node_id, self._applied_version)
-                self._rebuild_from_0()
+        step = recovery_step(self._applied_version, start, log.end_offset(), cleaner_end)
+        if step is Recovery.START_OVER:
+            logger.warning("node %d: the log is empty but the state is at version %d: starting "
+                           "over from offset 0", self.node_id, self._applied_version)
+            self._rebuild_from_0()
+        if step is not Recovery.LOAD_SNAPSHOT:
             return
-        if self._applied_version >= max(start, cleaner_end):
-            return
-        snapshot_id = self._newest_snapshot()
-        if snapshot_id is not None and snapshot_id.end_offset >= start and snapshot_id.end_offset > self._applied_version:
+        snapshot_id = newest_snapshot(log.latest_snapshot_id(), self.snapshots.latest_id())
+        if snapshot_id is not None and snapshot_helps(snapshot_id, self._applied_version, start):
             self.state.load_snapshot(str(self.snapshots.path_for(snapshot_id)))
             self._applied_version = self.state.applied_version
-        if self._applied_version < start:
+        step = recovery_step(self._applied_version, start, log.end_offset(), cleaner_end, snapshot_loaded=True)
+        if step is Recovery.BELOW_LOG_START:
             raise ProtocolInvariantError(
                 f"state at version {self._applied_version} but the log starts at {start} "
                 f"and no snapshot reaches it")
-        if self._applied_version < cleaner_end:
-            if start > 0:
-                raise StateDatabaseError(
-                    f"{self.state.db_path}: state at version {self._applied_version} is behind the log's "
-                    f"cleaned prefix [{start}, {cleaner_end}), which cannot rebuild it; restore state.db, "
-                    f"or, while a majority of the other voters is up, move log/, snapshots/ and state.db away (keep "
-                    f"quorum-state and identity.json) and restart: the node fetches a snapshot from the leader")
+        if step is Recovery.REFUSE:
+            raise StateDatabaseError(
+                f"{self.state.db_path}: state at version {self._applied_version} is behind the log's "
+                f"cleaned prefix [{start}, {cleaner_end}), which cannot rebuild it; restore state.db, "
+                f"or, while a majority of the other voters is up, move log/, snapshots/ and state.db away (keep "
+                f"quorum-state and identity.json) and restart: the node fetches a snapshot from the leader")
+        if step is Recovery.REBUILD_FROM_0:
             logger.warning("node %d: state at version %d is behind the log's cleaned prefix [0, %d): "
                            "rebuilding it from offset 0", self.node_id, self._applied_version, cleaner_end)
             self._rebuild_from_0()
-
-    def _newest_snapshot(self) -> SnapshotId | None:
-        """The newest snapshot the log or the snapshot directory knows of."""
-        known = [s for s in (self.log.latest_snapshot_id(), self.snapshots.latest_id()) if s is not None]
-        return max(known, key=lambda s: s.end_offset, default=None)
 
     def _rebuild_from_0(self) -> None:
         self.state.clear()
@@ -509,7 +480,7 @@ class NodeRuntime:
         for _ in range(APPLY_MAX_READS_PER_TURN):
             if self._applied_version >= high_watermark or self._installing_snapshot:
                 return
-            batches = _trim(self.log.read(self._applied_version, APPLY_READ_BYTES),
+            batches = trim_batches(self.log.read(self._applied_version, APPLY_READ_BYTES),
                             self._applied_version, high_watermark)
             if not batches:
                 return
@@ -517,31 +488,10 @@ class NodeRuntime:
             results = self.state.apply(batches)
             self._apply_latency.observe(time.perf_counter() - started_s)
             self._applied_version = self.state.applied_version
-            self._mark_arrival()
+            self._arrival_marks.applied(self._applied_version, time.monotonic())
             self._complete_writes(batches, results)
             self._wake_waiters()
         self._kick()  # more to apply: continue next turn, after other callbacks ran
-
-    def _mark_arrival(self) -> None:
-        now_s = time.monotonic()
-        arrivals = self._arrivals
-        if not arrivals or now_s - arrivals[-1][1] >= self._arrival_mark_interval_s:
-            arrivals.append((self._applied_version, now_s))
-            self._pending_arrival = None
-        else:  # too soon for a mark of its own: kept until the next mark or cleaning
-            self._pending_arrival = (self._applied_version, now_s)
-
-    def _aged_end(self) -> int:
-        """The highest version below which every version was applied here at least
-        ``min_compaction_lag_ms`` ago."""
-        arrivals = self._arrivals
-        if self._pending_arrival is not None:
-            arrivals.append(self._pending_arrival)
-            self._pending_arrival = None
-        cutoff_s = time.monotonic() - self.config.min_compaction_lag_ms / 1000
-        while len(arrivals) > 1 and arrivals[1][1] <= cutoff_s:
-            arrivals.popleft()  # an older mark than one already aged says nothing new
-        return arrivals[0][0] if arrivals and arrivals[0][1] <= cutoff_s else 0
 
     def _complete_writes(self, batches: list[Batch], results: Iterable[Any]) -> None:
         if not self._pending:
@@ -857,7 +807,7 @@ class NodeRuntime:
         finally:
             self._snapshot_task = None
         self._snapshot_end = max(self._snapshot_end, snapshot_id.end_offset)
-        if 0 < self.node.snapshot_wanted_offset <= self._snapshot_end:
+        if wanted_snapshot_exists(self.node.snapshot_wanted_offset, self._snapshot_end):
             self.node.snapshot_wanted_offset = 0
         logger.info("node %d took snapshot %s", self.node_id, snapshot_id)
         return snapshot_id
@@ -870,13 +820,10 @@ class NodeRuntime:
                 or self._snapshot_task is not None or not self.node.is_real_state(self._applied_version)):
             return  # (a state inside a cleaned prefix is no version to hand anyone: rule 9)
         wanted = self.node.snapshot_wanted_offset
-        every = self.config.snapshot_every_records
-        due = every > 0 and self._applied_version - self._snapshot_end >= every
-        if wanted > 0 and self._applied_version >= wanted and self._snapshot_end < wanted:
-            due = True
-        if wanted > 0 and self._snapshot_end >= wanted:
+        due = snapshot_due(self._applied_version, self._snapshot_end, wanted, self.config.snapshot_every_records)
+        if wanted_snapshot_exists(wanted, self._snapshot_end):
             self.node.snapshot_wanted_offset = 0
-        if due and self._applied_version > self._snapshot_end:
+        if due:
             self._start_snapshot().add_done_callback(self._on_background_snapshot_done)
 
     def _on_background_snapshot_done(self, task: asyncio.Task[SnapshotId]) -> None:
@@ -919,14 +866,15 @@ class NodeRuntime:
         """(dirty offset, tombstone horizon) to clean with now: the announced values, never
         past what this replica applied and flushed."""
         node = self.node
-        dirty = min(node.dirty_offset, self._applied_version, self.log.flushed_offset())
-        return dirty, node.tombstone_horizon
+        return clean_target_offset(node.dirty_offset, self._applied_version, self.log.flushed_offset()), \
+            node.tombstone_horizon
 
     async def _clean(self, force: bool) -> dict[str, Any]:
         if self._clean_task is not None:  # one at a time: join the running one
             return await asyncio.shield(self._clean_task)
         dirty, horizon = self.clean_target()
-        aged_end = None if force or self.config.min_compaction_lag_ms == 0 else self._aged_end()
+        aged_end = (None if force or self.config.min_compaction_lag_ms == 0
+                    else self._arrival_marks.aged_end(time.monotonic()))
         self._clean_task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(
             self._clean_executor, functools.partial(self._clean_blocking, dirty, horizon, force, aged_end=aged_end)))
         try:
@@ -946,119 +894,30 @@ class NodeRuntime:
         return report
 
     def _prune_history_blocking(self, below_version: int) -> None:
-        """Runs on the cleaner thread: raise the history horizon in steps of
-        PRUNE_STEP_VERSIONS, one short write transaction each, throttled between steps. In
-        one step on the loop, pruning what a cleaning freed stalled every request for tens
-        of milliseconds; now an apply waits for the write lock at most one step. Pruning in
-        steps leaves the same rows as pruning at once (tests/state_machine prune in steps)."""
-        state = self.state
-        throttle = _Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S)
-        target = min(below_version, state.applied_version)
-        while state.oldest_version < target and not self._closing:
-            state.prune_history(min(target, state.oldest_version + PRUNE_STEP_VERSIONS))
-            throttle.pause()
+        """Runs on the cleaner thread: prune the history below ``below_version`` in short
+        throttled steps, so an apply on the loop waits for the write lock at most one step."""
+        prune_history(self.state, below_version, step_versions=PRUNE_STEP_VERSIONS,
+                      pause=Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S).pause, stopping=lambda: self._closing)
 
     def _clean_blocking(self, dirty: int, horizon: int, force: bool, aged_end: int | None = None) -> dict[str, Any]:
-        """Runs on the cleaner thread: read the log from its start, clean it, install it. The
-        log's lock makes replace_prefix atomic against the loop's appends and the flush thread.
-
-        A log that starts at a snapshot is cleaned from its start offset like a log from 0;
-        the state machine answers the state at the version where evaluation starts (the
-        cleaner needs it only for keys the records before that point do not name)."""
-        log = self.log
-        start = log.start_offset()
-        cleaned_before = max(start, log.cleaned_end())
-        if dirty > cleaned_before:
-            # Never past what SQLite holds durably: a power loss may take back its unsynced
-            # versions, and startup could not replay them from a cleaned prefix (rule 9).
-            dirty = min(dirty, self.state.sync())
-        report: dict[str, Any] = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
-                                  "cleaned_end": log.cleaned_end(), "log_start_offset": start}
-        if dirty <= cleaned_before:
-            report["reason"] = "nothing new below the dirty offset"
+        """Runs on the cleaner thread: one throttled cleaning of this node's log
+        (storage.cleaning_run.run_cleaning); answers its report."""
+        config = self.config
+        run = run_cleaning(self.log, self.state, dirty, horizon, force=force, aged_end=aged_end,
+                           min_dirty_ratio=config.cleaner_min_dirty_ratio,
+                           tombstone_retention_records=config.tombstone_retention_records,
+                           new_pause=lambda: Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S).pause,
+                           clock=time.perf_counter)
+        result, report = run.result, run.report
+        if result is None or run.digest is None:
             return report
-        batches: list[Batch] = []
-        prefix_bytes = dirty_bytes = 0
-        throttle = _Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S)
-        # Records applied here less than min_compaction_lag_ms ago (past ``aged_end``; None:
-        # no lag, or an admin compaction) stay as they are: their history stays readable that
-        # long (the history horizon follows the cleaned end), so a watch or a paged list can
-        # resume from a version for at least the lag, not only until the next cleaning.
-        for batch in log.iter_batches(start):
-            throttle.pause()
-            if batch.next_offset > dirty:
-                break
-            if aged_end is not None and batch.base_offset >= cleaned_before and batch.next_offset > aged_end:
-                dirty = batch.base_offset
-                report["dirty_offset"] = dirty
-                break
-            batches.append(batch)
-            size = batch.size_bytes()
-            prefix_bytes += size
-            if batch.base_offset >= cleaned_before:
-                dirty_bytes += size
-        if dirty <= cleaned_before:
-            report["reason"] = "the records above the cleaned end are younger than min_compaction_lag_ms"
-            return report
-        total_bytes = max(1, log.size_bytes())
-        report["dirty_ratio"] = round(dirty_bytes / total_bytes, 4)
-        if not batches or (not force and dirty_bytes / total_bytes < self.config.cleaner_min_dirty_ratio):
-            report["reason"] = "dirty ratio below cleaner_min_dirty_ratio"
-            return report
-        started_s = time.perf_counter()
-        clean_end_guess = batches[-1].next_offset
-        # Deterministic on every replica: tombstones go below the cleaned end minus the
-        # retention (always <= the announced horizon, which never trails the dirty offset).
-        effective_horizon = min(horizon, max(0, clean_end_guess - self.config.tombstone_retention_records))
-        try:
-            result: CleanResult = clean_prefix(batches, dirty, effective_horizon, start_offset=start,
-                                               base_state=self.state.entries_at, pause=throttle.pause)
-        except (CleanerInputError, VersionCompactedError, VersionNotAppliedError) as exc:
-            report["reason"] = f"no base state to clean from: {exc}"
-            return report
-        check(result.clean_end == clean_end_guess, "cleaner stopped at another batch boundary")
-        if result.clean_end <= cleaned_before or not result.batches:
-            report["reason"] = "nothing new below the dirty offset"
-            return report
-        if log.start_offset() != start:
-            report["reason"] = "the log was replaced by a snapshot meanwhile"
-            return report
-        # Hashed before the swap (the throttle may sleep in it), so /v1/status never shows the
-        # new cleaned end beside the old digest for longer than the two assignments.
-        digest = prefix_digest(result.batches, result.clean_end, throttle.pause)
-        try:
-            log.replace_prefix(result.batches, result.clean_end)
-        except LogChangedError:  # truncated or reset meanwhile: nothing changed, clean later
-            report["reason"] = "the log changed while the cleaned prefix was written"
-            return report
-        self._prefix_digest = (start, result.clean_end, digest)
-        elapsed_s = time.perf_counter() - started_s
-        report.update(cleaned=True, cleaned_end=result.clean_end, records_in=result.records_in,
-                      records_out=result.records_out, tombstones_dropped=result.tombstones_dropped,
-                      tombstone_horizon_used=effective_horizon, bytes_in=prefix_bytes,
-                      bytes_out=sum(b.size_bytes() for b in result.batches),
-                      evaluated_from=result.evaluated_from,
-                      prefix_digest=digest, duration_ms=round(elapsed_s * 1000, 1))
+        self._prefix_digest = run.digest
         self.tombstones_dropped_total += result.tombstones_dropped
         self.last_clean = report
         logger.info("node %d cleaned log [%d, %d): %d -> %d records, %d tombstones dropped, evaluated from %d",
-                    self.node_id, start, result.clean_end, result.records_in, result.records_out,
+                    self.node_id, run.digest[0], result.clean_end, result.records_in, result.records_out,
                     result.tombstones_dropped, result.evaluated_from)
         return report
-
-    def _read_prefix_digest(self) -> tuple[int, int, str]:
-        """The digest of the cleaned range [log start, cleaned_end) as it is on disk (after a
-        restart): (log start, cleaned end, sha256)."""
-        start = self.log.start_offset()
-        end = self.log.cleaned_end()
-        if end <= start:
-            return (start, start, prefix_digest([], 0))
-        batches: list[Batch] = []
-        for batch in self.log.iter_batches(start):
-            if batch.next_offset > end:
-                break
-            batches.append(batch)
-        return (start, end, prefix_digest(batches, end))
 
     async def resign(self) -> dict[str, Any]:
         self._require_leader()
@@ -1066,22 +925,6 @@ class NodeRuntime:
         self.node.resign(monotonic_ms())
         self._kick()
         return {"resigned": True, "epoch": epoch}
-
-
-def _trim(batches: list[Batch], start: int, end: int) -> list[Batch]:
-    """Cut batches to offsets [start, end): the log returns whole batches, the first may
-    start below the applied version and the last may reach past the high watermark."""
-    trimmed: list[Batch] = []
-    for batch in batches:
-        if batch.next_offset <= start or batch.base_offset >= end:
-            continue
-        if batch.base_offset < start or batch.next_offset > end:
-            low = max(start, batch.base_offset) - batch.base_offset
-            high = min(end, batch.next_offset) - batch.base_offset
-            batch = Batch(batch.base_offset + low, batch.epoch, batch.timestamp_ms, batch.control,
-                          batch.records[low:high])
-        trimmed.append(batch)
-    return trimmed
 
 
 def _snapshot_storage_error(exc: BaseException, snapshots_dir: Path) -> SnapshotStorageError | None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from app import runtime
 from raft.types import Batch
+from storage import cleaning_run
 from storage.cleaner import clean_prefix
 from storage.commands import delete, encode_command, put
 
@@ -29,13 +29,13 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(runtime.time, "perf_counter", fake.perf_counter)
-    monkeypatch.setattr(runtime.time, "sleep", fake.sleep)
+    monkeypatch.setattr(cleaning_run.time, "perf_counter", fake.perf_counter)
+    monkeypatch.setattr(cleaning_run.time, "sleep", fake.sleep)
     return fake
 
 
 def test_throttle_keeps_the_busy_share(clock: FakeClock) -> None:
-    throttle = runtime._Throttle(busy_share=0.25, slice_s=0.002)
+    throttle = cleaning_run.Throttle(busy_share=0.25, slice_s=0.002)
     worked_s = 0.0
     for _ in range(1000):  # 1000 steps of 0.1 ms of work
         clock.now_s += 0.0001
@@ -48,7 +48,7 @@ def test_throttle_keeps_the_busy_share(clock: FakeClock) -> None:
 
 
 def test_throttle_does_not_sleep_within_a_slice(clock: FakeClock) -> None:
-    throttle = runtime._Throttle(busy_share=0.25, slice_s=0.002)
+    throttle = cleaning_run.Throttle(busy_share=0.25, slice_s=0.002)
     for _ in range(10):
         clock.now_s += 0.0001
         throttle.pause()
@@ -57,7 +57,7 @@ def test_throttle_does_not_sleep_within_a_slice(clock: FakeClock) -> None:
 
 def test_throttle_refuses_a_share_outside_0_to_1() -> None:
     with pytest.raises(Exception, match="busy_share"):
-        runtime._Throttle(busy_share=0.0, slice_s=0.002)
+        cleaning_run.Throttle(busy_share=0.0, slice_s=0.002)
 
 
 def test_clean_prefix_pauses_between_batches_and_gives_the_same_result() -> None:

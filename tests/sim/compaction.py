@@ -17,6 +17,9 @@ a crash keeps the state as of its last sync (taken before every cleaning, which 
 below it, and at random applied batches), or, in a quarter of restarts, loses it entirely
 where the runtime could rebuild it (a log from offset 0, or one not cleaned past its start);
 a restart then reloads a snapshot if the log starts above the state, as the runtime does.
+What a replica cleans to, the cleaning itself, when a leader snapshots for a re-bootstrap and
+how a restart recovers its state are the runtime's own code (storage.compaction_policy,
+storage.cleaning_run), run without a clock or a throttle.
 
 Run: ``python -m tests.sim.compaction --seeds N [--seed S]``.
 """
@@ -28,14 +31,15 @@ import pickle
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from raft.log import MemoryLog
 from raft.node import Ready, Role
 from raft.snapshots import MemorySnapshotStore
-from raft.types import SnapshotId
-from storage.cleaner import clean_prefix, prefix_digest
+from raft.types import Batch, SnapshotId
+from storage import compaction_policy as policy
+from storage.cleaning_run import run_cleaning
 from storage.commands import (
     DEFAULT_CONTENT_TYPE,
     Command,
@@ -110,31 +114,37 @@ class CompactionSim:
                     rebuildable and self.disk_rng.random() < 0.25):
                 model.applied, model.state = previous.durable[0], dict(previous.durable[1])
                 model.durable = previous.durable
-            # What the runtime's _recover_state does:
-            if start == 0 and log.end_offset() == 0:
-                if model.applied > 0:  # the leader will send its whole cleaned log from 0
-                    model.applied, model.state = 0, dict.fromkeys(KEYS)
-                    self.cluster.stats["sim_restarts_from_empty_log"] += 1
-            elif model.applied < max(start, cleaned):
-                snapshot_id = log.latest_snapshot_id()
-                if (snapshot_id is not None and snapshot_id.end_offset >= start
-                        and snapshot_id.end_offset > model.applied):
-                    self._load(model, snapshot_id, node)
-                if model.applied < start:
-                    raise InvariantViolation(f"node {node.node_id}: log starts at {start} without a snapshot "
-                                             f"reaching it (state at version {model.applied})")
-                if model.applied < cleaned:
-                    if start > 0:
-                        raise InvariantViolation(
-                            f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
-                            f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
-                    model.applied, model.state = 0, dict.fromkeys(KEYS)  # rebuilt from offset 0
-                    self.cluster.stats["sim_rebuilds_from_0"] += 1
+            self._recover(node, model)
             self.models[node.node_id] = model
         return model
 
+    def _recover(self, node: SimNode, model: _Model) -> None:
+        """The runtime's _recover_state, through the same policy (storage.compaction_policy)."""
+        log = node.log
+        start, cleaned = log.start_offset(), log.cleaner_end()
+        step = policy.recovery_step(model.applied, start, log.end_offset(), cleaned)
+        if step is policy.Recovery.START_OVER:  # the leader will send its whole cleaned log from 0
+            model.applied, model.state = 0, dict.fromkeys(KEYS)
+            self.cluster.stats["sim_restarts_from_empty_log"] += 1
+        if step is not policy.Recovery.LOAD_SNAPSHOT:
+            return
+        snapshot_id = policy.newest_snapshot(log.latest_snapshot_id(), node.snapshots.latest_id())
+        if snapshot_id is not None and policy.snapshot_helps(snapshot_id, model.applied, start):
+            self._load(model, snapshot_id, node)
+        step = policy.recovery_step(model.applied, start, log.end_offset(), cleaned, snapshot_loaded=True)
+        if step is policy.Recovery.BELOW_LOG_START:
+            raise InvariantViolation(f"node {node.node_id}: log starts at {start} without a snapshot "
+                                     f"reaching it (state at version {model.applied})")
+        if step is policy.Recovery.REFUSE:
+            raise InvariantViolation(
+                f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
+                f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
+        if step is policy.Recovery.REBUILD_FROM_0:
+            model.applied, model.state = 0, dict.fromkeys(KEYS)
+            self.cluster.stats["sim_rebuilds_from_0"] += 1
+
     def _clean_bound(self, model: _Model) -> int:
-        """The runtime's _clean_blocking: clean only below what StateMachine.sync returns."""
+        """StateMachine.sync as a cleaning calls it: it cleans only below what it returns."""
         return self._sync(model)
 
     def _sync(self, model: _Model) -> int:
@@ -157,10 +167,24 @@ class CompactionSim:
             self._load(model, ready.snapshot_to_install, node)
             self.cluster.stats["sim_snapshot_installs"] += 1
         self._apply(node, model, core.high_watermark)
-        if core.role == Role.LEADER and 0 < core.snapshot_wanted_offset <= model.applied:
-            if self._snapshot(node):  # (refused: asked again at the next fetch, as in the runtime)
-                core.snapshot_wanted_offset = 0
+        if core.role == Role.LEADER:
+            self._maybe_snapshot(node, model)
         self._check_exposed(node, model)
+
+    def _maybe_snapshot(self, node: SimNode, model: _Model) -> None:
+        """The runtime's _maybe_snapshot, through the same policy, for the snapshot the core
+        asks for (periodic ones are the plan's); a refused one is asked for again later."""
+        core = node.core
+        if core is None or model.applied == 0 or not core.is_real_state(model.applied):
+            return  # (no snapshot of a state that is no version: rule 9)
+        newest = node.log.latest_snapshot_id()
+        snapshot_end = newest.end_offset if newest is not None else 0
+        wanted = core.snapshot_wanted_offset
+        due = policy.snapshot_due(model.applied, snapshot_end, wanted, every_records=0)
+        if policy.wanted_snapshot_exists(wanted, snapshot_end):
+            core.snapshot_wanted_offset = 0
+        if due and self._snapshot(node) and policy.wanted_snapshot_exists(core.snapshot_wanted_offset, model.applied):
+            core.snapshot_wanted_offset = 0
 
     def _apply(self, node: SimNode, model: _Model, high_watermark: int) -> None:
         if model.applied >= high_watermark:
@@ -252,19 +276,20 @@ class CompactionSim:
             return
         model = self._model(node)
         log = node.log
-        start = log.start_offset()
-        target = min(core.dirty_offset, self._clean_bound(model), log.flushed_offset())
-        if target <= max(start, log.cleaned_end()):
+        # The runtime's _clean and _clean_blocking: what it cleans to, and the same run (an
+        # admin compaction's: no dirty ratio, no lag), without a throttle or a clock.
+        run = run_cleaning(
+            _CleanableMemoryLog(log), _ModelBase(self, model),
+            policy.clean_target_offset(core.dirty_offset, model.applied, log.flushed_offset()), core.tombstone_horizon,
+            force=True, aged_end=None, min_dirty_ratio=0.0, tombstone_retention_records=TOMBSTONE_RETENTION_RECORDS,
+            new_pause=lambda: _no_pause, clock=_no_clock)
+        if run.base_state_error is not None:
+            raise InvariantViolation(f"t={self.cluster.now_ms} node {node_id}: {run.report['reason']}")
+        result = run.result
+        if result is None or run.digest is None:
             return
-        batches = [batch for batch in log.batches() if batch.next_offset <= target]
-        if not batches or batches[-1].next_offset <= max(start, log.cleaned_end()):
-            return
-        clean_end = batches[-1].next_offset
-        horizon = min(core.tombstone_horizon, max(0, clean_end - TOMBSTONE_RETENTION_RECORDS))
-        result = clean_prefix(batches, target, horizon, start_offset=start, base_state=self._committed_state_at)
-        log.replace_prefix(result.batches, result.clean_end)
+        start, _, digest = run.digest
         self.cluster.compacted_below = max(self.cluster.compacted_below, result.clean_end)
-        digest = prefix_digest(result.batches, result.clean_end)
         first = self.digests.setdefault((start, result.clean_end), (node_id, digest))
         if first[1] != digest:
             raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first[0]} and {node_id} cleaned "
@@ -362,6 +387,49 @@ class CompactionSim:
             if node.core is None or model.applied < target:
                 raise InvariantViolation(f"seed {self.seed}: node {node.node_id} at version {model.applied}, "
                                          f"leader at {target}")
+
+
+class _CleanableMemoryLog:
+    """A MemoryLog as storage.cleaning_run reads it (SegmentLog's iteration and size)."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    def start_offset(self) -> int:
+        return self._log.start_offset()
+
+    def cleaned_end(self) -> int:
+        return self._log.cleaned_end()
+
+    def iter_batches(self, from_offset: int | None = None) -> Iterator[Batch]:
+        start = self._log.start_offset() if from_offset is None else from_offset
+        return (batch for batch in self._log.batches() if batch.next_offset > start)
+
+    def size_bytes(self) -> int:
+        return sum(batch.size_bytes() for batch in self._log.batches())
+
+    def replace_prefix(self, batches: Sequence[Batch], clean_end: int) -> None:
+        self._log.replace_prefix(batches, clean_end)
+
+
+class _ModelBase:
+    """A node's state model as a cleaning asks it: sync (the durable version) and, for a log
+    that starts at a snapshot, the state at a version (from the committed history)."""
+
+    def __init__(self, sim: CompactionSim, model: _Model) -> None:
+        self._sim, self._model = sim, model
+        self.entries_at = sim._committed_state_at
+
+    def sync(self) -> int:
+        return self._sim._clean_bound(self._model)
+
+
+def _no_pause() -> None:
+    """The simulator cleans without a throttle."""
+
+
+def _no_clock() -> float:
+    return 0.0  # the simulator has no clock: reported durations are 0
 
 
 def run_compaction_seed(seed: int) -> CompactionRun:
