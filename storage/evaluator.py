@@ -59,10 +59,19 @@ def decode_compact(record: bytes) -> CompactCommand:
     through ``decode_command``, which accepts a superset of what the shortcut accepts and
     gives the same content for it, so both paths agree on every record.
     """
+    op = _single_op(record)
+    if op is not None:
+        return (), ((op[0], op[1], op[2], op[3], 0),), ()
+    return compact_command(decode_command(record))
+
+
+def _single_op(record: bytes) -> list[Any] | None:
+    """The op of a record with one plain op and no compares or failure ops, else None
+    (also for bytes that are not msgpack: decode_command reports those)."""
     try:
         value = msgpack.unpackb(record, raw=False)
-    except Exception:  # decode_command below reports it the same way every time
-        value = None
+    except Exception:
+        return None
     if (type(value) is list and len(value) == 4 and type(value[0]) is int
             and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
             and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
@@ -70,8 +79,8 @@ def decode_compact(record: bytes) -> CompactCommand:
         op = value[2][0]
         if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] in _SIMPLE_OP_KINDS
                 and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
-            return (), ((op[0], op[1], op[2], op[3], 0),), ()
-    return compact_command(decode_command(record))
+            return op
+    return None
 
 
 def compact_command(command: Command) -> CompactCommand:
@@ -98,26 +107,17 @@ def decode_call(plan: list[tuple[Batch, int]]
     """
     puts: list[PutRecord] = []
     append = puts.append
-    unpackb = msgpack.unpackb
+    single_op = _single_op
     for position, (batch, first_index) in enumerate(plan):
         if batch.control:
             continue
         records = batch.records
         base_offset = batch.base_offset
         for index in range(first_index, len(records)):
-            try:
-                value = unpackb(records[index], raw=False)
-            except Exception:  # not msgpack: decode_compact reports it, below
-                value = None
-            if (type(value) is list and len(value) == 4 and type(value[0]) is int
-                    and value[0] == COMMAND_VERSION and type(value[1]) is list and not value[1]
-                    and type(value[2]) is list and len(value[2]) == 1 and type(value[3]) is list
-                    and not value[3]):
-                op = value[2][0]
-                if (type(op) is list and len(op) == 4 and type(op[0]) is int and op[0] == _PUT
-                        and type(op[1]) is str and type(op[2]) is bytes and type(op[3]) is str):
-                    append((base_offset + index, op[1], op[2], op[3]))
-                    continue
+            op = single_op(records[index])
+            if op is not None and op[0] == _PUT:
+                append((base_offset + index, op[1], op[2], op[3]))
+                continue
             commands: list[tuple[int, CompactCommand | str]] = [
                 (offset, ((), ((_PUT, key, value, content_type, 0),), ()))
                 for offset, key, value, content_type in puts]
