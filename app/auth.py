@@ -39,7 +39,6 @@ TOKENS_MAX = 10_000  # tokens per file; each request compares against all of the
 RULES_PER_TOKEN_MAX = 1_000
 TOKEN_NAME_MAX_CHARS = 128
 PREFIX_MAX_BYTES = 1024  # a prefix longer than the longest key could never match a key
-AUTHORIZATION_MAX_BYTES = 8192  # a longer Authorization header is refused without hashing it
 SHA256_HEX_CHARS = 64
 DENIED_LOG_PER_S = 10  # denied-request log lines per second at most; the rest are counted
 

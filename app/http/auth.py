@@ -25,7 +25,6 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import (
-    AUTHORIZATION_MAX_BYTES,
     Access,
     AuthTokens,
     DeniedLog,
@@ -38,6 +37,7 @@ from app.http.problems import ProblemError, problem_body, problem_content, probl
 
 SECURITY_SCHEME = "bearerAuth"
 REALM = "metakv"
+AUTHORIZATION_MAX_BYTES = 8192  # a longer Authorization header is refused without hashing it
 
 _ADMIN_PREFIX = "/v1/admin/"
 _READ_METHODS = frozenset({"GET", "HEAD"})
