@@ -183,7 +183,7 @@ async def _serve(config: NodeConfig) -> int:
 
 async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
-    from app.http_protocol import CoalescingHttpToolsProtocol
+    from app.http.uvicorn_protocol import CoalescingHttpToolsProtocol
     from app.runtime import NodeRuntime
 
     runtime = NodeRuntime(config)

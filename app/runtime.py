@@ -43,12 +43,17 @@ from sqlalchemy.exc import DBAPIError
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
+from app.node_reads import StateReads
 from app.service import (
+    ApplyResult,
     Consistency,
     IndeterminateError,
     NodeHeaders,
+    NodeStatus,
     NotLeaderError,
     NotReadyError,
+    QuorumView,
+    ReplicaView,
     SnapshotStorageError,
     VersionWaitTimeoutError,
     WriteRejectedError,
@@ -121,8 +126,9 @@ class _PendingWrite:
     started_s: float
 
 
-class NodeRuntime:
-    """Implements app.service.KVService for one node; see the module docstring."""
+class NodeRuntime(StateReads):
+    """Implements app.service.KVService for one node (its reads: app/node_reads.py); see the
+    module docstring."""
 
     def __init__(self, config: NodeConfig, *, seed: int | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
@@ -590,7 +596,7 @@ class NodeRuntime:
     def _not_leader(self) -> NotLeaderError:
         return NotLeaderError(self._leader_url(), self.node.leader_id)
 
-    async def propose(self, command: Command) -> Any:
+    async def propose(self, command: Command) -> ApplyResult:
         if self._closing or not self._started:
             raise WriteRejectedError("node is shutting down")
         record = encode_command(command)
@@ -698,7 +704,7 @@ class NodeRuntime:
         return (self._started and not self._closing and not self._installing_snapshot
                 and self.node.is_real_state(self._applied_version))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         node = self.node
         snapshot_id = self.snapshots.latest_id()
         return {
@@ -729,13 +735,13 @@ class NodeRuntime:
             "advertise_http": self.config.advertise_http,
         }
 
-    def quorum(self) -> dict[str, Any]:
+    def quorum(self) -> QuorumView:
         self._require_leader()
         now_ms = monotonic_ms()
         wall_ms = int(time.time() * 1000)
         described = self.node.describe_quorum(now_ms)
 
-        def replica(state: Any) -> dict[str, Any]:
+        def replica(state: Any) -> ReplicaView:
             def wall(monotonic: int) -> int | None:
                 return None if monotonic <= 0 else wall_ms - (now_ms - monotonic)
             return {

@@ -1,21 +1,40 @@
-"""The seam between the HTTP routes (app/http.py) and the node runtime (app/runtime.py).
+"""The seam between a node's front ends (app/http/) and the node runtime (app/runtime.py).
 
-Routes parse HTTP, call a ``KVService``, and map its results and exceptions to statuses;
-they hold no protocol logic. The runtime implements ``KVService``.
+Every front end talks to a node only through ``KVService``: writes are one ``propose`` of a
+storage.commands Command; reads, watches, the cluster views and the admin actions are typed
+calls with typed results, and every failure a client must see is a ``ServiceError``. Nothing
+here knows about HTTP: statuses, headers and problem documents are the front end's mapping.
+The runtime implements ``KVService``; tests/http/service_double.py is its in-process twin.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
 
 from storage.commands import Command
+from storage.state_machine import ApplyResult, Entry, Event, OpResult
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from app.auth import AuthTokens
+
+# The state machine's result records are the service's too (re-exported, not copied: the
+# write path builds them once per record). Front ends import them from here.
+__all__ = [
+    "ApplyResult", "ChangePage", "CompactReport", "Consistency", "Entry", "Event", "HistoryCompactedError",
+    "IndeterminateError", "KVService", "KeyRead", "ListPage", "NodeHeaders", "NodeStatus", "NotLeaderError",
+    "NotReadyError", "OpResult", "QuorumView", "ReplicaView", "ResignReport", "ServiceError", "SnapshotReport",
+    "SnapshotStorageError", "VersionWaitTimeoutError", "WriteRejectedError", "WriteTooLargeError",
+]
 
 Consistency = Literal["local", "leader", "linearizable"]
 
 
 class ServiceError(Exception):
-    """Base of the errors a route maps to a problem document."""
+    """Base of the errors a front end maps to an answer (a problem document over HTTP)."""
 
 
 class NotLeaderError(ServiceError):
@@ -58,16 +77,27 @@ class NotReadyError(ServiceError):
 
 
 class VersionWaitTimeoutError(ServiceError):
-    """min_version was not reached within wait_ms: 504 with ``current_version``."""
+    """min_version was not reached within wait_ms, or a read asked for a version this node
+    has not applied: 504 with ``current_version``."""
 
     def __init__(self, current_version: int) -> None:
         super().__init__(f"still at version {current_version}")
         self.current_version = current_version
 
 
+class HistoryCompactedError(ServiceError):
+    """A read or watch asked for a version below the oldest retained one: 410 with
+    ``oldest_version`` (re-list, then watch from the list's version)."""
+
+    def __init__(self, requested_version: int, oldest_version: int) -> None:
+        super().__init__(f"version {requested_version} is compacted; the oldest available is {oldest_version}")
+        self.requested_version = requested_version
+        self.oldest_version = oldest_version
+
+
 @dataclass(frozen=True, slots=True)
 class NodeHeaders:
-    """The headers every KV response carries."""
+    """What every KV answer tells about the node that gave it (the front end renders it)."""
 
     metadata_version: int
     node_id: int
@@ -75,56 +105,163 @@ class NodeHeaders:
     epoch: int
     last_contact_ms: int
 
-    def as_raw(self) -> list[tuple[bytes, bytes]]:
-        """As ASGI response headers (lower-case names): what the HTTP edge appends."""
-        return [
-            (b"x-metadata-version", str(self.metadata_version).encode()),
-            (b"x-node-id", str(self.node_id).encode()),
-            (b"x-raft-leader", b"" if self.leader_id < 0 else str(self.leader_id).encode()),
-            (b"x-raft-epoch", str(self.epoch).encode()),
-            (b"x-last-contact-ms", str(self.last_contact_ms).encode()),
-        ]
+
+@dataclass(frozen=True, slots=True)
+class KeyRead:
+    """One key as of ``version`` (``entry`` None: absent at that version)."""
+
+    version: int
+    entry: Entry | None
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """Entries in key order, all as of ``version``; ``next_key`` continues the listing."""
+
+    version: int
+    entries: list[Entry]
+    next_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePage:
+    """Changes newer than the version asked for, in (version, seq) order; ``version`` is the
+    version to ask from next without a gap."""
+
+    version: int
+    events: list[Event]
+
+
+class SnapshotIdView(TypedDict):
+    end_offset: int
+    epoch: int
+
+
+class PrefixDigestView(TypedDict):
+    start_offset: int
+    end_offset: int
+    sha256: str
+
+
+class NodeStatus(TypedDict):
+    """This node's own view (GET /v1/status); the runtime adds the compaction fields of
+    docs/compaction.md."""
+
+    node_id: int
+    role: str
+    voter: bool
+    epoch: int
+    leader_id: int
+    leader_url: str | None
+    log_start_offset: int
+    log_end_offset: int
+    flushed_offset: int
+    high_watermark: int
+    applied_version: int
+    dirty_offset: int
+    tombstone_horizon: int
+    snapshot_id: SnapshotIdView | None
+    last_contact_ms: int
+    ready: bool
+    advertise_http: str | None
+    cleaned_end: NotRequired[int]
+    prefix_digest: NotRequired[PrefixDigestView]
+    oldest_version: NotRequired[int]
+    log_size_bytes: NotRequired[int]
+    last_clean: NotRequired[dict[str, Any] | None]
+    tombstones_dropped_total: NotRequired[int]
+
+
+class ReplicaView(TypedDict):
+    node_id: int
+    endpoint: str
+    log_end_offset: int
+    lag: int
+    last_fetch_timestamp_ms: int | None  # wall clock, ms since the epoch
+    last_caught_up_timestamp_ms: int | None
+
+
+class QuorumView(TypedDict):
+    """The leader's view of every voter and observer (GET /v1/quorum)."""
+
+    epoch: int
+    leader_id: int
+    high_watermark: int
+    voters: list[ReplicaView]
+    observers: list[ReplicaView]
+
+
+class SnapshotReport(TypedDict):
+    snapshot_id: SnapshotIdView
+
+
+class ResignReport(TypedDict):
+    resigned: bool
+    epoch: int
+
+
+CompactReport = dict[str, Any]  # the cleaning report of docs/compaction.md
 
 
 class KVService(Protocol):
-    """What the HTTP layer needs from a node. ``state`` is the storage.state_machine
-    StateMachine used for reads (get, list, changes) after ``wait_readable`` returned."""
+    """What a front end needs from a node.
+
+    Reads (``get``, ``list``, ``changes``) answer from this node's applied state as it is
+    now: call ``wait_readable`` first for the consistency the client asked for."""
 
     node_id: int
-    state: Any  # storage.state_machine.StateMachine
+    max_value_bytes: int  # the node's configured bound on one value
+    metrics: CollectorRegistry  # front ends register their request metrics here
+    auth_tokens: AuthTokens | None  # the token policy in force; None: auth is off
+    # POST /v1/admin/compact (leader only, else NotLeaderError): clean the log now up to the
+    # announced dirty offset. None on a node that does not compact (no such route then).
+    compact: Callable[[], Awaitable[CompactReport]] | None
 
     def headers(self) -> NodeHeaders: ...
 
-    async def propose(self, command: Command) -> Any:
-        """Replicate and apply ``command``; return its storage.state_machine.ApplyResult.
+    async def propose(self, command: Command) -> ApplyResult:
+        """Replicate and apply ``command``; return its result.
         Raises NotLeaderError, WriteRejectedError or IndeterminateError."""
+        ...
 
     async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
         """Return once this node may answer a read at the requested consistency.
         Raises NotLeaderError (leader/linearizable on a non-leader), NotReadyError,
         VersionWaitTimeoutError."""
+        ...
+
+    def get(self, key: str, at_version: int | None = None) -> KeyRead:
+        """The key now, or as of ``at_version``. Raises HistoryCompactedError,
+        VersionWaitTimeoutError (``at_version`` not applied here)."""
+        ...
+
+    def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
+             at_version: int | None = None) -> ListPage:
+        """Up to ``limit`` entries under ``prefix`` after ``after``; errors as ``get``."""
+        ...
+
+    def changes(self, prefix: str, since: int, limit: int) -> ChangePage:
+        """Up to about ``limit`` changes under ``prefix`` newer than ``since`` (all of the
+        last version's). Raises HistoryCompactedError."""
+        ...
 
     async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
         """Wait until the applied version exceeds ``since_version`` or the timeout passes;
-        return the applied version (watch long-polls loop on this and state.changes)."""
+        return the applied version (watch long-polls loop on this and ``changes``)."""
+        ...
 
     def is_ready(self) -> bool:
         """True when this node can serve consistent reads (/readyz)."""
+        ...
 
-    def status(self) -> dict[str, Any]:
-        """GET /v1/status: id, role, epoch, leader, log start/end, high watermark, applied
-        version, dirty offset, tombstone horizon, snapshot id, ready; the runtime adds the
-        compaction fields of docs/compaction.md (cleaned_end, prefix_digest, ...)."""
+    def status(self) -> NodeStatus: ...
 
-    def quorum(self) -> dict[str, Any]:
-        """GET /v1/quorum (leader only, else NotLeaderError)."""
+    def quorum(self) -> QuorumView:
+        """Leader only, else NotLeaderError."""
+        ...
 
-    async def take_snapshot(self) -> dict[str, Any]:
-        """POST /v1/admin/snapshot: returns {"snapshot_id": {"end_offset", "epoch"}}."""
+    async def take_snapshot(self) -> SnapshotReport: ...
 
-    async def compact(self) -> dict[str, Any]:
-        """POST /v1/admin/compact (leader only, else NotLeaderError): clean the log now up to
-        the announced dirty offset; returns the cleaning report (docs/compaction.md)."""
-
-    async def resign(self) -> dict[str, Any]:
-        """POST /v1/admin/resign (leader only, else NotLeaderError)."""
+    async def resign(self) -> ResignReport:
+        """Leader only, else NotLeaderError."""
+        ...

@@ -456,7 +456,7 @@ def summarise_profile(path: Path, requests: int, top: int = 25) -> dict[str, Any
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
     layers = {
-        "http (app/http.py)": "app/http.py", "runtime (app/runtime.py)": "app/runtime.py",
+        "http (app/http/)": "app/http/", "runtime (app/runtime.py)": "app/runtime.py",
         "raft core (raft/)": "raft/", "transport (app/transport.py)": "app/transport.py",
         "segment log (storage/segment_log.py)": "segment_log.py",
         "state machine (storage/state_*.py)": "storage/state_",

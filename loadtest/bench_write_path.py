@@ -61,7 +61,7 @@ def serve_traced(argv: list[str]) -> int:
 
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    import app.http_protocol as http_protocol
+    import app.http.uvicorn_protocol as http_protocol
     import app.runtime as runtime
     import app.transport as transport
     import storage.segment_log as segment_log
@@ -86,7 +86,7 @@ def serve_traced(argv: list[str]) -> int:
         setattr(cls, name, traced)
 
     before(HttpToolsProtocol, "data_received", "http_in")
-    before(http_protocol._CoalescingTransport, "_flush", "http_out", lambda self: len(self._pending))
+    before(http_protocol.CoalescingTransport, "_flush", "http_out", lambda self: len(self._pending))
     original_propose = runtime.NodeRuntime.propose
 
     async def propose(self: Any, command: Any) -> Any:

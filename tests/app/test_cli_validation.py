@@ -123,7 +123,7 @@ def test_the_max_batch_bytes_rule_covers_the_largest_put_the_http_layer_accepts(
     """The rule's 8 KiB is not a guess: the largest PUT record (a 1024-byte key in the op and in
     three compares, a 256-byte content type) fits a batch of exactly the minimum size."""
     from app.config import RECORD_FRAMING_MAX_BYTES, build_node_config
-    from app.http import CONTENT_TYPE_MAX_BYTES, KEY_MAX_BYTES
+    from app.http.settings import CONTENT_TYPE_MAX_BYTES, KEY_MAX_BYTES
     from raft.types import BATCH_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES
     from storage.commands import Command, Compare, CompareKind, Op, OpKind, encode_command
 

@@ -10,31 +10,48 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from app.service import Consistency, NodeHeaders, NotReadyError, VersionWaitTimeoutError
+from app.auth import AuthTokens
+from app.http.settings import DEFAULT_MAX_VALUE_BYTES
+from app.node_reads import StateReads
+from app.service import (
+    ApplyResult,
+    CompactReport,
+    Consistency,
+    NodeHeaders,
+    NodeStatus,
+    NotReadyError,
+    QuorumView,
+    ResignReport,
+    SnapshotReport,
+    VersionWaitTimeoutError,
+)
 from raft.types import Batch
 from storage.commands import Command, encode_command
-from storage.state_machine import ApplyResult, StateMachine
+from storage.state_machine import StateMachine
 
 
-class InProcessService:
-    """One node that is always the leader of epoch 1 and always ready."""
+class InProcessService(StateReads):
+    """One node that is always the leader of epoch 1 and always ready. Reads are the
+    runtime's own (app/node_reads.py)."""
 
     node_id = 1
     epoch = 1
+    auth_tokens: AuthTokens | None = None
+    compact: Callable[[], Awaitable[CompactReport]] | None = None  # this node does not compact
 
-    def __init__(self, db_path: str, snapshot_dir: str, *, max_value_bytes: int | None = None) -> None:
+    def __init__(self, db_path: str, snapshot_dir: str, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
         self.state = StateMachine(db_path)
         self.snapshot_dir = snapshot_dir
         self.metrics = CollectorRegistry()
+        self.max_value_bytes = max_value_bytes
         self.proposals = 0
         self.waiting = 0  # requests parked in wait_readable / wait_for_change right now
         self.waits_started = 0  # every park so far (a watcher that woke and parked again counts twice)
-        if max_value_bytes is not None:
-            self.max_value_bytes = max_value_bytes
         self._changed: asyncio.Condition | None = None
 
     def _condition(self) -> asyncio.Condition:
@@ -104,7 +121,7 @@ class InProcessService:
     def is_ready(self) -> bool:
         return True
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         version = self.state.applied_version
         return {"node_id": self.node_id, "role": "leader", "voter": True, "epoch": self.epoch,
                 "leader_id": self.node_id, "leader_url": "http://node1", "log_start_offset": 0,
@@ -112,20 +129,20 @@ class InProcessService:
                 "applied_version": version, "dirty_offset": 0, "tombstone_horizon": 0, "snapshot_id": None,
                 "last_contact_ms": 0, "ready": True, "advertise_http": "http://node1"}
 
-    def quorum(self) -> dict[str, Any]:
+    def quorum(self) -> QuorumView:
         version = self.state.applied_version
         return {"epoch": self.epoch, "leader_id": self.node_id, "high_watermark": version,
                 "voters": [{"node_id": self.node_id, "endpoint": "http://node1", "log_end_offset": version,
                             "lag": 0, "last_fetch_timestamp_ms": None, "last_caught_up_timestamp_ms": None}],
                 "observers": []}
 
-    async def take_snapshot(self) -> dict[str, Any]:
+    async def take_snapshot(self) -> SnapshotReport:
         if self.state.applied_version == 0:  # as the runtime answers: nothing to snapshot yet
             raise NotReadyError("nothing applied yet: there is no state to snapshot")
         snapshot_id = self.state.create_snapshot(self.snapshot_dir, self.epoch)
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 
-    async def resign(self) -> dict[str, Any]:
+    async def resign(self) -> ResignReport:
         return {"resigned": True, "epoch": self.epoch}
 
     def close(self) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from app.http import create_app
-from app.http_protocol import CoalescingHttpToolsProtocol, _CoalescingTransport
+from app.http.uvicorn_protocol import CoalescingHttpToolsProtocol
+from app.http.uvicorn_protocol import CoalescingTransport as _CoalescingTransport
 from storage.commands import put
 from tests.http.conftest import TEST_SETTINGS
 from tests.http.served import serve_in_thread

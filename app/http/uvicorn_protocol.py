@@ -26,10 +26,10 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from app.http import PROBLEM_MEDIA_TYPE, _problem_body
+from app.http.problems import PROBLEM_MEDIA_TYPE, problem_body
 
 
-class _CoalescingTransport:
+class CoalescingTransport:
     """A write-deferring front of an asyncio transport: writes of one loop turn become one."""
 
     __slots__ = ("_transport", "_loop", "_pending", "_flush_scheduled")
@@ -78,7 +78,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # The real transport keeps calling pause_writing/resume_writing on this protocol.
-        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
 
     def send_400_response(self, msg: str) -> None:
         """The parser refused the request: a 400 problem document, then the connection closes
@@ -92,12 +92,12 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         error = sys.exc_info()[1]
         if isinstance(error, httptools.HttpParserInvalidURLError) or isinstance(
                 getattr(error, "__context__", None), httptools.HttpParserInvalidURLError):
-            body = _problem_body(400, "invalid-request-target", "Invalid request target",
-                                 "the request target (path and query) is not a valid URL: percent-encode "
-                                 "non-ASCII bytes (UTF-8, as %C3%A9), spaces and control characters", {})
+            body = problem_body(400, "invalid-request-target", "Invalid request target",
+                                "the request target (path and query) is not a valid URL: percent-encode "
+                                "non-ASCII bytes (UTF-8, as %C3%A9), spaces and control characters")
         else:
-            body = _problem_body(400, "bad-request", "Bad request",
-                                 f"the request is not valid HTTP/1.1 ({error or msg})", {})
+            body = problem_body(400, "bad-request", "Bad request",
+                                f"the request is not valid HTTP/1.1 ({error or msg})")
         content = [STATUS_LINE[400]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
