@@ -1,7 +1,7 @@
 """The simulator with compaction: every replica cleans its MemoryLog to the dirty offset and
 tombstone horizon it learned, at seeded times; leaders take snapshots (periodically and when
 a fetcher must re-bootstrap); every node applies to a pure key-value model of the state
-machine (storage.state_machine.evaluate_commands, the evaluator the real one uses).
+machine (storage.evaluator.evaluate_commands, the evaluator the real one uses).
 
 Invariants, on top of tests/sim/cluster.py's (checked after every event):
 
