@@ -26,7 +26,7 @@ from raft.node import RaftConfig
 
 DEFAULT_CLUSTER_ID = "metakv-local"
 # The default secret is for a local, loopback-only cluster; any real deployment sets
-# METAKV_CLUSTER_SECRET (docs/runtime.md says so). Nodes with different secrets refuse each other.
+# METAKV_CLUSTER_SECRET (docs/api.md, serve). Nodes with different secrets refuse each other.
 DEFAULT_CLUSTER_SECRET = "metakv-local-insecure-secret"
 ENV_PREFIX = "METAKV_"
 # What one PUT adds to its value in a log batch, at most: the key (up to 1024 bytes) in the op

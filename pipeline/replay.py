@@ -1,4 +1,4 @@
-"""Replaying the log exactly as storage/state_machine.py applies it, but in Spark.
+"""Replaying the log exactly as the state machine applies it (storage/evaluator.py), in Spark.
 
 Most records are unconditional and their effect on a key depends only on that key's own
 earlier writes, so the final state is a per-key "last write wins" over all writes, ordered
@@ -49,7 +49,7 @@ class ReplayPlan:
 def resolve_conditions(spark: SparkSession, ops: DataFrame, base: DataFrame, base_snapshot_end: int) -> DataFrame:
     """(offset, succeeded) for every conditional record in ``ops``, from one collect: the
     conditional records and every write to a compared key. The branch decision is made by
-    storage.state_machine.evaluate_commands, the evaluator apply itself uses."""
+    storage.evaluator.evaluate_commands, the evaluator apply itself uses."""
     compared = ops.select(F.explode("compare_keys").alias("key")).distinct()
     relevant = ops.filter(F.col("compares").isNotNull()).unionByName(
         ops.join(F.broadcast(compared), "key", "left_semi").filter(F.col("operation").isin(*WRITE_OPERATIONS)))
@@ -119,7 +119,7 @@ def live_entries(base: DataFrame, writes: DataFrame, base_snapshot_end: int) -> 
         F.min(F.struct("offset", "op_index", "mod_version")).alias("first"),
         F.max(explicit).alias("restored"))
     # create_version: the newest value a cleaned put (or the snapshot) restored since the last
-    # delete, else the version of the first put since then (storage/state_machine.py apply).
+    # delete, else the version of the first put since then (storage/evaluator.py).
     return newest.select(
         "key", F.col("last.value").alias("value"), F.col("last.content_type").alias("content_type"),
         F.col("last.mod_version").alias("mod_version"),

@@ -181,9 +181,9 @@ class LeaderHandlers(NodeBase):
             return
         unsafe_below = self.tombstone_unsafe_below()
         if 0 < request.fetch_offset < unsafe_below:
-            # DESIGN sec. 3: tombstones at or above this fetcher's offset may have been
-            # dropped from our cleaned prefix; it may hold keys whose deletes it will never
-            # see. Only a snapshot at or above that point may replace its state.
+            # docs/compaction.md rule 5: tombstones at or above this fetcher's offset may
+            # have been dropped from our cleaned prefix; it may hold keys whose deletes it
+            # will never see. Only a snapshot at or above that point may replace its state.
             snapshot_id = log.latest_snapshot_id()
             if snapshot_id is None or snapshot_id.end_offset < unsafe_below:
                 self.snapshot_wanted_offset = max(self.snapshot_wanted_offset, unsafe_below)

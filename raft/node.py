@@ -196,12 +196,13 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         return max(0, now_ms - self._last_fetched_ms)
 
     def is_real_state(self, applied_version: int) -> bool:
-        """DESIGN sec. 3 consistency rule: is a state applied to ``applied_version`` over this
-        log a real version (one the committed history produces)? Only once a leader's dirty
-        offset was learned in this run (before that, this replica cannot know what was
-        cleaned while it was down), the log reached it, the state covers the log's start
-        (the log is reset to a downloaded snapshot before the state loads it), and the state
-        is not inside a copied cleaned prefix (states there are not real versions)."""
+        """The consistency rule (docs/compaction.md rule 7): is a state applied to
+        ``applied_version`` over this log a real version (one the committed history
+        produces)? Only once a leader's dirty offset was learned in this run (before that,
+        this replica cannot know what was cleaned while it was down), the log reached it,
+        the state covers the log's start (the log is reset to a downloaded snapshot before
+        the state loads it), and the state is not inside a copied cleaned prefix (states
+        there are not real versions)."""
         log = self._log
         return (self.dirty_offset_known and log.end_offset() >= self.dirty_offset
                 and applied_version >= log.start_offset()

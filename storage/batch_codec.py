@@ -84,7 +84,7 @@ class BatchEncoder:
     ``encode_batch`` packs into a fresh buffer, copies it into a new bytes object and then
     joins header and body into a third: for a 1000-record batch of 256 KB that was ~0.2 ms
     of a ~1 ms append+fsync, more than the 1.3x budget over a bare write+fsync allows
-    (docs/storage.md, Measured). One user at a time (the segment log calls it under its lock).
+    (docs/benchmarks.md, Segment log). One user at a time (the segment log calls it under its lock).
     """
 
     def __init__(self) -> None:

@@ -1,6 +1,6 @@
 """The log cleaner: compacts the log below the dirty offset the leader announced.
 
-Rules (shared/DESIGN.md section 3, KIP-595's log-compaction discussion):
+Rules (docs/compaction.md, Rules; KIP-595's log-compaction discussion):
 
 1. The cleaned range runs from the log start offset (0, or the end of the snapshot the log
    was reset to) to ``clean_end``, the last batch boundary at or below the dirty offset.

@@ -15,7 +15,7 @@ imports; its parts live in one module per concern:
 
 The parts share one object's state (its connections, locks, versions and index) rather
 than passing it along: apply and the reads are tuned per call (docs/state-machine.md, "How
-apply is made fast"), and one object keeps them free of an extra hop.
+apply is kept fast"), and one object keeps them free of an extra hop.
 """
 
 from __future__ import annotations

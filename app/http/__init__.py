@@ -1,4 +1,4 @@
-"""metakv's HTTP face: FastAPI routers that translate shared/API.md to ``KVService`` calls.
+"""metakv's HTTP face: FastAPI routers that translate docs/api.md to ``KVService`` calls.
 
 Routes are thin on purpose: they parse and bound the request, call the service (which owns
 every protocol decision: leadership, readiness, commit), and map results and exceptions to

@@ -54,13 +54,13 @@ class MetakvApp(FastAPI):
 
 
 def create_app(service: KVService, settings: HttpSettings | None = None) -> MetakvApp:
-    """The application serving ``service`` per shared/API.md. Without ``settings``, the
+    """The application serving ``service`` per docs/api.md. Without ``settings``, the
     defaults, bounding values by the service's ``max_value_bytes``; request metrics go to
     ``service.metrics``, and ``service.auth_tokens`` (when set) is enforced."""
     settings = settings or HttpSettings(max_value_bytes=service.max_value_bytes)
     # No slash redirects: Starlette would answer /v1/status/ with a bare 307 to /v1/status on
     # this very node (no body, no problem document), which a client reads as "not the leader".
-    app = MetakvApp(title="metakv", version="1", description="Replicated key-value metadata store (shared/API.md).",
+    app = MetakvApp(title="metakv", version="1", description="Replicated key-value metadata store (docs/api.md).",
                     redirect_slashes=False)
     install_problem_handlers(app)
     key_endpoints = KeyEndpoints(service, settings)

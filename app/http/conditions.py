@@ -1,5 +1,5 @@
-"""Write preconditions: If-Match and If-None-Match as compares of a command (shared/API.md,
-PUT / DELETE), and the 412 a failed one answers."""
+"""Write preconditions: If-Match and If-None-Match as compares of a command (docs/http.md,
+PUT /v1/kv/{key}), and the 412 a failed one answers."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ ASGI app, reached from inside the one middleware stack (edge, auth) by ``KeyPath
 
 Why not FastAPI routes: its per-request machinery (routing, dependency solving and
 validation of every parameter) cost more CPU than everything else a write does on the
-leader (docs/http.md). This app parses exactly what shared/API.md defines and calls the
+leader (docs/http.md). This app parses exactly what docs/api.md defines and calls the
 ``KeyEndpoints`` methods FastAPI documents in /openapi.json, with the same annotated types
 validating each parameter, and maps exceptions through the same ``as_problem``.
 """

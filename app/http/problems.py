@@ -1,5 +1,5 @@
 """RFC 9457 problem documents: the one shape of every error answer, and the mapping of the
-service's exceptions to them (shared/API.md "HTTP: common rules").
+service's exceptions to them (docs/api.md "HTTP: common rules").
 
 Every path that answers an error renders it here: the FastAPI routes through the exception
 handlers ``install_problem_handlers`` registers, the key routes' fast path through
@@ -143,7 +143,7 @@ def history_compacted_body(oldest_version: int) -> tuple[str, dict[str, int]]:
 
 
 def as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
-    """The problem document a route's exception answers with (shared/API.md); None for an
+    """The problem document a route's exception answers with (docs/api.md); None for an
     exception nobody expected, which the edge turns into a logged 500."""
     retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if isinstance(exc, ProblemError):

@@ -1,5 +1,5 @@
 """Service results as JSON members: entries, watch events and txn op results, with values
-as strings for textual content types and base64 for the rest (shared/API.md, List)."""
+as strings for textual content types and base64 for the rest (docs/http.md, GET /v1/kv)."""
 
 from __future__ import annotations
 

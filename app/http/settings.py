@@ -1,4 +1,4 @@
-"""The bounds of the HTTP layer: the limits shared/API.md states, and the settings an
+"""The bounds of the HTTP layer: the limits docs/api.md states, and the settings an
 operator (or a test) may tighten."""
 
 from __future__ import annotations

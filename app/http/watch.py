@@ -1,5 +1,5 @@
 """GET /v1/watch: the changes after a version under a prefix, as a long-poll answer or as a
-stream of Server-Sent Events (shared/API.md, Watch)."""
+stream of Server-Sent Events (docs/http.md, GET /v1/watch)."""
 
 from __future__ import annotations
 

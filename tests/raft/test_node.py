@@ -309,8 +309,8 @@ def test_a_single_voter_learns_its_dirty_offset_without_any_fetcher() -> None:
 
 @pytest.mark.parametrize("retention", [0, 4])
 def test_rebootstrap_rule_spares_fetchers_inside_the_tombstone_retention(retention: int) -> None:
-    """DESIGN sec. 3 with tombstone_retention_records: the cleaners drop tombstones only below
-    min(horizon, cleaned end - retention), so a fetcher at or above that bound continues
+    """docs/compaction.md rule 5 with tombstone_retention_records: the cleaners drop
+    tombstones only below min(horizon, cleaned end - retention), so a fetcher at or above that bound continues
     incrementally; one below it (past zero) is sent a snapshot (none exists yet: the leader
     answers SNAPSHOT_NOT_FOUND and asks the runtime for one)."""
     node, log = _leader_of_three(tombstone_retention_records=retention)

@@ -1,14 +1,14 @@
 """The simulator with compaction: every replica cleans its MemoryLog to the dirty offset and
 tombstone horizon it learned, at seeded times; leaders take snapshots (periodically and when
 a fetcher must re-bootstrap); every node applies to a pure key-value model of the state
-machine (storage.state_machine.evaluate_commands, the evaluator the real one uses).
+machine (storage.evaluator.evaluate_commands, the evaluator the real one uses).
 
 Invariants, on top of tests/sim/cluster.py's (checked after every event):
 
 - cleaned ranges are identical (same digest) on every replica that cleaned [log start, end)
   for one log start and end (logs that start at a snapshot clean too);
-- a state a replica exposes as real (DESIGN sec. 3, ``RaftNode.is_real_state``, the rule
-  the runtime's readiness uses) equals the state every committed
+- a state a replica exposes as real (docs/compaction.md rule 7, ``RaftNode.is_real_state``,
+  the rule the runtime's readiness uses) equals the state every committed
   record up to that version produces, so no two replicas expose different states at one
   version, and a key deleted at a committed version never reappears later.
 
