@@ -609,7 +609,7 @@ class NodeRuntime(MaintenanceDuties, StateReads):
             future.set_exception(IndeterminateError(f"not committed within {self.config.commit_timeout_ms} ms"))
 
     async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:
-        """``wait_ms`` bounds only the wait for ``min_version`` (shared/API.md). What the
+        """``wait_ms`` bounds only the wait for ``min_version`` (docs/api.md). What the
         consistency level itself needs (the leader's quorum round, applying up to the high
         watermark) is bounded by ``commit_timeout_ms`` like a write, and failing it is a 503:
         with ``wait_ms=0`` a linearizable read used to answer 504 "version not reached"
@@ -678,7 +678,7 @@ class NodeRuntime(MaintenanceDuties, StateReads):
         return self._applied_version
 
     def is_ready(self) -> bool:
-        """DESIGN sec. 3 consistency rule (``RaftNode.is_real_state``), and not while this
+        """docs/compaction.md rule 7 (``RaftNode.is_real_state``), and not while this
         runtime starts, stops or loads a snapshot."""
         return (self._started and not self._closing and not self._installing_snapshot
                 and self.node.is_real_state(self._applied_version))
