@@ -1,8 +1,8 @@
 """The seam between a node's front ends (app/http/) and the node runtime (app/runtime.py).
 
-Every front end talks to a node only through ``KVService``: writes are one ``propose`` of a
-storage.commands Command; reads, watches, the cluster views and the admin actions are typed
-calls with typed results, and every failure a client must see is a ``ServiceError``. Nothing
+Every front end talks to a node only through ``KVService`` and imports only this module:
+writes (``put``, ``delete``, ``txn``), reads, watches, the cluster views and the admin actions
+are typed calls with typed results, and every failure a client must see is a ``ServiceError``. Nothing
 here knows about HTTP: statuses, headers and problem documents are the front end's mapping.
 The runtime implements ``KVService``; tests/http/service_double.py is its in-process twin.
 """
@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
 
-from storage.commands import Command
+from storage.commands import DEFAULT_CONTENT_TYPE, Compare, CompareKind, Op, OpKind
 from storage.state_machine import ApplyResult, Entry, Event, OpResult
 
 if TYPE_CHECKING:
@@ -29,6 +29,9 @@ __all__ = [
     "NotReadyError", "OpResult", "QuorumView", "ReplicaView", "ResignReport", "ServiceError", "SnapshotReport",
     "SnapshotStorageError", "VersionWaitTimeoutError", "WriteRejectedError", "WriteTooLargeError",
 ]
+# The conditions and operations a front end builds for a write are the log's own value types
+# (re-exported, like the result records): the service adds no second spelling of them.
+__all__ += ["DEFAULT_CONTENT_TYPE", "Compare", "CompareKind", "Op", "OpKind"]
 
 Consistency = Literal["local", "leader", "linearizable"]
 
@@ -219,9 +222,21 @@ class KVService(Protocol):
 
     def headers(self) -> NodeHeaders: ...
 
-    async def propose(self, command: Command) -> ApplyResult:
-        """Replicate and apply ``command``; return its result.
-        Raises NotLeaderError, WriteRejectedError or IndeterminateError."""
+    # Writes: replicated, then applied; each answers its ApplyResult (``succeeded`` False when
+    # a compare failed, with ``failed_compares``). Each raises NotLeaderError,
+    # WriteRejectedError (WriteTooLargeError) or IndeterminateError.
+    async def put(self, key: str, value: bytes, content_type: str = DEFAULT_CONTENT_TYPE,
+                  compares: tuple[Compare, ...] = ()) -> ApplyResult:
+        """Set ``key`` if every compare holds."""
+        ...
+
+    async def delete(self, key: str, compares: tuple[Compare, ...] = ()) -> ApplyResult:
+        """Delete ``key`` (a tombstone) if every compare holds."""
+        ...
+
+    async def txn(self, compares: tuple[Compare, ...], success: tuple[Op, ...],
+                  failure: tuple[Op, ...] = ()) -> ApplyResult:
+        """Apply ``success`` if every compare holds, else ``failure``, atomically."""
         ...
 
     async def wait_readable(self, consistency: Consistency, min_version: int | None, wait_ms: int) -> None:

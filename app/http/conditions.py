@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 
 from app.http.problems import ProblemError
-from app.service import ApplyResult
-from storage.commands import Compare, CompareKind
+from app.service import ApplyResult, Compare, CompareKind
 
 # If-Match (RFC 9110 §13.1.1): * or a list of entity tags, quotes optional on a strong one
 # (leniently). Weak tags never match (strong comparison); a write's condition is one compare

@@ -29,8 +29,7 @@ from app.http.settings import (
     MAX_VERSION,
     HttpSettings,
 )
-from app.service import KVService
-from storage.commands import DEFAULT_CONTENT_TYPE, delete, put
+from app.service import DEFAULT_CONTENT_TYPE, KVService
 
 ConsistencyQuery = Annotated[Literal["local", "leader", "linearizable"], Query(
     description="local: this node's applied state; leader: served by the leader (others 307); "
@@ -84,14 +83,14 @@ class KeyEndpoints:
                                f"Content-Type must be a media type (type/subtype; name=value) of at most {CONTENT_TYPE_MAX_BYTES} characters")
         compares = write_compares(key, if_match, if_none_match)
         value = await read_body_bounded(request, self.settings.max_value_bytes, "the value", "value-too-large")
-        result = await self.service.propose(put(key, value, content_type, compares))
+        result = await self.service.put(key, value, content_type, compares)
         check_condition(result, key)
         return _json_answer({"key": key, "version": result.version, "created": bool(result.ops[0].created)})
 
     async def delete_key(self, request: Request, key: KeyPath,
                          if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None) -> Answer:
         compares = write_compares(key, if_match, if_none_match)
-        result = await self.service.propose(delete(key, compares))
+        result = await self.service.delete(key, compares)
         check_condition(result, key)
         return _json_answer({"key": key, "version": result.version, "deleted": bool(result.ops[0].deleted)})
 

@@ -19,7 +19,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.http.settings import CONTENT_TYPE_MAX_BYTES, KEY_MAX_BYTES, MAX_VERSION, TXN_MAX_OPS
-from storage.commands import DEFAULT_CONTENT_TYPE
+from app.service import DEFAULT_CONTENT_TYPE
 
 KEY_TOO_LARGE_ERROR = "key_too_large"  # the pydantic error type the txn route answers 413 for
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from app.service import Entry, Event, OpResult
-from storage.commands import DEFAULT_CONTENT_TYPE, OpKind
+from app.service import DEFAULT_CONTENT_TYPE, Entry, Event, OpKind, OpResult
 
 # Content types whose values the list and watch routes render as JSON strings.
 _TEXTUAL_TYPES = frozenset({

@@ -27,8 +27,7 @@ from app.http.parsing import read_body_bounded
 from app.http.problems import ProblemError, describe, problem_responses, validation_errors
 from app.http.render import render_op_result
 from app.http.settings import HttpSettings
-from app.service import KVService
-from storage.commands import Command, Compare, CompareKind, Op, OpKind
+from app.service import Compare, CompareKind, KVService, Op, OpKind
 
 
 def _txn_value(item: PutOp | PutBase64Op | CompareValue | CompareValueBase64) -> bytes:
@@ -37,7 +36,9 @@ def _txn_value(item: PutOp | PutBase64Op | CompareValue | CompareValueBase64) ->
     return utf8_bytes(item.value)
 
 
-def txn_command(body: TxnRequest, max_value_bytes: int) -> Command:
+def txn_parts(body: TxnRequest, max_value_bytes: int) -> tuple[tuple[Compare, ...], tuple[Op, ...], tuple[Op, ...]]:
+    """The body as ``KVService.txn``'s compares, success and failure ops."""
+
     def op(item: PutOp | PutBase64Op | DeleteOp | GetOp) -> Op:
         if isinstance(item, PutOp | PutBase64Op):
             value = _txn_value(item)
@@ -54,8 +55,8 @@ def txn_command(body: TxnRequest, max_value_bytes: int) -> Command:
             return Compare(item.key, CompareKind.EXISTS, item.exists)
         return Compare(item.key, CompareKind.VALUE, _txn_value(item))
 
-    return Command(tuple(compare(c) for c in body.compare), tuple(op(o) for o in body.success),
-                   tuple(op(o) for o in body.failure))
+    return (tuple(compare(c) for c in body.compare), tuple(op(o) for o in body.success),
+            tuple(op(o) for o in body.failure))
 
 
 def txn_router(service: KVService, settings: HttpSettings) -> APIRouter:
@@ -78,7 +79,8 @@ def txn_router(service: KVService, settings: HttpSettings) -> APIRouter:
                                    errors=too_large) from exc
             detail = "; ".join(describe(e) for e in errors[:10]) or "invalid txn body"
             raise ProblemError(422, "invalid-body", "Invalid txn body", detail, errors=errors) from exc
-        result = await service.propose(txn_command(body, settings.max_value_bytes))
+        compares, success, failure = txn_parts(body, settings.max_value_bytes)
+        result = await service.txn(compares, success, failure)
         return JSONResponse({
             "succeeded": bool(result.succeeded), "version": result.version,
             "results": [render_op_result(op) for op in result.ops],
