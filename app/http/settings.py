@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raft.types import check
-
 KEY_MAX_BYTES = 1024
 MAX_VERSION = 2**63 - 1  # versions are SQLite INTEGERs
 CONTENT_TYPE_MAX_BYTES = 256
@@ -34,10 +32,13 @@ class HttpSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_value_bytes", "max_txn_body_bytes", "max_wait_ms", "max_watch_timeout_ms"):
-            check(getattr(self, name) >= 0, f"HttpSettings.{name} must be >= 0")
+            if getattr(self, name) < 0:
+                raise ValueError(f"HttpSettings.{name} must be >= 0")
         # A zero keepalive would make an idle SSE stream a busy loop.
-        check(self.sse_keepalive_ms > 0, "HttpSettings.sse_keepalive_ms must be > 0")
-        check(0 < self.watch_events_max <= WATCH_EVENTS_MAX, f"HttpSettings.watch_events_max must be in 1..{WATCH_EVENTS_MAX}")
+        if self.sse_keepalive_ms <= 0:
+            raise ValueError("HttpSettings.sse_keepalive_ms must be > 0")
+        if not 0 < self.watch_events_max <= WATCH_EVENTS_MAX:
+            raise ValueError(f"HttpSettings.watch_events_max must be in 1..{WATCH_EVENTS_MAX}")
 
 
 def clamp_ms(value: int, maximum: int) -> int:
