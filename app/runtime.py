@@ -5,7 +5,8 @@ timer expiry, a finished flush) goes into the core, and the core's ``Ready`` is 
 the order raft/__init__.py states (persist, send, flush, install a snapshot, apply, reads).
 Inputs are coalesced: many messages or proposals arriving in one loop iteration share one
 ``take_ready`` (the core accumulates its outputs), which is what lets group commit work.
-Snapshots and cleaning: app/runtime_maintenance.py; reads: app/node_reads.py.
+Snapshots and cleaning: ``NodeRuntime.maintenance`` (app/runtime_maintenance.py); reads:
+app/node_reads.py.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from app.auth import AuthTokens
 from app.config import NodeConfig
 from app.node_reads import StateReads
 from app.node_writes import NodeWrites
-from app.runtime_maintenance import MaintenanceDuties
+from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import StateCollector
 from app.service import (
     ApplyResult,
@@ -55,13 +56,8 @@ from raft.types import (
     ProtocolInvariantError,
     SnapshotId,
 )
-from storage.cleaner import prefix_digest
-from storage.cleaning_run import (
-    read_prefix_digest,
-)
 from storage.commands import Command, encode_command
 from storage.compaction_policy import (
-    ArrivalMarks,
     Recovery,
     newest_snapshot,
     recovery_step,
@@ -101,9 +97,9 @@ class _PendingWrite:
     started_s: float
 
 
-class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
-    """Implements app.service.KVService for one node (its reads: app/node_reads.py); see the
-    module docstring."""
+class NodeRuntime(StateReads, NodeWrites):
+    """Implements app.service.KVService for one node (its reads: app/node_reads.py, its
+    writes: app/node_writes.py); see the module docstring."""
 
     def __init__(self, config: NodeConfig, *, seed: int | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
@@ -140,21 +136,6 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
         self._applied_changed = asyncio.Event()
         self._applied_version = 0
         self._installing_snapshot = False
-        # Compaction (docs/compaction.md): one cleaning at a time, on its own thread.
-        self._clean_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cleaner-{config.node_id}")
-        self._clean_task: asyncio.Task[dict[str, Any]] | None = None
-        # When versions were applied here, on time.monotonic() (min_compaction_lag_ms).
-        self._arrival_marks = ArrivalMarks(config.min_compaction_lag_ms)
-        self._arrivals = self._arrival_marks.marks  # (end version, seconds); tests set ages here
-        self._cleaner_timer: asyncio.TimerHandle | None = None
-        # (log start, end offset, sha256) of the cleaned range [log start, end offset)
-        self._prefix_digest: tuple[int, int, str] = (0, 0, prefix_digest([], 0))
-        self.last_clean: dict[str, Any] | None = None
-        self.tombstones_dropped_total = 0  # by this process's cleanings
-        self._snapshot_end = 0  # end offset of the newest local snapshot
-        # Snapshots (VACUUM INTO) run one at a time on their own thread.
-        self._snapshot_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{config.node_id}")
-        self._snapshot_task: asyncio.Task[SnapshotId] | None = None
         self._started = False
         self._closing = False
         self._closed = False
@@ -179,7 +160,6 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
             self.snapshots.remove_stale_files()  # temp and partial files of a crashed copy or download
             self.state = StateMachine(str(self.data_dir / "state.db"))
             self._recover_state()
-            self._arrival_marks.restarted(max(self._applied_version, self.log.end_offset()), time.monotonic())
             cfg = self.config
             self.node = RaftNode(
                 RaftConfig(
@@ -198,16 +178,19 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
                 ),
                 self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
             )
+            # Snapshots and cleaning (docs/compaction.md), on threads of their own.
+            self.maintenance = Maintenance(
+                cfg, runtime=self, node=self.node, log=self.log, state=self.state, snapshots=self.snapshots,
+                snapshots_dir=self.snapshots_dir, loop=asyncio.get_running_loop(), fatal=self._fatal, wake_waiters=self._wake_waiters)
+            # (The core's constructor only reads the log: its end is the one recovery left.)
+            self.maintenance.arrival_marks.restarted(max(self._applied_version, self.log.end_offset()), time.monotonic())
             self.transport = RaftTransport(
                 cfg.node_id, cfg.cluster_id, cfg.cluster_secret.encode(), cfg.listen_raft.host,
                 cfg.listen_raft.port, {i: (a.host, a.port) for i, a in cfg.peers.items()}, self._on_message,
             )
             await self.transport.start()
             try:
-                latest = self.snapshots.latest_id()
-                self._snapshot_end = latest.end_offset if latest is not None else 0
-                self._prefix_digest = await asyncio.get_running_loop().run_in_executor(
-                    self._clean_executor, read_prefix_digest, self.log)
+                await self.maintenance.recover()
             except BaseException:
                 await self.transport.stop()
                 raise
@@ -215,7 +198,7 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
             self._close_storage()  # and the lock: a later start in this process may take it
             raise
         self._started = True
-        self._schedule_cleaner()
+        self.maintenance.schedule_cleaner()
         self._drive()
         logger.info("node %d started: log [%d, %d), applied version %d, epoch %d, raft port %d",
                     self.node_id, self.log.start_offset(), self.log.end_offset(),
@@ -310,21 +293,14 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._cleaner_timer is not None:
-            self._cleaner_timer.cancel()
-            self._cleaner_timer = None
-        if self._clean_task is not None:
-            await asyncio.gather(self._clean_task, return_exceptions=True)
-        if self._snapshot_task is not None:
-            await asyncio.gather(self._snapshot_task, return_exceptions=True)
+        await self.maintenance.stop()
         await self.transport.stop()
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(self._flush_executor, self.log.flush)
         self._flush_executor.shutdown(wait=True)
-        self._clean_executor.shutdown(wait=True)
-        self._snapshot_executor.shutdown(wait=True)
+        self.maintenance.close()
         self._close_storage()
         logger.info("node %d stopped", self.node_id)
 
@@ -395,7 +371,7 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
             self._complete_reads(ready.reads_done, ready.reads_failed)
             if ready.role_changed:
                 self._on_role_changed()
-            self._maybe_snapshot()
+            self.maintenance.maybe_snapshot()
         except Exception as exc:
             self._fatal(exc)
             return
@@ -469,7 +445,7 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
             results = self.state.apply(batches)
             self._apply_latency.observe(time.perf_counter() - started_s)
             self._applied_version = self.state.applied_version
-            self._arrival_marks.applied(self._applied_version, time.monotonic())
+            self.maintenance.arrival_marks.applied(self._applied_version, time.monotonic())
             self._complete_writes(batches, results)
             self._wake_waiters()
         self._kick()  # more to apply: continue next turn, after other callbacks ran
@@ -557,6 +533,22 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
     def started(self) -> bool:
         """True once start() has recovered storage and the core runs."""
         return self._started
+
+    # What the maintenance reads of this runtime (app.runtime_maintenance.MaintainedRuntime).
+
+    @property
+    def closing(self) -> bool:
+        """begin_shutdown ran: writes, snapshots and cleanings are refused."""
+        return self._closing
+
+    @property
+    def closed(self) -> bool:
+        """Stopped, or stopped by a fatal error."""
+        return self._closed
+
+    @property
+    def installing_snapshot(self) -> bool:
+        return self._installing_snapshot
 
     def headers(self) -> NodeHeaders:
         node = self.node
@@ -687,6 +679,8 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
     def status(self) -> NodeStatus:
         node = self.node
         snapshot_id = self.snapshots.latest_id()
+        maintenance = self.maintenance
+        prefix_digest = maintenance.prefix_digest
         return {
             "node_id": self.node_id,
             "role": node.role.name.lower(),
@@ -702,12 +696,12 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
             "dirty_offset": node.dirty_offset,
             "tombstone_horizon": node.tombstone_horizon,
             "cleaned_end": self.log.cleaned_end(),
-            "prefix_digest": {"start_offset": self._prefix_digest[0], "end_offset": self._prefix_digest[1],
-                              "sha256": self._prefix_digest[2]},
+            "prefix_digest": {"start_offset": prefix_digest[0], "end_offset": prefix_digest[1],
+                              "sha256": prefix_digest[2]},
             "oldest_version": self.state.oldest_version,
             "log_size_bytes": self.log.size_bytes(),
-            "last_clean": self.last_clean,
-            "tombstones_dropped_total": self.tombstones_dropped_total,
+            "last_clean": maintenance.last_clean,
+            "tombstones_dropped_total": maintenance.tombstones_dropped_total,
             "snapshot_id": None if snapshot_id is None else
             {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch},
             "last_contact_ms": node.last_contact_ms(monotonic_ms()),
@@ -740,6 +734,16 @@ class NodeRuntime(MaintenanceDuties, StateReads, NodeWrites):
             "voters": [replica(state) for state in described.voters],
             "observers": [replica(state) for state in described.observers],
         }
+
+    async def take_snapshot(self) -> dict[str, Any]:
+        """POST /v1/admin/snapshot (app.runtime_maintenance.Maintenance.take_snapshot)."""
+        return await self.maintenance.take_snapshot()
+
+    async def compact(self) -> dict[str, Any]:
+        """POST /v1/admin/compact: the leader cleans its log now, up to the dirty offset it
+        announces (followers clean to the same offset on their own schedule)."""
+        self._require_leader()
+        return await self.maintenance.clean(force=True)
 
     async def resign(self) -> dict[str, Any]:
         self._require_leader()

@@ -1,9 +1,9 @@
-"""The node's maintenance duties: snapshots (on request, periodic, for a re-bootstrapping
-fetcher) and cleaning its log, run on their own threads under the policy of
+"""The node's maintenance: snapshots (on request, periodic, for a re-bootstrapping fetcher)
+and cleaning its log, run on their own threads under the policy of
 storage/compaction_policy.py and storage/cleaning_run.py.
 
-A mixin of app.runtime.NodeRuntime, kept apart so the runtime module holds only driving the
-core and applying; the attributes it uses are declared below and set by the runtime.
+An object app.runtime.NodeRuntime owns (``NodeRuntime.maintenance``), built with the
+storage and core it works on; what it asks of the runtime is ``MaintainedRuntime``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.exc import DBAPIError
 
@@ -25,12 +25,14 @@ from app.config import NodeConfig
 from app.service import NotReadyError, SnapshotStorageError, WriteRejectedError
 from raft.node import RaftNode
 from raft.types import SnapshotId
+from storage.cleaner import prefix_digest
 from storage.cleaning_run import (
     CLEANER_BUSY_SHARE,
     CLEANER_SLICE_S,
     PRUNE_STEP_VERSIONS,
     Throttle,
     prune_history,
+    read_prefix_digest,
     run_cleaning,
 )
 from storage.compaction_policy import (
@@ -46,50 +48,100 @@ from storage.state_machine import SnapshotRejectedError, StateMachine
 logger = logging.getLogger("metakv.runtime")
 
 
-class MaintenanceDuties:
-    """Snapshots and cleaning for NodeRuntime (POST /v1/admin/snapshot and /compact, the
-    periodic triggers)."""
+class MaintainedRuntime(Protocol):
+    """What maintenance reads of the runtime that owns it."""
 
-    # Set by NodeRuntime.__init__ and start().
-    config: NodeConfig
-    node_id: int
-    node: RaftNode
-    log: SegmentLog
-    state: StateMachine
-    snapshots: SnapshotStore
-    snapshots_dir: Path
-    _loop: asyncio.AbstractEventLoop | None
-    _closing: bool
-    _closed: bool
-    _installing_snapshot: bool
-    _applied_version: int
-    _snapshot_end: int
-    _snapshot_task: asyncio.Task[SnapshotId] | None
-    _snapshot_executor: ThreadPoolExecutor
-    _clean_task: asyncio.Task[dict[str, Any]] | None
-    _clean_executor: ThreadPoolExecutor
-    _cleaner_timer: asyncio.TimerHandle | None
-    _arrival_marks: ArrivalMarks
-    _prefix_digest: tuple[int, int, str]
-    last_clean: dict[str, Any] | None
-    tombstones_dropped_total: int
-    _fatal: Callable[[BaseException], None]
-    _require_leader: Callable[[], None]
-    _wake_waiters: Callable[[], None]
+    @property
+    def applied_version(self) -> int: ...
+
+    @property
+    def closing(self) -> bool:
+        """A stop began: start nothing new."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Stopped, or failed: storage is closed or about to be."""
+        ...
+
+    @property
+    def installing_snapshot(self) -> bool: ...
+
+
+class Maintenance:
+    """Snapshots and cleaning for one node (POST /v1/admin/snapshot and /compact, the
+    periodic triggers). Built by NodeRuntime.start once the storage and the core exist; runs
+    on the runtime's loop, its copies and cleanings on executors of its own."""
+
+    def __init__(self, config: NodeConfig, *, runtime: MaintainedRuntime, node: RaftNode, log: SegmentLog,
+                 state: StateMachine, snapshots: SnapshotStore, snapshots_dir: Path, loop: asyncio.AbstractEventLoop,
+                 fatal: Callable[[BaseException], None], wake_waiters: Callable[[], None]) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self._runtime = runtime
+        self.node = node
+        self.log = log
+        self.state = state
+        self.snapshots = snapshots
+        self.snapshots_dir = snapshots_dir  # named in a failed snapshot's message
+        self._loop = loop
+        self._fatal = fatal  # fail-stop the node
+        self._wake_waiters = wake_waiters  # the cleaned history changed what reads may see
+        # Compaction (docs/compaction.md): one cleaning at a time, on its own thread.
+        self._clean_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cleaner-{config.node_id}")
+        self._clean_task: asyncio.Task[dict[str, Any]] | None = None
+        # When versions were applied here, on time.monotonic() (min_compaction_lag_ms).
+        self.arrival_marks = ArrivalMarks(config.min_compaction_lag_ms)
+        self._cleaner_timer: asyncio.TimerHandle | None = None
+        # (log start, end offset, sha256) of the cleaned range [log start, end offset)
+        self.prefix_digest: tuple[int, int, str] = (0, 0, prefix_digest([], 0))
+        self.last_clean: dict[str, Any] | None = None
+        self.tombstones_dropped_total = 0  # by this process's cleanings
+        self._snapshot_end = 0  # end offset of the newest local snapshot
+        # Snapshots (VACUUM INTO) run one at a time on their own thread.
+        self._snapshot_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"snapshot-{config.node_id}")
+        self._snapshot_task: asyncio.Task[SnapshotId] | None = None
+
+    async def recover(self) -> None:
+        """At start: the newest local snapshot, and the digest of the log's cleaned prefix."""
+        latest = self.snapshots.latest_id()
+        self._snapshot_end = latest.end_offset if latest is not None else 0
+        self.prefix_digest = await self._loop.run_in_executor(self._clean_executor, read_prefix_digest, self.log)
+
+    async def stop(self) -> None:
+        """Start no more cleanings; wait for the running cleaning and snapshot."""
+        if self._cleaner_timer is not None:
+            self._cleaner_timer.cancel()
+            self._cleaner_timer = None
+        if self._clean_task is not None:
+            await asyncio.gather(self._clean_task, return_exceptions=True)
+        if self._snapshot_task is not None:
+            await asyncio.gather(self._snapshot_task, return_exceptions=True)
+
+    def close(self) -> None:
+        """After stop(): end the cleaner and snapshot threads."""
+        self._clean_executor.shutdown(wait=True)
+        self._snapshot_executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ snapshots
+
+    @property
+    def snapshot_running(self) -> bool:
+        return self._snapshot_task is not None
 
     async def take_snapshot(self) -> dict[str, Any]:
         """Snapshot the applied state now: a snapshot at or above the version applied when
         the request arrived (joining one already running if it reaches that far)."""
-        if self._closing:
+        if self._runtime.closing:
             raise WriteRejectedError("node is shutting down")
-        wanted = self._applied_version
+        wanted = self._runtime.applied_version
         if wanted == 0:
             raise NotReadyError("nothing applied yet: there is no state to snapshot")
         if not self.node.is_real_state(wanted):
             raise NotReadyError("this replica is catching up: its state is not a real version yet")
         while True:
             try:
-                snapshot_id = await asyncio.shield(self._start_snapshot())
+                snapshot_id = await asyncio.shield(self.start_snapshot())
             except SnapshotRejectedError as exc:
                 raise NotReadyError(f"this replica is catching up: {exc}") from None
             except (OSError, sqlite3.Error, DBAPIError, LogWriteError) as exc:
@@ -100,11 +152,11 @@ class MaintenanceDuties:
                 if isinstance(exc, LogWriteError):  # recording it failed: fail-stop, as in the background
                     self._fatal(exc)
                 raise error from exc
-            if snapshot_id.end_offset >= wanted or self._closing:
+            if snapshot_id.end_offset >= wanted or self._runtime.closing:
                 break
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
 
-    def _start_snapshot(self) -> asyncio.Task[SnapshotId]:
+    def start_snapshot(self) -> asyncio.Task[SnapshotId]:
         """One snapshot at a time, on its own thread: VACUUM INTO copies the database inside
         one SQLite read transaction of that thread's connection, so apply (the loop's
         writer) continues, the copy holds exactly one applied version, and the id is read
@@ -124,7 +176,7 @@ class MaintenanceDuties:
         """Back on the loop: tell the log (so the core can offer the snapshot to fetchers)."""
         try:
             snapshot_id = await copy
-            if not self._closed and snapshot_id.end_offset >= self.log.start_offset():
+            if not self._runtime.closed and snapshot_id.end_offset >= self.log.start_offset():
                 self.log.record_snapshot(snapshot_id)
         finally:
             self._snapshot_task = None
@@ -134,19 +186,21 @@ class MaintenanceDuties:
         logger.info("node %d took snapshot %s", self.node_id, snapshot_id)
         return snapshot_id
 
-    def _maybe_snapshot(self) -> None:
+    def maybe_snapshot(self) -> None:
         """Periodic snapshots (snapshot_every_records), and the one the core asks for when a
         fetcher must re-bootstrap above the tombstone horizon and no snapshot reaches it.
         Started in the background; a failure is logged and retried at the next due point."""
-        if (self._installing_snapshot or self._closing or self._applied_version == 0
-                or self._snapshot_task is not None or not self.node.is_real_state(self._applied_version)):
+        runtime = self._runtime
+        applied = runtime.applied_version
+        if (runtime.installing_snapshot or runtime.closing or applied == 0
+                or self._snapshot_task is not None or not self.node.is_real_state(applied)):
             return  # (a state inside a cleaned prefix is no version to hand anyone: rule 9)
         wanted = self.node.snapshot_wanted_offset
-        due = snapshot_due(self._applied_version, self._snapshot_end, wanted, self.config.snapshot_every_records)
+        due = snapshot_due(applied, self._snapshot_end, wanted, self.config.snapshot_every_records)
         if wanted_snapshot_exists(wanted, self._snapshot_end):
             self.node.snapshot_wanted_offset = 0
         if due:
-            self._start_snapshot().add_done_callback(self._on_background_snapshot_done)
+            self.start_snapshot().add_done_callback(self._on_background_snapshot_done)
 
     def _on_background_snapshot_done(self, task: asyncio.Task[SnapshotId]) -> None:
         if task.cancelled():
@@ -160,45 +214,42 @@ class MaintenanceDuties:
         if isinstance(exc, SnapshotRejectedError):  # taken again once the state is real
             logger.info("node %d: snapshot not taken: %s", self.node_id, exc)
             return
-        logger.error("node %d: snapshot at version %d failed: %s", self.node_id, self._applied_version, exc)
-        self._snapshot_end = max(self._snapshot_end, self._applied_version)  # retry at the next due point
+        applied = self._runtime.applied_version
+        logger.error("node %d: snapshot at version %d failed: %s", self.node_id, applied, exc)
+        self._snapshot_end = max(self._snapshot_end, applied)  # retry at the next due point
 
     # ------------------------------------------------------------------ compaction
 
-    async def compact(self) -> dict[str, Any]:
-        """POST /v1/admin/compact: the leader cleans its log now, up to the dirty offset it
-        announces (followers clean to the same offset on their own schedule)."""
-        self._require_leader()
-        return await self._clean(force=True)
-
-    def _schedule_cleaner(self) -> None:
+    def schedule_cleaner(self) -> None:
         interval_ms = self.config.cleaner_interval_ms
-        if interval_ms <= 0 or self._loop is None or self._closing:
+        if interval_ms <= 0 or self._runtime.closing:
             return
         self._cleaner_timer = self._loop.call_later(interval_ms / 1000, self._on_cleaner_timer)
 
     def _on_cleaner_timer(self) -> None:
         self._cleaner_timer = None
-        if self._closing or self._closed:
+        if self._runtime.closing or self._runtime.closed:
             return
-        task = asyncio.ensure_future(self._clean(force=False))
-        task.add_done_callback(lambda _: self._schedule_cleaner())
+        task = asyncio.ensure_future(self.clean(force=False))
+        task.add_done_callback(lambda _: self.schedule_cleaner())
 
     def clean_target(self) -> tuple[int, int]:
         """(dirty offset, tombstone horizon) to clean with now: the announced values, never
         past what this replica applied and flushed."""
         node = self.node
-        return clean_target_offset(node.dirty_offset, self._applied_version, self.log.flushed_offset()), \
+        return clean_target_offset(node.dirty_offset, self._runtime.applied_version, self.log.flushed_offset()), \
             node.tombstone_horizon
 
-    async def _clean(self, force: bool) -> dict[str, Any]:
+    async def clean(self, force: bool) -> dict[str, Any]:
+        """One cleaning to clean_target(): ``force`` (an admin compaction) ignores
+        cleaner_min_dirty_ratio and min_compaction_lag_ms; joins one already running."""
         if self._clean_task is not None:  # one at a time: join the running one
             return await asyncio.shield(self._clean_task)
         dirty, horizon = self.clean_target()
         aged_end = (None if force or self.config.min_compaction_lag_ms == 0
-                    else self._arrival_marks.aged_end(time.monotonic()))
+                    else self.arrival_marks.aged_end(time.monotonic()))
         self._clean_task = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(
-            self._clean_executor, functools.partial(self._clean_blocking, dirty, horizon, force, aged_end=aged_end)))
+            self._clean_executor, functools.partial(self.clean_blocking, dirty, horizon, force, aged_end=aged_end)))
         try:
             report = await asyncio.shield(self._clean_task)
         except Exception as exc:
@@ -219,9 +270,9 @@ class MaintenanceDuties:
         """Runs on the cleaner thread: prune the history below ``below_version`` in short
         throttled steps, so an apply on the loop waits for the write lock at most one step."""
         prune_history(self.state, below_version, step_versions=PRUNE_STEP_VERSIONS,
-                      pause=Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S).pause, stopping=lambda: self._closing)
+                      pause=Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S).pause, stopping=lambda: self._runtime.closing)
 
-    def _clean_blocking(self, dirty: int, horizon: int, force: bool, aged_end: int | None = None) -> dict[str, Any]:
+    def clean_blocking(self, dirty: int, horizon: int, force: bool, aged_end: int | None = None) -> dict[str, Any]:
         """Runs on the cleaner thread: one throttled cleaning of this node's log
         (storage.cleaning_run.run_cleaning); answers its report."""
         config = self.config
@@ -233,7 +284,7 @@ class MaintenanceDuties:
         result, report = run.result, run.report
         if result is None or run.digest is None:
             return report
-        self._prefix_digest = run.digest
+        self.prefix_digest = run.digest
         self.tombstones_dropped_total += result.tombstones_dropped
         self.last_clean = report
         logger.info("node %d cleaned log [%d, %d): %d -> %d records, %d tombstones dropped, evaluated from %d",

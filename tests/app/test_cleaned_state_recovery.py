@@ -182,10 +182,10 @@ def test_no_snapshot_is_taken_of_a_state_that_is_no_version(tmp_path: Path) -> N
         await runtime.start()
         try:
             assert runtime.applied_version == 10 and not runtime.is_ready()
-            runtime._maybe_snapshot()  # 10 applied records since the last snapshot: due
-            assert runtime._snapshot_task is None
+            runtime.maintenance.maybe_snapshot()  # 10 applied records since the last snapshot: due
+            assert not runtime.maintenance.snapshot_running
             with pytest.raises(SnapshotRejectedError):
-                await runtime._start_snapshot()
+                await runtime.maintenance.start_snapshot()
             with pytest.raises(NotReadyError):
                 await runtime.take_snapshot()
         finally:
@@ -206,7 +206,7 @@ def test_the_cleaner_stops_at_the_version_sqlite_made_durable(tmp_path: Path,
             assert runtime.applied_version == 10
             monkeypatch.setattr(runtime.state, "sync", lambda: 6)  # a checkpoint not yet reached 10
             return await asyncio.get_running_loop().run_in_executor(
-                None, runtime._clean_blocking, 10, 10, True)
+                None, runtime.maintenance.clean_blocking, 10, 10, True)
         finally:
             await runtime.stop()
 

@@ -39,10 +39,11 @@ def _clean(node_dir: Path, lag_ms: int, force: bool, arrivals: list[tuple[int, f
         await runtime.start()
         try:
             if arrivals is not None:
-                runtime._arrivals.clear()
-                runtime._arrivals.extend((end, time.monotonic() - ago_s) for end, ago_s in arrivals)
-            runtime.clean_target = lambda: (10, 10)  # type: ignore[method-assign]  # all replicated
-            report = await runtime._clean(force)
+                marks = runtime.maintenance.arrival_marks.marks
+                marks.clear()
+                marks.extend((end, time.monotonic() - ago_s) for end, ago_s in arrivals)
+            runtime.maintenance.clean_target = lambda: (10, 10)  # type: ignore[method-assign]  # all replicated
+            report = await runtime.maintenance.clean(force)
             return report, runtime.state.oldest_version
         finally:
             await runtime.stop()
@@ -89,10 +90,10 @@ def test_a_leader_keeps_its_just_written_records_until_the_lag_passes(tmp_path: 
             for index in range(20):
                 await runtime.propose(put(f"k{index % 3}", b"%d" % index))
             written_s = time.monotonic()
-            runtime.clean_target = lambda: (runtime.applied_version,) * 2  # type: ignore[method-assign]
-            early = await runtime._clean(force=False)
+            runtime.maintenance.clean_target = lambda: (runtime.applied_version,) * 2  # type: ignore[method-assign]
+            early = await runtime.maintenance.clean(force=False)
             await asyncio.sleep(max(0.0, written_s + lag_ms / 1000 + 0.1 - time.monotonic()))
-            late = await runtime._clean(force=False)
+            late = await runtime.maintenance.clean(force=False)
             return early, late, runtime.applied_version
         finally:
             await runtime.stop()

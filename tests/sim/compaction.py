@@ -172,8 +172,9 @@ class CompactionSim:
         self._check_exposed(node, model)
 
     def _maybe_snapshot(self, node: SimNode, model: _Model) -> None:
-        """The runtime's _maybe_snapshot, through the same policy, for the snapshot the core
-        asks for (periodic ones are the plan's); a refused one is asked for again later."""
+        """The runtime's Maintenance.maybe_snapshot, through the same policy, for the
+        snapshot the core asks for (periodic ones are the plan's); a refused one is asked
+        for again later."""
         core = node.core
         if core is None or model.applied == 0 or not core.is_real_state(model.applied):
             return  # (no snapshot of a state that is no version: rule 9)
@@ -215,7 +216,7 @@ class CompactionSim:
         if end <= node.log.start_offset() or end == 0:
             return False
         if node.core is None or not node.core.is_real_state(end):
-            return False  # the runtime's _maybe_snapshot: no snapshot of a state that is no version
+            return False  # Maintenance.maybe_snapshot: no snapshot of a state that is no version
         epoch = 0
         for batch in node.log.batches():
             if batch.base_offset > end - 1:
@@ -276,8 +277,9 @@ class CompactionSim:
             return
         model = self._model(node)
         log = node.log
-        # The runtime's _clean and _clean_blocking: what it cleans to, and the same run (an
-        # admin compaction's: no dirty ratio, no lag), without a throttle or a clock.
+        # The runtime's Maintenance.clean and clean_blocking: what it cleans to, and the
+        # same run (an admin compaction's: no dirty ratio, no lag), without a throttle or
+        # a clock.
         run = run_cleaning(
             _CleanableMemoryLog(log), _ModelBase(self, model),
             policy.clean_target_offset(core.dirty_offset, model.applied, log.flushed_offset()), core.tombstone_horizon,
