@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
-from app.node_reads import StateReads
+from app.node_reads import NodeReads
 from app.runtime_maintenance import MaintenanceDuties
 from app.runtime_metrics import StateCollector
 from app.service import (
@@ -100,7 +100,7 @@ class _PendingWrite:
     started_s: float
 
 
-class NodeRuntime(MaintenanceDuties, StateReads):
+class NodeRuntime(MaintenanceDuties, NodeReads):
     """Implements app.service.KVService for one node (its reads: app/node_reads.py); see the
     module docstring."""
 
