@@ -39,6 +39,7 @@ from app.service import (
     NotReadyError,
     QuorumView,
     ReplicaView,
+    ResignReport,
     VersionWaitTimeoutError,
     WriteRejectedError,
     WriteTooLargeError,
@@ -740,7 +741,7 @@ class NodeRuntime(MaintenanceDuties, NodeReads):
             "observers": [replica(state) for state in described.observers],
         }
 
-    async def resign(self) -> dict[str, Any]:
+    async def resign(self) -> ResignReport:
         self._require_leader()
         epoch = self.node.epoch
         self.node.resign(monotonic_ms())

@@ -22,7 +22,13 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from app.config import NodeConfig
-from app.service import NotReadyError, SnapshotStorageError, WriteRejectedError
+from app.service import (
+    CompactReport,
+    NotReadyError,
+    SnapshotReport,
+    SnapshotStorageError,
+    WriteRejectedError,
+)
 from raft.node import RaftNode
 from raft.types import SnapshotId
 from storage.cleaning_run import (
@@ -77,7 +83,7 @@ class MaintenanceDuties:
     _require_leader: Callable[[], None]
     _wake_waiters: Callable[[], None]
 
-    async def take_snapshot(self) -> dict[str, Any]:
+    async def take_snapshot(self) -> SnapshotReport:
         """Snapshot the applied state now: a snapshot at or above the version applied when
         the request arrived (joining one already running if it reaches that far)."""
         if self._closing:
@@ -165,7 +171,7 @@ class MaintenanceDuties:
 
     # ------------------------------------------------------------------ compaction
 
-    async def compact(self) -> dict[str, Any]:
+    async def compact(self) -> CompactReport:
         """POST /v1/admin/compact: the leader cleans its log now, up to the dirty offset it
         announces (followers clean to the same offset on their own schedule)."""
         self._require_leader()

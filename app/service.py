@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Literal, NotRequired, Protocol, TypedDict
 
+from storage.cleaning_run import CleaningReport
 from storage.commands import Command
 from storage.state_machine import ApplyResult, Entry, Event, OpResult
 
@@ -168,7 +169,7 @@ class NodeStatus(TypedDict):
     prefix_digest: NotRequired[PrefixDigestView]
     oldest_version: NotRequired[int]
     log_size_bytes: NotRequired[int]
-    last_clean: NotRequired[dict[str, Any] | None]
+    last_clean: NotRequired[CompactReport | None]
     tombstones_dropped_total: NotRequired[int]
 
 
@@ -200,7 +201,7 @@ class ResignReport(TypedDict):
     epoch: int
 
 
-CompactReport = dict[str, Any]  # the cleaning report of docs/compaction.md
+CompactReport = CleaningReport  # the cleaner's own report (docs/compaction.md), re-exported
 
 
 class KVService(Protocol):
