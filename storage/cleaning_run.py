@@ -1,9 +1,11 @@
 """One cleaning over a log and a state machine, blocking: read the prefix, clean it, install it.
 
 Why apart from the runtime: the compaction simulator runs this same code over its in-memory
-log and state model, so it cleans exactly as a node does. Nothing here reads a clock or
-sleeps on its own: the caller passes the throttle's ``pause`` and the clock it reports
-durations with (the runtime calls this on its cleaner thread; docs/compaction.md).
+log and state model, so it cleans exactly as a node does. ``run_cleaning`` and
+``prune_history`` read no clock and never sleep on their own: the caller passes the pause
+(the simulator's does nothing; the runtime's is a ``Throttle``, the one part of this module
+that reads the CPU clock and sleeps) and the clock durations are reported with (the runtime
+calls this on its cleaner thread; docs/compaction.md).
 """
 
 from __future__ import annotations
