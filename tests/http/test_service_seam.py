@@ -57,7 +57,7 @@ def assigned_in_init(implementation: type) -> set[str]:
 
 def test_the_protocol_is_read_as_expected() -> None:
     """Guards the two helpers above: an empty reading would make every check pass."""
-    assert {"propose", "get", "list", "changes", "status", "take_snapshot", "resign"} <= set(protocol_methods())
+    assert {"get", "list", "changes", "status", "take_snapshot", "resign"} <= set(protocol_methods())
     assert {"node_id", "metrics", "auth_tokens", "compact"} <= set(protocol_attributes())
 
 
