@@ -1,4 +1,4 @@
-"""Bearer tokens: the token file, the rules it grants, and what a txn body needs of them.
+"""Bearer tokens: the token file and the rules it grants. Nothing here knows about HTTP.
 
 Why it looks like this. Operators coming from Consul ACLs or etcd roles expect tokens with
 rules on key prefixes, the most specific prefix winning, and a separate right for cluster
@@ -7,15 +7,13 @@ file (TOML, docs/http.md "Auth") lists tokens by name with the SHA-256 of the se
 table of rules, ``prefix = "deny" | "read" | "write" | "admin"`` (each level implies the
 ones before it; ``admin`` only on the prefix ``""``, and it is what the admin routes need).
 
-Enforcing it on requests is app/http/auth.py's middleware. Off by default: with no token
-file nothing is installed, and nothing changes.
+Enforcing it on requests (which right a route needs, what a txn body touches, the log of
+refused requests) is app/http/auth.py's. Off by default: with no token file nothing is
+installed, and nothing changes.
 
 Operations: SIGHUP makes ``metakv serve`` read its token file again (``AuthTokens.reload``),
 so tokens are added and revoked without a restart; a file that no longer validates is
-refused with a log line and the tokens loaded before stay in force. Every 401 and 403 is
-logged at WARNING (method, path, client address, why), at most ``DENIED_LOG_PER_S`` lines a
-second so a client hammering with a bad token cannot flood the log; the lines held back are
-counted in the next one.
+refused with a log line and the tokens loaded before stay in force.
 """
 
 from __future__ import annotations
@@ -23,15 +21,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-import json
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-
-from starlette.types import Scope
 
 from app.toml_files import TomlFileError, read_toml
 
@@ -40,7 +33,6 @@ RULES_PER_TOKEN_MAX = 1_000
 TOKEN_NAME_MAX_CHARS = 128
 PREFIX_MAX_BYTES = 1024  # a prefix longer than the longest key could never match a key
 SHA256_HEX_CHARS = 64
-DENIED_LOG_PER_S = 10  # denied-request log lines per second at most; the rest are counted
 
 log = logging.getLogger("metakv.auth")
 
@@ -127,32 +119,6 @@ class AuthTokens:
         return True
 
 
-class DeniedLog:
-    """WARNING lines for refused requests, at most ``per_s`` a second (the rest counted)."""
-
-    def __init__(self, per_s: int = DENIED_LOG_PER_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._per_s = per_s
-        self._clock = clock
-        self._window_start_s = -1.0
-        self._logged = 0
-        self._held_back = 0
-
-    def denied(self, scope: Scope, status: int, detail: str) -> None:
-        now_s = self._clock()
-        if now_s - self._window_start_s >= 1.0:
-            self._window_start_s = now_s
-            self._logged = 0
-        if self._logged >= self._per_s:
-            self._held_back += 1
-            return
-        self._logged += 1
-        held_back, self._held_back = self._held_back, 0
-        client = scope.get("client")
-        address = f"{client[0]}:{client[1]}" if client else "unknown"
-        log.warning("auth: %d %s %s from %s: %s%s", status, scope.get("method", "?"), scope.get("path", "?"),
-                    address, detail, f" ({held_back} more denied requests not logged)" if held_back else "")
-
-
 def hash_token(secret: str) -> str:
     """The value of ``sha256`` in the token file for ``secret`` (docs/http.md has a shell
     one-liner that computes the same)."""
@@ -229,44 +195,3 @@ def _check_unique(where: str, field: str, values: list[str]) -> None:
             shown = value if field == "name" else value[:12] + "..."
             raise AuthFileError(f"{where}: two tokens have the same {field} {shown!r}")
         seen.add(value)
-
-
-class TxnBodyError(ValueError):
-    """The txn body is not JSON of the documented shape (the route would answer 422 too)."""
-
-
-def txn_keys(body: bytes) -> list[tuple[str, Access]]:
-    """Every key a txn body touches with the access it needs: write for put and delete ops,
-    read for get ops and compares, whichever branch runs. JSON objects keep the last of
-    duplicate members, as the route's parser does."""
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise TxnBodyError("the txn body is not JSON") from exc
-    if not isinstance(document, dict):
-        raise TxnBodyError("the txn body must be a JSON object")
-    needed: list[tuple[str, Access]] = []
-    for item in _items(document, "compare"):
-        needed.append((_string(item, "key"), Access.READ))
-    for branch in ("success", "failure"):
-        for item in _items(document, branch):
-            op = _string(item, "op")
-            needed.append((_string(item, "key"), Access.READ if op == "get" else Access.WRITE))
-    return needed
-
-
-def _items(document: dict[str, Any], member: str) -> Iterable[dict[str, Any]]:
-    items = document.get(member, [])
-    if not isinstance(items, list):
-        raise TxnBodyError(f"{member} must be a list")
-    for item in items:
-        if not isinstance(item, dict):
-            raise TxnBodyError(f"every item of {member} must be an object")
-        yield item
-
-
-def _string(item: dict[str, Any], member: str) -> str:
-    value = item.get(member)
-    if not isinstance(value, str):
-        raise TxnBodyError(f"{member} must be a string")
-    return value

@@ -25,7 +25,7 @@ def _service_error(exc: VersionCompactedError | VersionNotAppliedError) -> Histo
     return VersionWaitTimeoutError(exc.applied_version)
 
 
-class StateReads:
+class NodeReads:
     """get, changes and list of ``KVService``, answered from ``self.state``."""
 
     state: StateMachine

@@ -27,12 +27,13 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
-from app.node_reads import StateReads
+from app.node_reads import NodeReads
 from app.node_writes import NodeWrites
 from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import StateCollector
 from app.service import (
     ApplyResult,
+    CompactReport,
     Consistency,
     IndeterminateError,
     NodeHeaders,
@@ -41,6 +42,8 @@ from app.service import (
     NotReadyError,
     QuorumView,
     ReplicaView,
+    ResignReport,
+    SnapshotReport,
     VersionWaitTimeoutError,
     WriteRejectedError,
     WriteTooLargeError,
@@ -97,7 +100,7 @@ class _PendingWrite:
     started_s: float
 
 
-class NodeRuntime(StateReads, NodeWrites):
+class NodeRuntime(NodeReads, NodeWrites):
     """Implements app.service.KVService for one node (its reads: app/node_reads.py, its
     writes: app/node_writes.py); see the module docstring."""
 
@@ -735,17 +738,17 @@ class NodeRuntime(StateReads, NodeWrites):
             "observers": [replica(state) for state in described.observers],
         }
 
-    async def take_snapshot(self) -> dict[str, Any]:
+    async def take_snapshot(self) -> SnapshotReport:
         """POST /v1/admin/snapshot (app.runtime_maintenance.Maintenance.take_snapshot)."""
         return await self.maintenance.take_snapshot()
 
-    async def compact(self) -> dict[str, Any]:
+    async def compact(self) -> CompactReport:
         """POST /v1/admin/compact: the leader cleans its log now, up to the dirty offset it
         announces (followers clean to the same offset on their own schedule)."""
         self._require_leader()
         return await self.maintenance.clean(force=True)
 
-    async def resign(self) -> dict[str, Any]:
+    async def resign(self) -> ResignReport:
         self._require_leader()
         epoch = self.node.epoch
         self.node.resign(monotonic_ms())

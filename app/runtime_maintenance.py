@@ -17,12 +17,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlalchemy.exc import DBAPIError
 
 from app.config import NodeConfig
-from app.service import NotReadyError, SnapshotStorageError, WriteRejectedError
+from app.service import (
+    CompactReport,
+    NotReadyError,
+    SnapshotReport,
+    SnapshotStorageError,
+    WriteRejectedError,
+)
 from raft.node import RaftNode
 from raft.types import SnapshotId
 from storage.cleaner import prefix_digest
@@ -89,13 +95,13 @@ class Maintenance:
         self._wake_waiters = wake_waiters  # the cleaned history changed what reads may see
         # Compaction (docs/compaction.md): one cleaning at a time, on its own thread.
         self._clean_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cleaner-{config.node_id}")
-        self._clean_task: asyncio.Task[dict[str, Any]] | None = None
+        self._clean_task: asyncio.Task[CompactReport] | None = None
         # When versions were applied here, on time.monotonic() (min_compaction_lag_ms).
         self.arrival_marks = ArrivalMarks(config.min_compaction_lag_ms)
         self._cleaner_timer: asyncio.TimerHandle | None = None
         # (log start, end offset, sha256) of the cleaned range [log start, end offset)
         self.prefix_digest: tuple[int, int, str] = (0, 0, prefix_digest([], 0))
-        self.last_clean: dict[str, Any] | None = None
+        self.last_clean: CompactReport | None = None
         self.tombstones_dropped_total = 0  # by this process's cleanings
         self._snapshot_end = 0  # end offset of the newest local snapshot
         # Snapshots (VACUUM INTO) run one at a time on their own thread.
@@ -129,7 +135,7 @@ class Maintenance:
     def snapshot_running(self) -> bool:
         return self._snapshot_task is not None
 
-    async def take_snapshot(self) -> dict[str, Any]:
+    async def take_snapshot(self) -> SnapshotReport:
         """Snapshot the applied state now: a snapshot at or above the version applied when
         the request arrived (joining one already running if it reaches that far)."""
         if self._runtime.closing:
@@ -240,7 +246,7 @@ class Maintenance:
         return clean_target_offset(node.dirty_offset, self._runtime.applied_version, self.log.flushed_offset()), \
             node.tombstone_horizon
 
-    async def clean(self, force: bool) -> dict[str, Any]:
+    async def clean(self, force: bool) -> CompactReport:
         """One cleaning to clean_target(): ``force`` (an admin compaction) ignores
         cleaner_min_dirty_ratio and min_compaction_lag_ms; joins one already running."""
         if self._clean_task is not None:  # one at a time: join the running one
@@ -272,7 +278,7 @@ class Maintenance:
         prune_history(self.state, below_version, step_versions=PRUNE_STEP_VERSIONS,
                       pause=Throttle(CLEANER_BUSY_SHARE, CLEANER_SLICE_S).pause, stopping=lambda: self._runtime.closing)
 
-    def clean_blocking(self, dirty: int, horizon: int, force: bool, aged_end: int | None = None) -> dict[str, Any]:
+    def clean_blocking(self, dirty: int, horizon: int, force: bool, aged_end: int | None = None) -> CompactReport:
         """Runs on the cleaner thread: one throttled cleaning of this node's log
         (storage.cleaning_run.run_cleaning); answers its report."""
         config = self.config

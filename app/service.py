@@ -2,8 +2,9 @@
 
 Every front end talks to a node only through ``KVService`` and imports only this module:
 writes (``put``, ``delete``, ``txn``), reads, watches, the cluster views and the admin actions
-are typed calls with typed results, and every failure a client must see is a ``ServiceError``. Nothing
-here knows about HTTP: statuses, headers and problem documents are the front end's mapping.
+are typed calls with typed results, and every failure a client must see is a ``ServiceError``
+that says what happened. Nothing here knows about HTTP: statuses, headers and problem
+documents are the front end's mapping (for HTTP, app/http/problems.py, and only there).
 The runtime implements ``KVService``; tests/http/service_double.py is its in-process twin.
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Literal, NotRequired, Protocol, TypedDict
 
+from storage.cleaning_run import CleaningReport
 from storage.commands import DEFAULT_CONTENT_TYPE, Compare, CompareKind, Op, OpKind
 from storage.state_machine import ApplyResult, Entry, Event, OpResult
 
@@ -37,12 +39,13 @@ Consistency = Literal["local", "leader", "linearizable"]
 
 
 class ServiceError(Exception):
-    """Base of the errors a front end maps to an answer (a problem document over HTTP)."""
+    """Base of the failures a client must be told about; each front end maps them to its
+    own answers."""
 
 
 class NotLeaderError(ServiceError):
-    """This node is not the leader; ``leader_url`` is the leader's advertised HTTP URL (307),
-    or None when no leader is known (503 with Retry-After)."""
+    """This node is not the leader; ``leader_url`` is the leader's advertised HTTP URL, or
+    None when no leader is known (one may be elected soon: retry later)."""
 
     def __init__(self, leader_url: str | None, leader_id: int = -1) -> None:
         super().__init__("not the leader")
@@ -52,17 +55,18 @@ class NotLeaderError(ServiceError):
 
 class WriteRejectedError(ServiceError):
     """The write surely did not happen (accumulator full, shutting down, lost leadership
-    before appending): 503."""
+    before appending); retrying it may succeed."""
 
 
 class WriteTooLargeError(WriteRejectedError):
-    """The write encodes to more than one log batch may hold (max_batch_bytes): 413, since
-    retrying can never succeed (a 503 told clients to retry forever)."""
+    """The write encodes to more than one log batch may hold (max_batch_bytes): it surely
+    did not happen, and unlike its base class, retrying it can never succeed."""
 
 
 class SnapshotStorageError(ServiceError):
-    """A snapshot failed on the disk: 507 when it is full (only freeing space cures it), else
-    503 with Retry-After (the error may pass). ``str()`` is the detail."""
+    """A snapshot failed on the disk and nothing was published: ``disk_full`` when the disk
+    is full (only freeing space cures it), else an I/O error that may pass, so a retry may
+    succeed. ``str()`` is the detail."""
 
     def __init__(self, detail: str, disk_full: bool) -> None:
         super().__init__(detail)
@@ -70,18 +74,18 @@ class SnapshotStorageError(ServiceError):
 
 
 class IndeterminateError(ServiceError):
-    """The write's outcome is unknown (leadership lost mid-flight, timeout): 504 with
-    "indeterminate": true."""
+    """The write's outcome is unknown (leadership lost mid-flight, timeout): it may or may
+    not have happened."""
 
 
 class NotReadyError(ServiceError):
     """This replica is catching up (below the last dirty offset it learned, or installing a
-    snapshot) and cannot serve consistent reads: 503."""
+    snapshot) and cannot serve consistent reads yet."""
 
 
 class VersionWaitTimeoutError(ServiceError):
     """min_version was not reached within wait_ms, or a read asked for a version this node
-    has not applied: 504 with ``current_version``."""
+    has not applied; ``current_version`` is the version it has applied."""
 
     def __init__(self, current_version: int) -> None:
         super().__init__(f"still at version {current_version}")
@@ -89,8 +93,8 @@ class VersionWaitTimeoutError(ServiceError):
 
 
 class HistoryCompactedError(ServiceError):
-    """A read or watch asked for a version below the oldest retained one: 410 with
-    ``oldest_version`` (re-list, then watch from the list's version)."""
+    """A read or watch asked for a version below the oldest retained one, ``oldest_version``
+    (the client re-lists, then watches from the list's version)."""
 
     def __init__(self, requested_version: int, oldest_version: int) -> None:
         super().__init__(f"version {requested_version} is compacted; the oldest available is {oldest_version}")
@@ -147,7 +151,7 @@ class PrefixDigestView(TypedDict):
 
 
 class NodeStatus(TypedDict):
-    """This node's own view (GET /v1/status); the runtime adds the compaction fields of
+    """What this node reports of itself; the runtime adds the compaction fields of
     docs/compaction.md."""
 
     node_id: int
@@ -171,7 +175,7 @@ class NodeStatus(TypedDict):
     prefix_digest: NotRequired[PrefixDigestView]
     oldest_version: NotRequired[int]
     log_size_bytes: NotRequired[int]
-    last_clean: NotRequired[dict[str, Any] | None]
+    last_clean: NotRequired[CompactReport | None]
     tombstones_dropped_total: NotRequired[int]
 
 
@@ -185,7 +189,7 @@ class ReplicaView(TypedDict):
 
 
 class QuorumView(TypedDict):
-    """The leader's view of every voter and observer (GET /v1/quorum)."""
+    """The leader's view of every voter and observer."""
 
     epoch: int
     leader_id: int
@@ -203,7 +207,7 @@ class ResignReport(TypedDict):
     epoch: int
 
 
-CompactReport = dict[str, Any]  # the cleaning report of docs/compaction.md
+CompactReport = CleaningReport  # the cleaner's own report (docs/compaction.md), re-exported
 
 
 class KVService(Protocol):
@@ -216,8 +220,8 @@ class KVService(Protocol):
     max_value_bytes: int  # the node's configured bound on one value
     metrics: CollectorRegistry  # front ends register their request metrics here
     auth_tokens: AuthTokens | None  # the token policy in force; None: auth is off
-    # POST /v1/admin/compact (leader only, else NotLeaderError): clean the log now up to the
-    # announced dirty offset. None on a node that does not compact (no such route then).
+    # Leader only, else NotLeaderError: clean the log now up to the announced dirty offset.
+    # None on a node that does not compact (a front end then offers no compaction).
     compact: Callable[[], Awaitable[CompactReport]] | None
 
     def headers(self) -> NodeHeaders: ...

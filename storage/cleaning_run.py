@@ -1,9 +1,11 @@
 """One cleaning over a log and a state machine, blocking: read the prefix, clean it, install it.
 
 Why apart from the runtime: the compaction simulator runs this same code over its in-memory
-log and state model, so it cleans exactly as a node does. Nothing here reads a clock or
-sleeps on its own: the caller passes the throttle's ``pause`` and the clock it reports
-durations with (the runtime calls this on its cleaner thread; docs/compaction.md).
+log and state model, so it cleans exactly as a node does. ``run_cleaning`` and
+``prune_history`` read no clock and never sleep on their own: the caller passes the pause
+(the simulator's does nothing; the runtime's is a ``Throttle``, the one part of this module
+that reads the CPU clock and sleeps) and the clock durations are reported with (the runtime
+calls this on its cleaner thread; docs/compaction.md).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import NotRequired, Protocol, TypedDict
 
 from raft.types import Batch, check
 from storage.cleaner import CleanerInputError, CleanResult, clean_prefix, prefix_digest
@@ -84,13 +86,38 @@ class Throttle:
             self._since = time.perf_counter()
 
 
+class CleaningReport(TypedDict):
+    """What one cleaning did: the report an admin compaction answers, and a node's status
+    shows as its last cleaning (docs/compaction.md "Admin endpoints"). The first five
+    members are always there; ``reason`` says why nothing was installed, ``dirty_ratio``
+    comes once a prefix was selected, and the members from ``records_in`` on only when a
+    cleaned prefix was installed."""
+
+    cleaned: bool
+    dirty_offset: int
+    tombstone_horizon: int
+    cleaned_end: int
+    log_start_offset: int
+    reason: NotRequired[str]
+    dirty_ratio: NotRequired[float]
+    records_in: NotRequired[int]
+    records_out: NotRequired[int]
+    tombstones_dropped: NotRequired[int]
+    tombstone_horizon_used: NotRequired[int]
+    bytes_in: NotRequired[int]
+    bytes_out: NotRequired[int]
+    evaluated_from: NotRequired[int]
+    prefix_digest: NotRequired[str]
+    duration_ms: NotRequired[float]
+
+
 @dataclass(slots=True)
 class CleaningRun:
-    """What one cleaning did: ``report`` as POST /v1/admin/compact answers it; ``result`` and
+    """What one cleaning did: ``report`` as an admin compaction answers it; ``result`` and
     ``digest`` (log start, cleaned end, sha256 of that range) only when a cleaned prefix was
     installed; ``base_state_error`` when the state at the evaluation point could not be read."""
 
-    report: dict[str, Any]
+    report: CleaningReport
     result: CleanResult | None = None
     digest: tuple[int, int, str] | None = None
     base_state_error: Exception | None = None
@@ -115,8 +142,8 @@ def run_cleaning(log: CleanableLog, state: CleaningBase, dirty: int, horizon: in
         # Never past what the state holds durably: a power loss may take back its unsynced
         # versions, and startup could not replay them from a cleaned prefix (rule 9).
         dirty = min(dirty, state.sync())
-    report: dict[str, Any] = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
-                              "cleaned_end": log.cleaned_end(), "log_start_offset": start}
+    report: CleaningReport = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
+                               "cleaned_end": log.cleaned_end(), "log_start_offset": start}
     if dirty <= cleaned_before:
         report["reason"] = "nothing new below the dirty offset"
         return CleaningRun(report)

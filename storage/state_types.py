@@ -116,7 +116,8 @@ check(new_apply_result(1, 2, True, (new_op_result(OpKind.PUT, "k", True, False,
 
 
 class VersionCompactedError(Exception):
-    """The requested version is below the retained history (HTTP 410)."""
+    """The requested version is below the retained history: cleaning or pruning dropped it, and
+    only a newer version (from ``oldest_version`` on) can be read."""
 
     def __init__(self, requested_version: int, oldest_version: int) -> None:
         super().__init__(

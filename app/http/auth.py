@@ -9,12 +9,19 @@ dependencies never see. It maps method and path to the right needed, exactly as 
 and the routes read them (``scope["path"]`` for routing, the raw path for the key, Starlette's
 query parsing, last value wins), and for a txn reads the body once, bounded, checks every
 key it touches, then replays the same bytes to the app.
+
+Every 401 and 403 is logged at WARNING (method, path, client address, why), at most
+``DENIED_LOG_PER_S`` lines a second so a client hammering with a bad token cannot flood the
+log; the lines held back are counted in the next one.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,20 +31,14 @@ from starlette.datastructures import QueryParams
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth import (
-    Access,
-    AuthTokens,
-    DeniedLog,
-    Token,
-    TxnBodyError,
-    txn_keys,
-)
+from app.auth import Access, AuthTokens, Token
 from app.http.parsing import KEY_PATH_PREFIX, key_of_path
 from app.http.problems import ProblemError, problem_body, problem_content, problem_start
 
 SECURITY_SCHEME = "bearerAuth"
 REALM = "metakv"
 AUTHORIZATION_MAX_BYTES = 8192  # a longer Authorization header is refused without hashing it
+DENIED_LOG_PER_S = 10  # denied-request log lines per second at most; the rest are counted
 
 _ADMIN_PREFIX = "/v1/admin/"
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -47,6 +48,8 @@ _WRITE_METHODS = frozenset({"PUT", "DELETE"})
 _AUTHENTICATED_ONLY_PATHS = frozenset({"/v1/status", "/v1/quorum"})
 # Probes and scrapers, and the API's own description: open, like etcd's /health and /metrics.
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+log = logging.getLogger("metakv.auth")
 
 
 class Need(enum.Enum):
@@ -94,6 +97,32 @@ def requirement_for(method: str, path: str, raw_path: bytes | None, query_string
     if path.startswith(_ADMIN_PREFIX):
         return Requirement(Need.ADMIN, Access.ADMIN, "")
     return _AUTHENTICATED  # /v1/status, /v1/quorum, and paths no route serves (404)
+
+
+class DeniedLog:
+    """WARNING lines for refused requests, at most ``per_s`` a second (the rest counted)."""
+
+    def __init__(self, per_s: int = DENIED_LOG_PER_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._per_s = per_s
+        self._clock = clock
+        self._window_start_s = -1.0
+        self._logged = 0
+        self._held_back = 0
+
+    def denied(self, scope: Scope, status: int, detail: str) -> None:
+        now_s = self._clock()
+        if now_s - self._window_start_s >= 1.0:
+            self._window_start_s = now_s
+            self._logged = 0
+        if self._logged >= self._per_s:
+            self._held_back += 1
+            return
+        self._logged += 1
+        held_back, self._held_back = self._held_back, 0
+        client = scope.get("client")
+        address = f"{client[0]}:{client[1]}" if client else "unknown"
+        log.warning("auth: %d %s %s from %s: %s%s", status, scope.get("method", "?"), scope.get("path", "?"),
+                    address, detail, f" ({held_back} more denied requests not logged)" if held_back else "")
 
 
 class AuthMiddleware:
@@ -236,6 +265,50 @@ class AuthMiddleware:
         await send(problem_start(status, body, headers))
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
+
+# --------------------------------------------------------------------------------------------
+# The keys a txn body touches
+
+
+class TxnBodyError(ValueError):
+    """The txn body is not JSON of the documented shape (the route would answer 422 too)."""
+
+
+def txn_keys(body: bytes) -> list[tuple[str, Access]]:
+    """Every key a txn body touches with the access it needs: write for put and delete ops,
+    read for get ops and compares, whichever branch runs. JSON objects keep the last of
+    duplicate members, as the route's parser does."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise TxnBodyError("the txn body is not JSON") from exc
+    if not isinstance(document, dict):
+        raise TxnBodyError("the txn body must be a JSON object")
+    needed: list[tuple[str, Access]] = []
+    for item in _items(document, "compare"):
+        needed.append((_string(item, "key"), Access.READ))
+    for branch in ("success", "failure"):
+        for item in _items(document, branch):
+            op = _string(item, "op")
+            needed.append((_string(item, "key"), Access.READ if op == "get" else Access.WRITE))
+    return needed
+
+
+def _items(document: dict[str, Any], member: str) -> Iterable[dict[str, Any]]:
+    items = document.get(member, [])
+    if not isinstance(items, list):
+        raise TxnBodyError(f"{member} must be a list")
+    for item in items:
+        if not isinstance(item, dict):
+            raise TxnBodyError(f"every item of {member} must be an object")
+        yield item
+
+
+def _string(item: dict[str, Any], member: str) -> str:
+    value = item.get(member)
+    if not isinstance(value, str):
+        raise TxnBodyError(f"{member} must be a string")
+    return value
 
 
 # --------------------------------------------------------------------------------------------

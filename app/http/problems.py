@@ -144,7 +144,8 @@ def history_compacted_body(oldest_version: int) -> tuple[str, dict[str, int]]:
 
 def as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
     """The problem document a route's exception answers with (docs/api.md); None for an
-    exception nobody expected, which the edge turns into a logged 500."""
+    exception nobody expected, which the edge turns into a logged 500. The one place the
+    service's errors (app/service.py) meet HTTP statuses."""
     retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if isinstance(exc, ProblemError):
         return exc

@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.auth import Access, DeniedLog, hash_token, load_auth_policy, txn_keys
+from app.auth import Access, hash_token, load_auth_policy
 from app.cli import main
+from app.http.auth import DeniedLog, txn_keys
 from tests.cluster import REPO_ROOT, Cluster, Node
 
 SECRETS = {

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from app.auth import AuthTokens
 from app.http.settings import DEFAULT_MAX_VALUE_BYTES
-from app.node_reads import StateReads
+from app.node_reads import NodeReads
 from app.node_writes import NodeWrites
 from app.service import (
     ApplyResult,
@@ -36,7 +36,7 @@ from storage.commands import Command, encode_command
 from storage.state_machine import StateMachine
 
 
-class InProcessService(StateReads, NodeWrites):
+class InProcessService(NodeReads, NodeWrites):
     """One node that is always the leader of epoch 1 and always ready. Reads and the typed
     writes are the runtime's own (app/node_reads.py, app/node_writes.py)."""
 
