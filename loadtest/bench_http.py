@@ -384,10 +384,7 @@ def cpu_seconds(pids: list[int]) -> float:
 def measured(cluster: Cluster | LocalCluster, phase: Any) -> dict[str, Any]:
     """Run ``phase()`` and add what it cost the servers: CPU ms per request (independent of
     how busy the shared machine is) and the machine's load average meanwhile."""
-    if isinstance(cluster, LocalCluster):
-        pids = {node.node_id: node.process.pid for node in cluster.nodes}
-    else:
-        pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
+    pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
     cpu_before = {node_id: cpu_seconds([pid]) for node_id, pid in pids.items()}
     result: dict[str, Any] = phase()
     cpu_used = {node_id: cpu_seconds([pid]) - cpu_before[node_id] for node_id, pid in pids.items()}
@@ -576,7 +573,7 @@ def etcd_store(cluster: LocalCluster) -> Store:
         leader = cluster.leader()
     if leader is None:
         raise RuntimeError("etcd elected no leader within 30 s")
-    return Store(cluster, leader.http_url, cluster.endpoints, ETCD)
+    return Store(cluster, leader.url, cluster.endpoints, ETCD)
 
 
 def interleaved_rounds(stores: dict[str, Store], rounds: int, duration_s: float,

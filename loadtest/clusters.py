@@ -1,18 +1,19 @@
 """Fresh local clusters for one load-test run: 3 metakv voters or 3 etcd members.
 
 Both run as real processes on free loopback ports with their data in a temporary
-directory, so each run starts from an empty store and leaves nothing behind. The runner
-owns the processes: it stops every one it started (by pid), even when the run fails, and
-can SIGKILL the current leader mid-run to measure a failover.
+directory, so each run starts from an empty store and leaves nothing behind. The processes
+themselves (ports, start, SIGTERM/SIGKILL by pid, log files) are ``loadtest.local_cluster``'s
+``Node``s; a metakv cluster is a ``local_cluster.Cluster``'s nodes. This module adds what a
+run needs on top, for either kind: wait until ready, find the leader, SIGKILL it mid-run
+to measure a failover, stop gracefully and remove the data.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -21,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.local_cluster import free_ports
+from loadtest.local_cluster import Cluster, Node, free_ports
 from raft.types import check
 
 CLUSTER_START_TIMEOUT_S = 60.0  # until every node answers and a leader is known
-PROCESS_STOP_TIMEOUT_S = 10.0  # after SIGTERM, before SIGKILL
 HTTP_PROBE_TIMEOUT_S = 2.0
 NODES_DEFAULT = 3
+LOG_TAIL_ON_ERROR_BYTES = 800
 
 
 class ClusterError(RuntimeError):
@@ -35,68 +36,50 @@ class ClusterError(RuntimeError):
 
 
 @dataclass
-class Node:
-    node_id: int
-    http_url: str
-    process: subprocess.Popen[bytes]
-    data_dir: Path
-    log_path: Path
-    member_id: str = ""  # etcd's own member id, learnt once it answers
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-
-@dataclass
 class LocalCluster:
     kind: str  # "metakv" | "etcd"
-    nodes: list[Node]
+    nodes: dict[int, Node]
     base_dir: Path
     keep_dir: bool = False
     killed: list[int] = field(default_factory=list)
 
     @property
     def endpoints(self) -> list[str]:
-        return [node.http_url for node in self.nodes]
+        return [node.url for node in self.nodes.values()]
 
     def leader(self) -> Node | None:
         """The node that currently says it leads (asked of every live node)."""
-        for node in self.nodes:
-            if not node.alive():
+        for node in self.nodes.values():
+            if not node.running():
                 continue
             if self.kind == "etcd":
-                status = _post_json(node.http_url + "/v3/maintenance/status", {})
+                status = _post_json(node.url + "/v3/maintenance/status", {})
                 if status and status.get("leader") and status["leader"] == status["header"]["member_id"]:
                     return node
             else:
-                status = _get_json(node.http_url + "/v1/status")
+                status = _get_json(node.url + "/v1/status")
                 if status and str(status.get("role", "")).lower() == "leader":
                     return node
         return None
 
     def kill(self, node: Node) -> None:
         """SIGKILL: the node gets no chance to resign or flush."""
-        if node.alive():
-            node.process.send_signal(signal.SIGKILL)
-            node.process.wait(timeout=PROCESS_STOP_TIMEOUT_S)
+        node.kill()
         self.killed.append(node.node_id)
 
     def stop(self) -> None:
-        for node in self.nodes:
-            if node.alive():
-                node.process.send_signal(signal.SIGTERM)
-        for node in self.nodes:
-            try:
-                node.process.wait(timeout=PROCESS_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                node.process.kill()
-                node.process.wait(timeout=PROCESS_STOP_TIMEOUT_S)
+        """SIGTERM to every node at once (a metakv leader resigns first), then wait for each."""
+        for node in self.nodes.values():
+            node.signal(signal.SIGTERM)
+        for node in self.nodes.values():
+            node.stop()
         if not self.keep_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def version(self) -> str:
         if self.kind == "etcd":
-            status = _post_json(self.nodes[0].http_url + "/v3/maintenance/status", {})
+            first = next(iter(self.nodes.values()))
+            status = _post_json(first.url + "/v3/maintenance/status", {})
             return str(status.get("version", "")) if status else ""
         return _metakv_version()
 
@@ -115,68 +98,37 @@ def etcd_binary() -> str:
 
 
 def start_etcd(nodes: int = NODES_DEFAULT, base_dir: Path | None = None) -> LocalCluster:
-    """A fresh etcd cluster of ``nodes`` members on loopback (fsync on, as in production)."""
+    """A fresh etcd cluster of ``nodes`` members on loopback (fsync on, as in production).
+    A member's ``raft_port`` is its peer port (etcd's own raft traffic)."""
     binary = etcd_binary()
-    base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="loadtest-etcd-"))
-    base.mkdir(parents=True, exist_ok=True)
+    base = _base_dir(base_dir, "loadtest-etcd-")
     ports = free_ports(2 * nodes)
     client_ports, peer_ports = ports[:nodes], ports[nodes:]
     initial = ",".join(f"e{i + 1}=http://127.0.0.1:{peer_ports[i]}" for i in range(nodes))
-    started: list[Node] = []
-    cluster = LocalCluster("etcd", started, base, keep_dir=base_dir is not None)
-    try:
-        for index in range(nodes):
-            name = f"e{index + 1}"
-            client_url = f"http://127.0.0.1:{client_ports[index]}"
-            peer_url = f"http://127.0.0.1:{peer_ports[index]}"
-            data_dir = base / name
-            log_path = base / f"{name}.log"
-            command = [
-                binary, "--name", name, "--data-dir", str(data_dir),
-                "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                "--initial-cluster", initial, "--initial-cluster-state", "new",
-                "--initial-cluster-token", f"loadtest-{base.name}",
-            ]
-            started.append(_spawn(index + 1, client_url, command, data_dir, log_path))
-        _wait_ready(cluster)
-        for node in started:
-            status = _post_json(node.http_url + "/v3/maintenance/status", {})
-            node.member_id = str(status["header"]["member_id"]) if status else ""
-        return cluster
-    except BaseException:
-        cluster.stop()
-        raise
+    members: dict[int, Node] = {}
+    for index in range(nodes):
+        name = f"e{index + 1}"
+        client_url = f"http://127.0.0.1:{client_ports[index]}"
+        peer_url = f"http://127.0.0.1:{peer_ports[index]}"
+        data_dir = base / name
+        command = [
+            binary, "--name", name, "--data-dir", str(data_dir),
+            "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", initial, "--initial-cluster-state", "new",
+            "--initial-cluster-token", f"loadtest-{base.name}",
+        ]
+        members[index + 1] = Node(index + 1, client_ports[index], peer_ports[index], data_dir, base / f"{name}.log",
+                                  command=command, env=dict(os.environ))
+    return _started(LocalCluster("etcd", members, base, keep_dir=base_dir is not None))
 
 
 def start_metakv(nodes: int = NODES_DEFAULT, base_dir: Path | None = None) -> LocalCluster:
-    """A fresh metakv cluster of ``nodes`` voters on loopback, one `metakv serve` each."""
-    base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="loadtest-metakv-"))
-    base.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(2 * nodes)
-    http_ports, raft_ports = ports[:nodes], ports[nodes:]
-    voters = ",".join(f"{i + 1}@127.0.0.1:{raft_ports[i]}" for i in range(nodes))
-    started: list[Node] = []
-    cluster = LocalCluster("metakv", started, base, keep_dir=base_dir is not None)
-    try:
-        for index in range(nodes):
-            node_id = index + 1
-            http_url = f"http://127.0.0.1:{http_ports[index]}"
-            data_dir = base / str(node_id)
-            log_path = base / f"node{node_id}.log"
-            command = [
-                sys.executable, "-m", "app.cli", "serve", "--node-id", str(node_id),
-                "--data-dir", str(data_dir),
-                "--listen-http", f"127.0.0.1:{http_ports[index]}",
-                "--listen-raft", f"127.0.0.1:{raft_ports[index]}",
-                "--voters", voters,
-            ]
-            started.append(_spawn(node_id, http_url, command, data_dir, log_path))
-        _wait_ready(cluster)
-        return cluster
-    except BaseException:
-        cluster.stop()
-        raise
+    """A fresh metakv cluster of ``nodes`` voters on loopback, one `metakv serve` each
+    (``local_cluster.Cluster``'s nodes: its own cluster id, so it never joins another)."""
+    base = _base_dir(base_dir, "loadtest-metakv-")
+    voters = Cluster(base, voters=nodes).nodes
+    return _started(LocalCluster("metakv", voters, base, keep_dir=base_dir is not None))
 
 
 def start_cluster(kind: str, nodes: int = NODES_DEFAULT, base_dir: Path | None = None) -> LocalCluster:
@@ -187,20 +139,31 @@ def start_cluster(kind: str, nodes: int = NODES_DEFAULT, base_dir: Path | None =
     raise ValueError(f"unknown cluster kind {kind!r} (metakv or etcd)")
 
 
-def _spawn(node_id: int, http_url: str, command: list[str], data_dir: Path, log_path: Path) -> Node:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return Node(node_id, http_url, process, data_dir, log_path)
+def _base_dir(base_dir: Path | None, prefix: str) -> Path:
+    base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix=prefix))
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def _started(cluster: LocalCluster) -> LocalCluster:
+    """Start every node and wait until all answer and one leads; on failure stop them all."""
+    try:
+        for node in cluster.nodes.values():
+            node.start()
+        _wait_ready(cluster)
+        return cluster
+    except BaseException:
+        cluster.stop()
+        raise
 
 
 def _wait_ready(cluster: LocalCluster) -> None:
     deadline = time.monotonic() + CLUSTER_START_TIMEOUT_S
-    pending = list(cluster.nodes)
+    pending = list(cluster.nodes.values())
     while time.monotonic() < deadline:
         for node in list(pending):
-            if not node.alive():
-                tail = node.log_path.read_text(errors="replace")[-800:]
+            if not node.running():
+                tail = node.log_tail(LOG_TAIL_ON_ERROR_BYTES)
                 raise ClusterError(f"{cluster.kind} node {node.node_id} exited ({node.log_path}): {tail}")
             if _node_ready(cluster.kind, node):
                 pending.remove(node)
@@ -213,10 +176,10 @@ def _wait_ready(cluster: LocalCluster) -> None:
 
 def _node_ready(kind: str, node: Node) -> bool:
     if kind == "etcd":
-        health = _get_json(node.http_url + "/health")
+        health = _get_json(node.url + "/health")
         return bool(health) and str(health.get("health")) == "true"
     try:
-        with urllib.request.urlopen(node.http_url + "/readyz", timeout=HTTP_PROBE_TIMEOUT_S) as response:
+        with urllib.request.urlopen(node.url + "/readyz", timeout=HTTP_PROBE_TIMEOUT_S) as response:
             return response.status == 200
     except (OSError, urllib.error.URLError):
         return False

@@ -1,6 +1,7 @@
 """A local metakv cluster of real ``metakv serve`` processes on loopback.
 
-Used by the load benchmarks (``bench_http``, ``bench_write_path``) and, through
+Used by the load benchmarks (``bench_http``, ``bench_write_path``), by the load-test runs'
+clusters (``loadtest/clusters.py``, which runs etcd members as ``Node``s too) and, through
 ``tests/cluster.py``, by the integration, chaos and compaction tests. Every node is a
 separate process started with ``python -m app.cli serve`` on free ports picked at run time;
 its stdout/stderr go to ``<root>/node<id>.log``. A ``Cluster`` always kills what it started
@@ -60,7 +61,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 @dataclass
 class Node:
-    """One ``metakv serve`` process (or its slot, while it is stopped)."""
+    """One server process (or its slot, while it is stopped): a ``metakv serve``, or an etcd
+    member for the load tests (``loadtest/clusters.py``; its peer port is ``raft_port``)."""
 
     node_id: int
     http_port: int

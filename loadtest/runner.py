@@ -210,7 +210,7 @@ def _kill_leader_later(
         return
     result["killed_at"] = time.time()
     cluster.kill(leader)
-    result.update({"node": leader.node_id, "endpoint": leader.http_url, "after_s": after_s})
+    result.update({"node": leader.node_id, "endpoint": leader.url, "after_s": after_s})
 
 
 def _save_metrics(endpoints: list[str], directory: Path, label: str) -> None:

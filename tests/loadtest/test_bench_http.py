@@ -28,7 +28,7 @@ def _leader_url(cluster: LocalCluster) -> str:
     while time.monotonic() < deadline:
         leader = cluster.leader()
         if leader is not None:
-            return leader.http_url
+            return leader.url
         time.sleep(0.1)
     raise AssertionError("no leader within 30 s")
 

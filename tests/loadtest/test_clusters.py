@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadtest import clusters
+from loadtest.local_cluster import free_ports
 
 
 def test_missing_etcd_binary_is_an_error_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -14,5 +15,5 @@ def test_missing_etcd_binary_is_an_error_naming_the_fix(monkeypatch: pytest.Monk
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = clusters.free_ports(6)
+    ports = free_ports(6)
     assert len(set(ports)) == 6 and all(port > 0 for port in ports)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from loadtest.clusters import free_ports
+from loadtest.local_cluster import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_SECONDS = 3
