@@ -119,6 +119,8 @@ class Cluster:
         # Offsets below this were cleaned on some replica: a replica may receive them in
         # cleaned form (the compaction simulation checks them with a state model instead).
         self.compacted_below = 0
+        # Voter -> the durable log end it had when its disk was lost (see lose_disk).
+        self.lost_disk_held: dict[int, int] = {}
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -293,6 +295,36 @@ class Cluster:
         if node.core is None:
             self._start(node)
 
+    # ------------------------------------------------------------------ fault: a voter's disk lost
+
+    def lose_disk(self, node_id: int) -> None:
+        """Power loss that also takes the log and the snapshots (the node stays down until
+        ``restart``). The quorum-state file survives: that is what the printed way out of
+        a damaged log does (move log/, snapshots/, state.db away, keep quorum-state), and
+        a quorum-state restored after a lost disk. A whole data directory lost is out of
+        reach without dynamic voters (docs/raft.md, Limits)."""
+        node = self.nodes[node_id]
+        self.crash(node_id)
+        durable_end = node.log.end_offset()  # crash() left only the flushed prefix
+        if node_id in self.voter_ids:
+            self.lost_disk_held[node_id] = max(self.lost_disk_held.get(node_id, 0), durable_end)
+        node.log = MemoryLog()
+        node.snapshots = MemorySnapshotStore()
+        node.last_end_offset = 0
+        node.checked_offset = 0
+        self.stats["disks_lost"] += 1
+
+    def _still_counted_after_disk_loss(self, voter: int, offset: int) -> bool:
+        """A leader may still count what a voter acknowledged before its disk was lost,
+        until that voter fetches again: it counts as holding that, until it holds it again."""
+        held = self.lost_disk_held.get(voter)
+        if held is None:
+            return False
+        if self.nodes[voter].log.flushed_offset() >= held:
+            del self.lost_disk_held[voter]
+            return False
+        return held >= offset
+
     def partition(self, side_a: set[int], side_b: set[int], one_way: bool = False) -> None:
         for a in side_a:
             for b in side_b:
@@ -383,7 +415,8 @@ class Cluster:
         if target == 0:
             return
         holders = sum(1 for v in self.voter_ids if self.nodes[v].log.flushed_offset() >= target
-                      or self.nodes[v].log.start_offset() >= target)
+                      or self.nodes[v].log.start_offset() >= target
+                      or self._still_counted_after_disk_loss(v, target))
         if holders < self.majority:
             raise InvariantViolation(f"t={self.now_ms} only {holders} voters durably hold offset "
                                      f"{target - 1} below the high watermark")
