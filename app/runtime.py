@@ -67,7 +67,7 @@ from storage.compaction_policy import (
     snapshot_helps,
     trim_batches,
 )
-from storage.data_dir import DataDirLock, check_identity
+from storage.data_dir import DataDirError, DataDirLock, check_identity, refetch_from_leader
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import SegmentLog
 from storage.snapshot_store import SnapshotStore
@@ -181,6 +181,7 @@ class NodeRuntime(NodeReads, NodeWrites):
                 ),
                 self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
             )
+            self._check_log_lost()
             # Snapshots and cleaning (docs/compaction.md), on threads of their own.
             self.maintenance = Maintenance(
                 cfg, runtime=self, node=self.node, log=self.log, state=self.state, snapshots=self.snapshots,
@@ -255,12 +256,26 @@ class NodeRuntime(NodeReads, NodeWrites):
             raise StateDatabaseError(
                 f"{self.state.db_path}: state at version {self._applied_version} is behind the log's "
                 f"cleaned prefix [{start}, {cleaner_end}), which cannot rebuild it; restore state.db, "
-                f"or, while a majority of the other voters is up, move log/, snapshots/ and state.db away (keep "
-                f"quorum-state and identity.json) and restart: the node fetches a snapshot from the leader")
+                f"or, {refetch_from_leader(self.data_dir)}")
         if step is Recovery.REBUILD_FROM_0:
             logger.warning("node %d: state at version %d is behind the log's cleaned prefix [0, %d): "
                            "rebuilding it from offset 0", self.node_id, self._applied_version, cleaner_end)
             self._rebuild_from_0()
+
+    def _check_log_lost(self) -> None:
+        """Rule 12 of raft/roles.py: the core found this voter's log lost (empty, though its
+        quorum-state says it acknowledged records). Say so; a lone voter cannot recover."""
+        if not self.node.log_lost:
+            return
+        if set(self.config.voters) == {self.node_id}:
+            raise DataDirError(
+                f"{self.data_dir}: the log is empty, but quorum-state says this node acknowledged records: "
+                f"its log was lost, and as the only voter no other node holds the committed records to send "
+                f"again. Restore the data directory from a backup (to start over empty instead, losing every "
+                f"write, move quorum-state away too)")
+        logger.warning("node %d: the log is empty, but quorum-state says this node acknowledged records: its "
+                       "log was lost. It fetches everything from the leader and neither votes nor stands for "
+                       "election until it has caught up", self.node_id)
 
     def _rebuild_from_0(self) -> None:
         self.state.clear()

@@ -24,6 +24,10 @@ class QuorumStateRecord:
     epoch: int
     voted_id: int  # -1 when it has not voted in this epoch
     leader_id: int  # -1 when no leader is known in this epoch
+    # A voter acknowledged records of its log: an empty log at a restart means it was lost.
+    log_acknowledged: bool = False
+    # Its log was lost: no (pre-)votes, no campaign until it caught up (roles.py rule 12).
+    log_lost: bool = False
 
 
 class RaftLog(Protocol):

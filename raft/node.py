@@ -11,7 +11,7 @@ RaftNode combines them and alone changes roles and the persisted quorum state.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from raft.follower import FollowerHandlers
 from raft.leader import LeaderHandlers
@@ -35,6 +35,7 @@ from raft.messages import (
 )
 from raft.roles import (
     CandidateState,
+    FetchPhase,
     FollowerState,
     LeaderState,
     ProspectiveState,
@@ -175,6 +176,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         # so word that it leads it (a peer that has not seen the resignation yet) is stale.
         self._resigned_leader: tuple[int, int] = (-1, NO_LEADER)
         self._persisted = persisted or QuorumStateRecord(0, -1, -1)
+        # Rule 12: (epoch, high watermark) of the last Fetch answer accepted from a leader.
+        self._leader_high_watermark: tuple[int, int] = (-1, 0)
         self._state: RoleState
         self._restart(now_ms)
         self._ready.high_watermark = self.high_watermark
@@ -185,6 +188,11 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def quorum_state(self) -> QuorumStateRecord:
         """The quorum state as last handed out for persisting."""
         return self._persisted
+
+    @property
+    def log_lost(self) -> bool:
+        """Rule 12: this voter's log was lost and it has not caught up yet (no votes)."""
+        return self._persisted.log_lost
 
     def last_contact_ms(self, now_ms: int) -> int:
         """Milliseconds since the leader last answered a Fetch (0 on the leader)."""
@@ -228,6 +236,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     # ------------------------------------------------------------------ inputs
 
     def take_ready(self) -> Ready:
+        self._track_log_loss()
         ready = self._ready
         ready.high_watermark = self.high_watermark
         self._ready = Ready(high_watermark=self.high_watermark)
@@ -341,7 +350,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     # ------------------------------------------------------------------ outputs
 
     def _persist(self, epoch: int, voted_id: int, leader_id: int) -> None:
-        record = QuorumStateRecord(epoch, voted_id, leader_id)
+        record = replace(self._persisted, epoch=epoch, voted_id=voted_id, leader_id=leader_id)
         check(epoch >= self._persisted.epoch, f"persisted epoch would go back {self._persisted.epoch} -> {epoch}")
         if record != self._persisted:
             self._persisted = record
@@ -357,6 +366,9 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
 
     def _restart(self, now_ms: int) -> None:
         """Rule 10: choose the starting role from the persisted state and the log."""
+        persisted = self._persisted
+        if persisted.log_acknowledged and self._log.end_offset() == 0 and self.is_voter:
+            self._persist_log_flags(log_lost=True)  # rule 12: persisted before any message
         persisted = self._persisted
         log_epoch = self._log.last_epoch()
         if persisted.epoch < log_epoch:
@@ -446,6 +458,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def _become_candidate(self, now_ms: int) -> None:
         """Rule 4: persist epoch + 1 and a vote for itself, ask for votes."""
         epoch = self._state.epoch + 1
+        check(not self._persisted.log_lost, "a voter whose log was lost never stands (rule 12)")
         self._check_transition(Role.CANDIDATE, epoch)
         self._leave_role(now_ms)
         self._persist(epoch, self._id, NO_LEADER)
@@ -545,6 +558,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             and persisted.epoch == state.epoch
             and persisted.voted_id in (-1, request.candidate_id)
             and persisted.leader_id == NO_LEADER
+            and not persisted.log_lost  # rule 12
             and self._log_ok(request)
         )
         if granted:
@@ -567,7 +581,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             isinstance(state, FollowerState) and state.fetched_ms >= 0
             and now_ms - state.fetched_ms < self.config.fetch_timeout_ms
         )
-        granted = request.epoch > self.epoch and not recent_leader and self._log_ok(request)
+        granted = (request.epoch > self.epoch and not recent_leader and not self._persisted.log_lost
+                   and self._log_ok(request))
         if (granted and isinstance(state, ProspectiveState) and state.leader_id != NO_LEADER
                 and not state.rejected and src > self._id
                 and request.epoch == state.epoch + 1 and self._log_equal(request)):
@@ -608,8 +623,59 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
 
     def _prospective_maybe_done(self, now_ms: int, state: ProspectiveState) -> None:
         # Rule 11: a pre-vote round that was running when shutdown began never becomes a vote.
-        if len(state.granted) >= self._majority and not self._shutting_down:
+        # Rule 12: a voter whose log was lost asks only to learn the leader; it never stands.
+        if len(state.granted) >= self._majority and not self._shutting_down and not self._persisted.log_lost:
             self._become_candidate(now_ms)
+
+    # ------------------------------------------------------------------ a lost log (rule 12)
+
+    def _persist_log_flags(self, log_acknowledged: bool | None = None, log_lost: bool | None = None) -> None:
+        persisted = self._persisted
+        record = replace(
+            persisted,
+            log_acknowledged=persisted.log_acknowledged if log_acknowledged is None else log_acknowledged,
+            log_lost=persisted.log_lost if log_lost is None else log_lost,
+        )
+        if record != persisted:
+            self._persisted = record
+            self._ready.quorum_state = record
+
+    def _track_log_loss(self) -> None:
+        """Rule 12, before a Ready is handed out (its quorum state is written before its
+        messages): note the first acknowledgement, and the end of a lost log's catch-up."""
+        if not self.is_voter:
+            return
+        persisted = self._persisted
+        if not persisted.log_acknowledged:
+            # A follower's next Fetch acknowledges its flushed log; a leader counts it.
+            if self._log.flushed_offset() > 0 and isinstance(self._state, (LeaderState, FollowerState)):
+                self._persist_log_flags(log_acknowledged=True)
+        elif persisted.log_lost and self._caught_up_after_loss():
+            self._persist_log_flags(log_lost=False)
+
+    def _caught_up_after_loss(self) -> bool:
+        """Does this log durably hold everything ever committed? It does once it holds a
+        leader's high watermark that covers a record of that leader's epoch: that leader
+        held every record committed before its election, and its high watermark covers
+        every record committed since."""
+        state = self._state
+        epoch, leader_high_watermark = self._leader_high_watermark
+        if not isinstance(state, FollowerState) or state.epoch != epoch:
+            return False
+        log = self._log
+        epoch_start = log.end_offset_for_epoch(epoch - 1)[1]
+        return log.last_epoch() == epoch and epoch_start < leader_high_watermark <= log.flushed_offset()
+
+    def _on_fetch_answer(self, now_ms: int, src: int, response: FetchResponse) -> None:
+        """The follower's handler, noting the leader's high watermark of an answer it
+        accepts (rule 12)."""
+        state = self._state
+        accepted = (response.error == ErrorCode.NONE and isinstance(state, FollowerState)
+                    and state.leader_id == src == response.leader_id and state.epoch == response.epoch
+                    and state.phase == FetchPhase.IN_FLIGHT and state.fetch_offset_in_flight == response.fetch_offset)
+        self._on_fetch_response(now_ms, src, response)
+        if accepted:
+            self._leader_high_watermark = (response.epoch, response.high_watermark)
 
     # ------------------------------------------------------------------ quorum epoch
 
@@ -697,7 +763,7 @@ _HANDLERS = {
     EndQuorumEpochRequest: RaftNode._on_end_quorum,
     EndQuorumEpochResponse: RaftNode._on_end_quorum_response,
     FetchRequest: RaftNode._on_fetch,
-    FetchResponse: RaftNode._on_fetch_response,
+    FetchResponse: RaftNode._on_fetch_answer,
     FetchSnapshotRequest: RaftNode._on_fetch_snapshot,
     FetchSnapshotResponse: RaftNode._on_fetch_snapshot_response,
     DescribeQuorumRequest: RaftNode._on_describe_quorum,

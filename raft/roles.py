@@ -7,7 +7,8 @@ A node is always in exactly one role, for one epoch. Every transition lives in
 ``RaftNode._become_*`` (raft/node.py, section "Transitions"); nothing else assigns
 ``RaftNode._state``, and each of them checks its move against ``TRANSITIONS`` below (a
 move not in the table is a broken invariant). The persisted quorum state (epoch, voted
-id, leader id) changes only inside those methods, and only in the ways listed here.
+id, leader id) changes only inside those methods, and only in the ways listed here; its two
+log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
 
 1. Epochs only grow. Any valid message carrying a higher epoch moves a node to that epoch:
    to Follower when the message names the leader, otherwise to Unattached. The new epoch
@@ -58,6 +59,18 @@ id, leader id) changes only inside those methods, and only in the ways listed he
     vote kept), a prospective node's round never turns into a vote; every later election
     timer only re-arms, and a voter whose fetches time out goes Unattached. It still
     grants votes and follows a new leader, so the successor it named can win.
+12. A lost log (voters; no dynamic voters yet). A voter's vote and the majorities counted
+    for the high watermark rely on it still holding what it acknowledged. The quorum state
+    records ``log_acknowledged`` before the first Ready in which a voter's flushed log is
+    past 0 as Follower or Leader (before its first acknowledgement leaves). A restart
+    with that flag and an empty log persists ``log_lost``: such a voter grants no votes
+    and no pre-votes, and never becomes a Candidate (it still runs pre-vote rounds, only
+    to learn the leader). It clears the flag as a Follower whose flushed log reaches a
+    high watermark its leader sent, once that covers a record of the leader's epoch:
+    that leader held every record committed before its election, and its high watermark
+    covers those committed since. Its Fetches count like any voter's: it holds what it
+    acknowledges, and no leader can be elected without a voter holding each committed
+    record, since the lost voter votes for nobody.
 
 The transition table is ``TRANSITIONS`` right below (after ``Role``): every (from, to) pair
 with the rule that allows it and its trigger.

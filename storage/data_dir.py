@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 from pathlib import Path
 
 from storage.durable_files import write_file_atomically
@@ -61,6 +62,22 @@ class DataDirLock:
 def _read_pid(fd: int) -> int | None:
     text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     return int(text) if text.isdecimal() else None
+
+
+def refetch_from_leader(data_dir: Path) -> str:
+    """The way out when this node's log or state cannot be rebuilt from what it holds.
+
+    Safe because quorum-state stays: besides the vote, it records that this voter
+    acknowledged records, so the node finds its log lost and neither votes nor stands for
+    election until it has caught up (raft/roles.py rule 12). Deleting quorum-state too would
+    make it a fresh voter that votes with an empty log, and lose committed writes."""
+    quoted = shlex.quote(str(data_dir))
+    return (f"with the node stopped, move {quoted}/log, {quoted}/snapshots and {quoted}/state.db (with any "
+            f"state.db-wal and state.db-shm) away, keep {quoted}/quorum-state (and identity.json), and restart: "
+            "the node fetches a snapshot and the log from the leader, and neither votes nor stands for election "
+            "until it has caught up (quorum-state tells it that its log was lost: never delete it). Do this on "
+            "one voter at a time while a majority of the other voters is up; a lone voter has no leader to fetch "
+            "from: restore the directory from a backup instead")
 
 
 def check_identity(data_dir: Path, cluster_id: str, node_id: int) -> None:

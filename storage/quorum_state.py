@@ -4,6 +4,12 @@ A node that forgets its vote can vote twice in one epoch and elect two leaders, 
 is replaced atomically and durably (temp file, fsync, rename, directory fsync) before the
 core may act on the new state. A missing file means a fresh node; an unreadable one is never
 guessed at: startup stops with an error naming the file and the byte where parsing failed.
+
+Two flags let a voter tell that its log was lost (raft/roles.py rule 12): ``log_acknowledged``
+(it acknowledged records of its log) and ``log_lost`` (it then found the log empty, and has
+not caught up since). A file from before the flags has only the first three fields; it is
+read as acknowledged when its epoch is above 0, so an empty log next to it is taken as lost:
+the node waits to catch up instead of voting with nothing (a wrong guess costs only time).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from storage.failpoints import Failpoints
 
 QUORUM_STATE_FILE_NAME = "quorum-state"
 _FIELDS = ("epoch", "voted_id", "leader_id")
+_FLAGS = ("log_acknowledged", "log_lost")
 
 
 class CorruptQuorumStateError(Exception):
@@ -55,7 +62,7 @@ class QuorumStateFile:
 
 
 def encode_quorum_state(record: QuorumStateRecord) -> bytes:
-    return json.dumps({name: getattr(record, name) for name in _FIELDS}).encode() + b"\n"
+    return json.dumps({name: getattr(record, name) for name in _FIELDS + _FLAGS}).encode() + b"\n"
 
 
 def decode_quorum_state(data: bytes, path: Path) -> QuorumStateRecord:
@@ -67,12 +74,20 @@ def decode_quorum_state(data: bytes, path: Path) -> QuorumStateRecord:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CorruptQuorumStateError(path, len(text[: exc.pos].encode()), f"not JSON ({exc.msg})") from exc
-    if not isinstance(value, dict) or set(value) != set(_FIELDS):
-        raise CorruptQuorumStateError(path, 0, f"expected a JSON object with exactly the fields {list(_FIELDS)}")
+    if not isinstance(value, dict) or set(value) not in (set(_FIELDS), set(_FIELDS + _FLAGS)):
+        raise CorruptQuorumStateError(path, 0, f"expected a JSON object with exactly the fields {list(_FIELDS)}, "
+                                               f"and optionally {list(_FLAGS)}")
     for name in _FIELDS:
         field_value = value[name]
         if type(field_value) is not int:
             raise CorruptQuorumStateError(path, 0, f"field {name!r} is {field_value!r}, not an integer")
+    for name in _FLAGS:
+        if name in value and type(value[name]) is not bool:
+            raise CorruptQuorumStateError(path, 0, f"field {name!r} is {value[name]!r}, not true or false")
     if value["epoch"] < 0 or value["voted_id"] < -1 or value["leader_id"] < -1:
         raise CorruptQuorumStateError(path, 0, f"impossible values {value}")
-    return QuorumStateRecord(value["epoch"], value["voted_id"], value["leader_id"])
+    log_acknowledged = value.get("log_acknowledged", value["epoch"] > 0)
+    if value.get("log_lost", False) and not log_acknowledged:
+        raise CorruptQuorumStateError(path, 0, f"impossible values {value}: log_lost without log_acknowledged")
+    return QuorumStateRecord(value["epoch"], value["voted_id"], value["leader_id"],
+                             log_acknowledged, value.get("log_lost", False))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from raft.types import Batch
 from storage.batch_codec import encode_batch
+from storage.data_dir import refetch_from_leader
 from storage.durable_files import write_all_parts
 from storage.failpoints import Failpoints
 
@@ -68,14 +69,10 @@ def refetch_way_out(data_dir: Path) -> str:
     segment swap marker say things the segments do not: guessing them could replay a state
     through a prefix this node's cleaner compacted (deleted keys come back) or accept a gap as
     compaction. Starting over from the leader is the only safe answer. quorum-state stays: it
-    holds this voter's vote, and a voter that forgets it can vote twice in one epoch.
+    holds this voter's vote (a voter that forgets it can vote twice in one epoch) and tells it
+    that its log was lost (it must not vote until it caught up).
     """
-    quoted = shlex.quote(str(data_dir))
-    return (f"this file cannot be rebuilt from the segments; with the node stopped, move {quoted}/log, "
-            f"{quoted}/snapshots and {quoted}/state.db (with any state.db-wal and state.db-shm) away, "
-            f"keep {quoted}/quorum-state (and identity.json), and restart: the node fetches a snapshot and the log from the "
-            "leader (do this only while a majority of the other voters is up; a lone node has no leader "
-            "to fetch from: restore the directory from a backup instead)")
+    return "this file cannot be rebuilt from the segments; " + refetch_from_leader(data_dir)
 
 
 @dataclass(slots=True)
