@@ -143,6 +143,8 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
         else:
             cluster.at(at_ms, lambda: _take_snapshot(cluster, log))
 
+    _plan_disk_loss(cluster, seed, voters, fault_phase_ms, log)
+
     # Hostile elections: a new leader is sometimes cut off or crashed at once, so it leaves
     # a LeaderChange record nobody else has (the setting of Raft's figure 8).
     hostile_probability = plan_rng.choice((0.0, 0.3, 0.6))
@@ -243,6 +245,24 @@ class _Load:
             self.liveness_proposal = cluster.propose((b"liveness",))
             return False
         return cluster.is_committed(self.liveness_proposal)
+
+
+DISK_LOSS_PROBABILITY = 0.15  # of the seeds with 3 or 5 voters
+
+
+def _plan_disk_loss(cluster: Cluster, seed: int, voters: int, fault_phase_ms: int, log) -> None:  # type: ignore[no-untyped-def]
+    """Sometimes one voter loses its disk (log and snapshots; quorum-state kept) and comes
+    back empty. At most one per run and never a lone voter: losing more than the quorum
+    tolerates loses data whatever the protocol does. Its own random stream, so the plans
+    of the other seeds stay as they were."""
+    disk_rng = random.Random(seed * 104_729 + 17)
+    if voters < 3 or disk_rng.random() >= DISK_LOSS_PROBABILITY:
+        return
+    victim = disk_rng.choice(sorted(cluster.voter_ids))
+    at_ms = disk_rng.randint(100, fault_phase_ms)
+    back_ms = at_ms + disk_rng.randint(20, 800)
+    cluster.at(at_ms, lambda: (log(f"lose disk of {victim}"), cluster.lose_disk(victim)))
+    cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
 
 
 def _take_snapshot(cluster: Cluster, log) -> None:  # type: ignore[no-untyped-def]
