@@ -2,8 +2,10 @@
 
 Phases:
 1. Faults (``fault_phase_ms`` of simulated time): client proposals and linearizable reads
-   against whoever leads, while the plan crashes, shuts down, restarts and partitions
-   nodes. Invariants are checked after every event (tests/sim/cluster.py).
+   against whoever leads, while the plan crashes, shuts down, restarts, partitions and
+   pauses nodes, delays a few messages past an election timeout and takes snapshots (large
+   and slowly transferred in half the seeds). Invariants are checked after every event
+   (tests/sim/cluster.py).
 2. Liveness: heal the network, stop losing messages, restart every node. Within
    ``LIVENESS_BOUND_MS`` a leader must be elected and a new proposal committed, and within
    ``CATCH_UP_BOUND_MS`` more every replica must reach the leader's high watermark.
@@ -18,11 +20,13 @@ from dataclasses import dataclass, field
 
 from raft.node import NotLeaderError, ProposalRejectedError, Role
 from raft.types import SnapshotId
-from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults
+from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode, sim_config
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
 MAX_FAULT_ACTIONS = 12
+SNAPSHOT_WAIT_MS = 300  # a snapshot fault waits this long for a leader whose log is all committed
+ELECTION_TIMEOUT_MS = sim_config(1, frozenset({1})).election_timeout_ms  # pauses, long delays count in these
 
 
 @dataclass
@@ -63,47 +67,84 @@ def run_seed(seed: int, voters: int | None = None, verbose: bool = False) -> Run
 
 
 def _run(seed: int, voters: int, verbose: bool) -> RunResult:
-    plan_rng = random.Random(seed * 7919 + voters)
-    observers = plan_rng.choice((0, 0, 1, 2))
-    lossy = plan_rng.random() < 0.7
-    faults = NetworkFaults(
-        drop_probability=plan_rng.choice((0.0, 0.01, 0.05, 0.15)) if lossy else 0.0,
-        duplicate_probability=plan_rng.choice((0.0, 0.02, 0.1)) if lossy else 0.0,
-        delay_min_ms=1,
-        delay_max_ms=plan_rng.choice((2, 5, 20, 40)),
-        flush_min_ms=1,
-        flush_max_ms=plan_rng.choice((1, 5, 15)),
-    )
-    overrides = {
-        "append_linger_ms": plan_rng.choice((0, 0, 2)),
-        # Small batches make fetches return one batch at a time: more intermediate acks.
-        "max_batch_bytes": plan_rng.choice((8 * 1024 * 1024, 256)),
-    }
-    plan: list[str] = []
-    trace = print if verbose else None
-    cluster = Cluster(seed, voters, observers, faults, overrides, trace=trace)
-    all_ids = sorted(cluster.nodes)
-    fault_phase_ms = plan_rng.randint(1_500, 3_000)
-    state = _Load(cluster, plan_rng)
+    scenario = _Scenario(seed, voters, verbose)
+    scenario.fault_phase()
+    scenario.liveness_phase()
+    cluster = scenario.cluster
+    return RunResult(seed, voters, scenario.observers, cluster.events_processed, cluster.now_ms,
+                     len(cluster.committed), scenario.plan, dict(cluster.stats), scenario.liveness_ms)
 
-    def log(text: str) -> None:
-        plan.append(f"t={cluster.now_ms} {text}")
-        if verbose:
-            print(f"{cluster.now_ms:>6} ** {text}")
 
-    # Client load: proposals and reads at random intervals for the whole fault phase.
-    time_ms = 0
-    while time_ms < fault_phase_ms:
-        time_ms += plan_rng.randint(2, 30)
-        cluster.at(time_ms, state.propose if plan_rng.random() < 0.85 else state.read)
+class _Scenario:
+    """One seed's run: the shape it picks, the fault phase and the liveness phase."""
 
-    # The fault plan.
-    for _ in range(plan_rng.randint(2, MAX_FAULT_ACTIONS)):
-        at_ms = plan_rng.randint(100, fault_phase_ms)
-        kind = plan_rng.choice(("crash", "crash", "shutdown", "partition", "one_way", "isolate_leader",
-                                "kill_all", "snapshot"))
-        victim = plan_rng.choice(all_ids)
-        back_ms = at_ms + plan_rng.randint(20, 800)
+    def __init__(self, seed: int, voters: int, verbose: bool) -> None:
+        rng = self.rng = random.Random(seed * 7919 + voters)
+        self.verbose = verbose
+        self.observers = rng.choice((0, 0, 1, 2))
+        lossy = rng.random() < 0.7
+        faults = NetworkFaults(
+            drop_probability=rng.choice((0.0, 0.01, 0.05, 0.15)) if lossy else 0.0,
+            duplicate_probability=rng.choice((0.0, 0.02, 0.1)) if lossy else 0.0,
+            delay_min_ms=1,
+            delay_max_ms=rng.choice((2, 5, 20, 40)),
+            flush_min_ms=1,
+            flush_max_ms=rng.choice((1, 5, 15)),
+        )
+        overrides = {
+            "append_linger_ms": rng.choice((0, 0, 2)),
+            # Small batches make fetches return one batch at a time: more intermediate acks.
+            "max_batch_bytes": rng.choice((8 * 1024 * 1024, 256)),
+        }
+        # Messages delayed past an election timeout: an old Fetch arrives after a new commit.
+        faults.long_delay_probability = rng.choice((0.0, 0.002, 0.01, 0.03))
+        faults.long_delay_min_ms = ELECTION_TIMEOUT_MS
+        faults.long_delay_max_ms = 3 * ELECTION_TIMEOUT_MS
+        # Large snapshots moved slowly, chunk by chunk: a download may outlast the leader's
+        # check-quorum period (1.5 x fetch_timeout_ms), up to ~1.2 simulated s on average.
+        self.snapshot_bytes = 0  # 0: the small default snapshot
+        if rng.random() < 0.5:
+            self.snapshot_bytes = rng.randint(10_000, 200_000)
+            faults.snapshot_chunk_delay_ms = rng.randint(2, 20)
+            download_ms = rng.randint(100, 1_200)
+            round_trip_ms = faults.snapshot_chunk_delay_ms + faults.delay_max_ms + 1
+            chunks = max(4, download_ms // round_trip_ms)
+            overrides["snapshot_chunk_bytes"] = max(64, self.snapshot_bytes // chunks)
+        self.plan: list[str] = []
+        self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None)
+        self.all_ids = sorted(self.cluster.nodes)
+        self.fault_phase_ms = rng.randint(1_500, 3_000)
+        self.load = _Load(self.cluster, rng)
+        self.liveness_ms = 0
+
+    def log(self, text: str) -> None:
+        self.plan.append(f"t={self.cluster.now_ms} {text}")
+        if self.verbose:
+            print(f"{self.cluster.now_ms:>6} ** {text}")
+
+    def schedule_load(self, from_ms: int, until_ms: int) -> None:
+        """Client proposals and reads at random intervals."""
+        time_ms = from_ms
+        while time_ms < until_ms:
+            time_ms += self.rng.randint(2, 30)
+            self.cluster.at(time_ms, self.load.propose if self.rng.random() < 0.85 else self.load.read)
+
+    # ------------------------------------------------------------------ phase 1: faults
+
+    def fault_phase(self) -> None:
+        self.schedule_load(0, self.fault_phase_ms)
+        for _ in range(self.rng.randint(2, MAX_FAULT_ACTIONS)):
+            self._schedule_fault()
+        self._hostile_elections()
+        self.cluster.run_for(self.fault_phase_ms)
+
+    def _schedule_fault(self) -> None:
+        cluster, rng, log, all_ids = self.cluster, self.rng, self.log, self.all_ids
+        at_ms = rng.randint(100, self.fault_phase_ms)
+        kind = rng.choice(("crash", "crash", "shutdown", "partition", "one_way", "isolate_leader",
+                           "kill_all", "snapshot", "pause", "pause_leader"))
+        victim = rng.choice(all_ids)
+        back_ms = at_ms + rng.randint(20, 800)
         if kind == "crash":
             cluster.at(at_ms, lambda v=victim: (log(f"crash {v}"), cluster.crash(v)))
             cluster.at(back_ms, lambda v=victim: (log(f"restart {v}"), cluster.restart(v)))
@@ -111,7 +152,7 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
             cluster.at(at_ms, lambda v=victim: (log(f"shutdown {v}"), cluster.shutdown(v)))
             cluster.at(back_ms, lambda v=victim: (log(f"restart {v}"), cluster.restart(v)))
         elif kind in ("partition", "one_way"):
-            side = set(plan_rng.sample(all_ids, plan_rng.randint(1, max(1, len(all_ids) // 2))))
+            side = set(rng.sample(all_ids, rng.randint(1, max(1, len(all_ids) // 2))))
             rest = set(all_ids) - side
             one_way = kind == "one_way"
             cluster.at(at_ms, lambda s=side, r=rest, o=one_way: (
@@ -126,7 +167,7 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
             cluster.at(at_ms, isolate)
             cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
         elif kind == "kill_all":
-            majority = plan_rng.sample(sorted(cluster.voter_ids), cluster.majority)
+            majority = rng.sample(sorted(cluster.voter_ids), cluster.majority)
 
             def kill_all() -> None:
                 log("kill all")
@@ -140,59 +181,96 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
             cluster.at(at_ms, kill_all)
             cluster.at(at_ms + 10, restart_majority)
             cluster.at(back_ms + 200, lambda: (log("restart all"), [cluster.restart(n) for n in all_ids]))
+        elif kind in ("pause", "pause_leader"):
+            # A process pause of 0.5-3 election timeouts; it resumes with its stale state.
+            pause_ms = rng.randint(ELECTION_TIMEOUT_MS // 2, 3 * ELECTION_TIMEOUT_MS)
+
+            def pause(v: int = victim, leader_only: bool = kind == "pause_leader", ms: int = pause_ms) -> None:
+                leader = cluster.leader()
+                target = leader.node_id if leader_only and leader is not None else v
+                log(f"pause {target} for {ms} ms")
+                cluster.pause(target, ms)
+            cluster.at(at_ms, pause)
         else:
-            cluster.at(at_ms, lambda: _take_snapshot(cluster, log))
+            cluster.at(at_ms, lambda: self._snapshot_soon(cluster.now_ms + SNAPSHOT_WAIT_MS))
 
-    # Hostile elections: a new leader is sometimes cut off or crashed at once, so it leaves
-    # a LeaderChange record nobody else has (the setting of Raft's figure 8).
-    hostile_probability = plan_rng.choice((0.0, 0.3, 0.6))
+    def _snapshot_soon(self, give_up_ms: int) -> None:
+        """Under load a leader's log is seldom all committed and flushed: retry a while."""
+        if not _take_snapshot(self.cluster, self.log, self.snapshot_bytes) and self.cluster.now_ms < give_up_ms:
+            self.cluster.at(self.cluster.now_ms + 5, lambda: self._snapshot_soon(give_up_ms))
 
-    def on_elected(node) -> None:  # type: ignore[no-untyped-def]
-        if cluster.now_ms >= fault_phase_ms or plan_rng.random() >= hostile_probability:
-            return
-        victim, back_ms = node.node_id, cluster.now_ms + plan_rng.randint(20, 400)
-        if plan_rng.random() < 0.5:
-            cluster.at(cluster.now_ms, lambda: (log(f"crash new leader {victim}"), cluster.crash(victim)))
-            cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
-        else:
-            others = set(all_ids) - {victim}
-            cluster.at(cluster.now_ms, lambda: (log(f"isolate new leader {victim}"),
-                                                cluster.partition({victim}, others)))
-            cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
-    cluster.on_elected = on_elected
+    def _hostile_elections(self) -> None:
+        """A new leader is sometimes cut off or crashed at once, so it leaves a LeaderChange
+        record nobody else has (the setting of Raft's figure 8)."""
+        cluster, rng, log = self.cluster, self.rng, self.log
+        hostile_probability = rng.choice((0.0, 0.3, 0.6))
 
-    cluster.run_for(fault_phase_ms)
+        def on_elected(node: SimNode) -> None:
+            if cluster.now_ms >= self.fault_phase_ms or rng.random() >= hostile_probability:
+                return
+            victim, back_ms = node.node_id, cluster.now_ms + rng.randint(20, 400)
+            if rng.random() < 0.5:
+                cluster.at(cluster.now_ms, lambda: (log(f"crash new leader {victim}"), cluster.crash(victim)))
+                cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
+            else:
+                others = set(self.all_ids) - {victim}
+                cluster.at(cluster.now_ms, lambda: (log(f"isolate new leader {victim}"),
+                                                    cluster.partition({victim}, others)))
+                cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
+        cluster.on_elected = on_elected
 
-    # Liveness: heal everything and demand progress within a bound.
-    log("liveness: heal, restart all, lossless network")
-    cluster.on_elected = None
-    cluster.heal()
-    cluster.faults.drop_probability = 0.0
-    cluster.faults.duplicate_probability = 0.0
-    for node_id in all_ids:
-        cluster.restart(node_id)
-    started_ms = cluster.now_ms
-    committed = cluster.run_until(lambda: state.liveness_probe(), LIVENESS_BOUND_MS)
-    liveness_ms = cluster.now_ms - started_ms
-    if not committed:
-        roles = {n.node_id: (n.core.role.value, n.core.epoch) for n in cluster.nodes.values() if n.core}
-        raise InvariantViolation(f"liveness: no leader committed a new proposal within {LIVENESS_BOUND_MS} ms "
-                                 f"of healing (roles {roles})")
-    leader = cluster.leader()
-    assert leader is not None and leader.core is not None
-    target = leader.core.high_watermark
-    caught_up = cluster.run_until(lambda: all(
-        n.core is not None and n.core.high_watermark >= target for n in cluster.nodes.values()), CATCH_UP_BOUND_MS)
-    if not caught_up:
-        hws = {n.node_id: n.core.high_watermark for n in cluster.nodes.values() if n.core}
-        raise InvariantViolation(f"catch-up: replicas did not reach high watermark {target} within "
-                                 f"{CATCH_UP_BOUND_MS} ms (high watermarks {hws})")
-    cluster.check_replicas_agree()
-    _check_identical_committed_logs(cluster, target)
-    if verbose:
-        print(f"liveness ok after {cluster.now_ms - started_ms} ms; committed offsets {len(cluster.committed)}")
-    return RunResult(seed, voters, observers, cluster.events_processed, cluster.now_ms, len(cluster.committed), plan,
-                     dict(cluster.stats), liveness_ms)
+    # ------------------------------------------------------------------ phase 2: liveness
+
+    def liveness_phase(self) -> None:
+        """Heal everything: a leader must commit and every replica catch up; at the end all
+        replicas hold the same committed records."""
+        cluster = self.cluster
+        cluster.on_elected = None
+        self._heal_everything()
+        self._await_commit("healing everything")
+        target = self._await_catch_up(set(self.all_ids))
+        cluster.check_replicas_agree()
+        _check_identical_committed_logs(cluster, target)
+        if self.verbose:
+            print(f"liveness ok; slowest {self.liveness_ms} ms; committed offsets {len(cluster.committed)}")
+
+    def _heal_everything(self) -> None:
+        self.log("heal, restart all, lossless network")
+        cluster = self.cluster
+        cluster.heal()
+        faults = cluster.faults
+        faults.drop_probability = faults.duplicate_probability = faults.long_delay_probability = 0.0
+        for node_id in self.all_ids:
+            cluster.resume(node_id)
+            cluster.restart(node_id)
+
+    def _await_commit(self, what: str) -> None:
+        """Within LIVENESS_BOUND_MS a leader commits a new proposal."""
+        cluster = self.cluster
+        started_ms, resigned_before = cluster.now_ms, cluster.stats["became_resigned"]
+        self.load.liveness_proposal = None
+        committed = cluster.run_until(self.load.liveness_probe, LIVENESS_BOUND_MS)
+        self.liveness_ms = max(self.liveness_ms, cluster.now_ms - started_ms)
+        if not committed:
+            roles = {n.node_id: (n.core.role.value, n.core.epoch) for n in cluster.nodes.values() if n.core}
+            raise InvariantViolation(f"liveness ({what}): no leader committed a new proposal within "
+                                     f"{LIVENESS_BOUND_MS} ms (roles {roles}; "
+                                     f"{cluster.stats['became_resigned'] - resigned_before} resignations)")
+
+    def _await_catch_up(self, node_ids: set[int]) -> int:
+        """Within CATCH_UP_BOUND_MS these replicas reach the leader's high watermark (returned)."""
+        cluster = self.cluster
+        leader = cluster.leader()
+        assert leader is not None and leader.core is not None
+        target = leader.core.high_watermark
+        caught_up = cluster.run_until(lambda: all(
+            cluster.nodes[n].core is not None and cluster.nodes[n].core.high_watermark >= target  # type: ignore[union-attr]
+            for n in node_ids), CATCH_UP_BOUND_MS)
+        if not caught_up:
+            hws = {n.node_id: n.core.high_watermark for n in cluster.nodes.values() if n.core}
+            raise InvariantViolation(f"catch-up: replicas {sorted(node_ids)} did not reach high watermark "
+                                     f"{target} within {CATCH_UP_BOUND_MS} ms (high watermarks {hws})")
+        return target
 
 
 class _Load:
@@ -245,19 +323,29 @@ class _Load:
         return cluster.is_committed(self.liveness_proposal)
 
 
-def _take_snapshot(cluster: Cluster, log) -> None:  # type: ignore[no-untyped-def]
-    """Replace a fully committed, flushed log by a snapshot, as compaction will."""
+def _snapshot_ready(node: SimNode) -> bool:
+    """The node leads and its whole log is committed and flushed: it may take a snapshot."""
+    core, log = node.core, node.log
+    return (core is not None and core.role == Role.LEADER
+            and core.high_watermark == log.end_offset() == log.flushed_offset() > log.start_offset())
+
+
+def _take_snapshot(cluster: Cluster, log, snapshot_bytes: int = 0) -> bool:  # type: ignore[no-untyped-def]
+    """Replace a fully committed, flushed log by a snapshot, as compaction will; the state is
+    padded to ``snapshot_bytes`` (0: a few hundred bytes). False: no leader was ready."""
+    taken = False
     for node in cluster.nodes.values():
-        core = node.core
-        if core is None or core.role != Role.LEADER:
+        if not _snapshot_ready(node) or node.paused:
             continue
         end = node.log.end_offset()
-        if core.high_watermark == end == node.log.flushed_offset() and end > node.log.start_offset():
-            snapshot_id = SnapshotId(end, node.log.last_epoch())
-            node.snapshots.put(snapshot_id, (b"snapshot-of-%d;" % end) * 20)
-            node.log.reset_to_snapshot(snapshot_id)
-            node.checked_offset = max(node.checked_offset, end)
-            log(f"snapshot on leader {node.node_id} at {end}")
+        snapshot_id = SnapshotId(end, node.log.last_epoch())
+        state = (b"snapshot-of-%d;" % end) * 20
+        node.snapshots.put(snapshot_id, state.ljust(snapshot_bytes, b"."))
+        node.log.reset_to_snapshot(snapshot_id)
+        node.checked_offset = max(node.checked_offset, end)
+        log(f"snapshot on leader {node.node_id} at {end} ({max(len(state), snapshot_bytes)} bytes)")
+        taken = True
+    return taken
 
 
 def _check_identical_committed_logs(cluster: Cluster, target: int) -> None:

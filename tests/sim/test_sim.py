@@ -10,6 +10,8 @@ import collections
 
 import pytest
 
+from raft.node import Role
+from tests.sim.cluster import Cluster
 from tests.sim.scenario import SimulationFailure, run_seed
 
 SEEDS_PER_CHUNK = 51
@@ -26,13 +28,14 @@ def test_simulated_seeds(chunk: int) -> None:
             pytest.fail(str(exc), pytrace=False)
         exercised.update(result.stats)
     # The faults really happened: a simulator that stopped injecting them would pass vacuously.
-    for what in ("crashes", "became_leader", "became_resigned", "truncations", "reads_done", "reads_failed"):
+    for what in ("crashes", "became_leader", "became_resigned", "truncations", "reads_done", "reads_failed",
+                 "pauses", "long_delays", "slow_snapshot_chunks", "snapshot_installs"):
         assert exercised[what] > 0, f"chunk {chunk} never exercised {what}: {dict(exercised)}"
 
 
 def test_failure_names_the_replay_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """A violated invariant surfaces as a SimulationFailure carrying the exact command."""
-    from tests.sim.cluster import Cluster, InvariantViolation
+    from tests.sim.cluster import InvariantViolation
 
     def always_broken(self: Cluster) -> None:
         raise InvariantViolation("injected")
@@ -46,3 +49,21 @@ def test_same_seed_same_run() -> None:
     first = run_seed(17)
     second = run_seed(17)
     assert (first.events, first.simulated_ms, first.plan) == (second.events, second.simulated_ms, second.plan)
+
+
+def test_a_paused_leader_resumes_late_with_its_stale_state() -> None:
+    """A pause holds every input (messages, timers, flushes) and loses none: the other voters
+    elect a new leader meanwhile, and the old one handles all it missed once it resumes."""
+    cluster = Cluster(seed=3, voters=3)
+    assert cluster.run_until(lambda: cluster.leader() is not None, 5_000)
+    paused = cluster.leader()
+    assert paused is not None and paused.core is not None
+    old_epoch = paused.core.epoch
+    cluster.pause(paused.node_id, 500)
+    assert cluster.propose((b"to a paused leader",), paused) is None  # it answers no client
+    cluster.run_for(450)
+    assert paused.core.role == Role.LEADER and paused.core.epoch == old_epoch  # stale, untouched
+    assert paused.held and cluster.leader() is not paused
+    cluster.run_for(100)
+    assert not paused.held
+    assert paused.core.role == Role.FOLLOWER and paused.core.epoch > old_epoch
