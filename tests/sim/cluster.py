@@ -132,6 +132,7 @@ class Cluster:
         # Offsets below this were cleaned on some replica: a replica may receive them in
         # cleaned form (the compaction simulation checks them with a state model instead).
         self.compacted_below = 0
+        self.stable_leader: tuple[int, int] | None = None  # (leader, epoch) of a fault-free window
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -427,6 +428,8 @@ class Cluster:
         if hw > self.max_high_watermark:
             self.max_high_watermark = hw
         self._check_majority_holds()
+        if self.stable_leader is not None:
+            self._check_stable_leader(changed)
 
     def _record_committed(self, node: SimNode, hw: int) -> None:
         """Compare every newly committed record with what other nodes committed there."""
@@ -456,6 +459,29 @@ class Cluster:
         if holders < self.majority:
             raise InvariantViolation(f"t={self.now_ms} only {holders} voters durably hold offset "
                                      f"{target - 1} below the high watermark")
+
+    # ------------------------------------------------------------------ invariants: fault-free windows
+
+    def expect_stable_leader(self, leader_id: int) -> None:
+        """Until ``end_stable_window``, nothing fails: the leader must keep leading and no node
+        may raise its epoch (checked after every event)."""
+        core = self.nodes[leader_id].core
+        assert core is not None and core.role == Role.LEADER
+        self.stable_leader = (leader_id, core.epoch)
+
+    def end_stable_window(self) -> None:
+        self.stable_leader = None
+
+    def _check_stable_leader(self, changed: SimNode) -> None:
+        assert self.stable_leader is not None and changed.core is not None
+        leader_id, epoch = self.stable_leader
+        core = changed.core
+        if core.epoch > epoch:
+            raise InvariantViolation(f"t={self.now_ms} fault-free window: node {changed.node_id} raised the epoch "
+                                     f"{epoch} -> {core.epoch} under healthy leader {leader_id}")
+        if changed.node_id == leader_id and core.role != Role.LEADER:
+            raise InvariantViolation(f"t={self.now_ms} fault-free window: healthy leader {leader_id} deposed "
+                                     f"(now {core.role.value} in epoch {core.epoch})")
 
     def check_replicas_agree(self) -> None:
         """Every record below each node's high watermark matches the committed record."""

@@ -6,9 +6,12 @@ Phases:
    pauses nodes, delays a few messages past an election timeout and takes snapshots (large
    and slowly transferred in half the seeds). Invariants are checked after every event
    (tests/sim/cluster.py).
-2. Liveness: heal the network, stop losing messages, restart every node. Within
-   ``LIVENESS_BOUND_MS`` a leader must be elected and a new proposal committed, and within
-   ``CATCH_UP_BOUND_MS`` more every replica must reach the leader's high watermark.
+2. Liveness: stop losing messages, heal the network and restart every node; with 3 or 5
+   voters the seed may then keep a minority of voters down for good (``LIVENESS_KINDS``).
+   Within ``LIVENESS_BOUND_MS`` a leader must commit a new proposal, within
+   ``CATCH_UP_BOUND_MS`` more every reachable replica must reach its high watermark, and for
+   ``STABLE_WINDOW_MS`` of fault-free load the leader must keep leading with no epoch raised.
+   A minority kept down then comes back and catches up.
 3. End: every replica holds the same committed records (checked against the oracle of
    everything ever committed).
 """
@@ -24,9 +27,13 @@ from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNod
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
+STABLE_WINDOW_MS = 1_000  # fault-free: the leader keeps leading, no epoch rises
 MAX_FAULT_ACTIONS = 12
 SNAPSHOT_WAIT_MS = 300  # a snapshot fault waits this long for a leader whose log is all committed
 ELECTION_TIMEOUT_MS = sim_config(1, frozenset({1})).election_timeout_ms  # pauses, long delays count in these
+# The liveness phase heals everything, or keeps a minority of voters down for good (and in
+# "lagging_voter" one more follower must first download a snapshot to rejoin).
+LIVENESS_KINDS = ("heal_all", "minority_down", "lagging_voter")
 
 
 @dataclass
@@ -110,6 +117,7 @@ class _Scenario:
             round_trip_ms = faults.snapshot_chunk_delay_ms + faults.delay_max_ms + 1
             chunks = max(4, download_ms // round_trip_ms)
             overrides["snapshot_chunk_bytes"] = max(64, self.snapshot_bytes // chunks)
+        self.liveness_kind = rng.choice(LIVENESS_KINDS) if voters >= 3 else "heal_all"
         self.plan: list[str] = []
         self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None)
         self.all_ids = sorted(self.cluster.nodes)
@@ -222,13 +230,30 @@ class _Scenario:
     # ------------------------------------------------------------------ phase 2: liveness
 
     def liveness_phase(self) -> None:
-        """Heal everything: a leader must commit and every replica catch up; at the end all
-        replicas hold the same committed records."""
+        """Heal everything, or keep a minority of voters down for good (then let it back):
+        the side with a majority must commit, its replicas catch up, and a fault-free window
+        must keep its leader; at the end all replicas hold the same committed records."""
         cluster = self.cluster
         cluster.on_elected = None
+        cluster.stats[f"liveness_{self.liveness_kind}"] += 1
         self._heal_everything()
-        self._await_commit("healing everything")
-        target = self._await_catch_up(set(self.all_ids))
+        if self.liveness_kind == "heal_all":
+            self._await_commit("healing everything")
+            target = self._await_catch_up(set(self.all_ids))
+            self._stable_window()
+        else:
+            if self.liveness_kind == "lagging_voter":
+                self._await_commit("healing everything")
+            down, behind = self._minority_down()
+            what = f"voters {sorted(down & cluster.voter_ids)} down for good"
+            if behind is not None:
+                what += f", voter {behind} behind a snapshot"
+            self._await_commit(what)
+            self._await_catch_up(set(self.all_ids) - down)
+            self._stable_window()
+            self.log(f"minority {sorted(down)} back")
+            self._heal_everything()
+            target = self._await_catch_up(set(self.all_ids))
         cluster.check_replicas_agree()
         _check_identical_committed_logs(cluster, target)
         if self.verbose:
@@ -244,6 +269,40 @@ class _Scenario:
             cluster.resume(node_id)
             cluster.restart(node_id)
 
+    def _minority_down(self) -> tuple[set[int], int | None]:
+        """Cut off or crash a minority of voters (and maybe observers) for good. For
+        ``lagging_voter``, first crash another follower while the leader commits and takes a
+        snapshot, then restart it: it must download the snapshot with the minority gone."""
+        cluster, rng = self.cluster, self.rng
+        leader = cluster.leader()
+        voters = sorted(cluster.voter_ids)
+        behind = None
+        if self.liveness_kind == "lagging_voter" and leader is not None:
+            behind = rng.choice([v for v in voters if v != leader.node_id])
+            self.log(f"crash {behind}; the leader commits and takes a snapshot")
+            cluster.crash(behind)
+            self.load.propose()
+            if not cluster.run_until(lambda: _snapshot_ready(leader), LIVENESS_BOUND_MS):
+                raise InvariantViolation(f"liveness (voter {behind} down): leader {leader.node_id} did not commit "
+                                         f"its log within {LIVENESS_BOUND_MS} ms (roles {_roles(cluster)})")
+            _take_snapshot(cluster, self.log, self.snapshot_bytes)
+        # minority_down may cut off the leader itself; lagging_voter keeps it and the laggard.
+        keep = {behind, leader.node_id} if behind is not None and leader is not None else set()
+        candidates = [v for v in voters if v not in keep]
+        down = set(rng.sample(candidates, rng.randint(1, (len(voters) - 1) // 2)))
+        down |= {n for n in self.all_ids if n not in cluster.voter_ids and rng.random() < 0.3}
+        if rng.random() < 0.5:
+            self.log(f"crash {sorted(down)} for good")
+            for node_id in sorted(down):
+                cluster.crash(node_id)
+        else:
+            self.log(f"partition {sorted(down)} | the rest, for good")
+            cluster.partition(down, set(self.all_ids) - down)
+        if behind is not None:
+            self.log(f"restart {behind}")
+            cluster.restart(behind)
+        return down, behind
+
     def _await_commit(self, what: str) -> None:
         """Within LIVENESS_BOUND_MS a leader commits a new proposal."""
         cluster = self.cluster
@@ -252,9 +311,8 @@ class _Scenario:
         committed = cluster.run_until(self.load.liveness_probe, LIVENESS_BOUND_MS)
         self.liveness_ms = max(self.liveness_ms, cluster.now_ms - started_ms)
         if not committed:
-            roles = {n.node_id: (n.core.role.value, n.core.epoch) for n in cluster.nodes.values() if n.core}
             raise InvariantViolation(f"liveness ({what}): no leader committed a new proposal within "
-                                     f"{LIVENESS_BOUND_MS} ms (roles {roles}; "
+                                     f"{LIVENESS_BOUND_MS} ms (roles {_roles(cluster)}; "
                                      f"{cluster.stats['became_resigned'] - resigned_before} resignations)")
 
     def _await_catch_up(self, node_ids: set[int]) -> int:
@@ -271,6 +329,18 @@ class _Scenario:
             raise InvariantViolation(f"catch-up: replicas {sorted(node_ids)} did not reach high watermark "
                                      f"{target} within {CATCH_UP_BOUND_MS} ms (high watermarks {hws})")
         return target
+
+    def _stable_window(self) -> None:
+        """No fault for STABLE_WINDOW_MS under client load: the leader must keep leading and
+        no node may raise its epoch (a healthy leader is never deposed)."""
+        cluster = self.cluster
+        leader = cluster.leader()
+        assert leader is not None
+        self.log(f"fault-free window: leader {leader.node_id} must stay")
+        cluster.expect_stable_leader(leader.node_id)
+        self.schedule_load(cluster.now_ms, cluster.now_ms + STABLE_WINDOW_MS)
+        cluster.run_for(STABLE_WINDOW_MS)
+        cluster.end_stable_window()
 
 
 class _Load:
@@ -321,6 +391,11 @@ class _Load:
             self.liveness_proposal = cluster.propose((b"liveness",))
             return False
         return cluster.is_committed(self.liveness_proposal)
+
+
+def _roles(cluster: Cluster) -> dict[int, tuple[str, int]]:
+    """Each live node's role and epoch, for failure messages."""
+    return {n.node_id: (n.core.role.value, n.core.epoch) for n in cluster.nodes.values() if n.core}
 
 
 def _snapshot_ready(node: SimNode) -> bool:
