@@ -106,11 +106,19 @@ class LeaderHandlers(NodeBase):
                 self._become_resigned(now_ms, state)
 
     def _last_quorum_fetch_ms(self, state: LeaderState) -> int:
-        """The latest time by which a majority of voters (the leader counts) had fetched."""
+        """The latest time by which a majority of voters (the leader counts) had sent a Fetch
+        or a FetchSnapshot in this epoch (Kafka counts both: a voter downloading a snapshot
+        follows this leader, and a download may outlast the check-quorum period)."""
         if len(self._voters) == 1:
             return 1 << 62
-        times = sorted((p.last_fetch_ms for p in state.voters.values()), reverse=True)
+        times = sorted((p.last_heard_ms for p in state.voters.values()), reverse=True)
         return times[self._majority - 2]
+
+    def _leader_heard_from(self, now_ms: int, state: LeaderState, src: int, replica_id: int) -> None:
+        """A valid Fetch or FetchSnapshot of this epoch from a voter: check-quorum's sign of life."""
+        progress = state.voters.get(replica_id)
+        if progress is not None and replica_id == src:
+            progress.last_heard_ms = now_ms
 
     def _leader_drain(self, now_ms: int, state: LeaderState) -> None:
         """Group commit: turn accumulated proposals into log batches.
@@ -176,6 +184,7 @@ class LeaderHandlers(NodeBase):
             if request.replica_id in self._voters or len(self.peer_endpoints) < len(self._voters) + self.config.max_observers:
                 self.peer_endpoints[request.replica_id] = request.replica_endpoint
         state.parked.pop(src, None)
+        self._leader_heard_from(now_ms, state, src, request.replica_id)
         if request.fetch_offset < log.start_offset():
             self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
             return
@@ -355,6 +364,7 @@ class LeaderHandlers(NodeBase):
         if not isinstance(state, LeaderState):
             answer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
             return
+        self._leader_heard_from(now_ms, state, src, request.replica_id)
         try:
             size = self._snapshots.size_bytes(snapshot_id)
             if request.position > size:

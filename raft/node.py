@@ -652,6 +652,11 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
                 self._persist_log_flags(log_acknowledged=True)
         elif persisted.log_lost and self._caught_up_after_loss():
             self._persist_log_flags(log_lost=False)
+        elif not persisted.log_lost and self._log.end_offset() == 0:
+            # Truncated to empty: a truncation never removes a committed record this log
+            # held, so no acknowledgement of it counted; an empty log after a restart now
+            # is no sign of a lost disk.
+            self._persist_log_flags(log_acknowledged=False)
 
     def _caught_up_after_loss(self) -> bool:
         """Does this log durably hold everything ever committed? It does once it holds a

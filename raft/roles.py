@@ -35,8 +35,8 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
    BeginQuorumEpoch to every voter until that voter fetches in this epoch. The high
    watermark is the largest offset a majority of voters hold *durably* (the leader's own
    offset counts only once flushed); it moves only once it passes epoch_start_offset (an
-   entry of the leader's own epoch is committed) and never moves back. Without Fetches
-   from a majority for 1.5 × fetch_timeout_ms the leader resigns (check-quorum).
+   entry of the leader's own epoch is committed) and never moves back. Without a Fetch or
+   FetchSnapshot from a majority for 1.5 × fetch_timeout_ms the leader resigns (check-quorum).
 7. Follower: fetches from the leader; acknowledges an offset only by fetching from it,
    and fetches only what it has flushed. No successful Fetch response for
    fetch_timeout_ms → Prospective (voters) or Unattached (observers). A diverging epoch
@@ -183,6 +183,7 @@ class ReplicaProgress:
     end_offset: int = -1
     last_fetch_ms: int = -1
     last_caught_up_ms: int = -1
+    last_heard_ms: int = -1  # latest Fetch or FetchSnapshot in this epoch: check-quorum's sign of life
 
 
 @dataclass(slots=True)

@@ -1,8 +1,9 @@
 """A whole metakv quorum inside one process, driven by one seeded priority queue of events.
 
 Every node is a real ``RaftNode`` over a ``MemoryLog``; the simulated network drops,
-delays, duplicates and reorders messages and applies partitions; crashes lose whatever
-was not flushed (``MemoryLog.reopen``). After every event the cluster checks the safety
+delays (a few messages past an election timeout, snapshot chunks slowly), duplicates and
+reorders messages and applies partitions; crashes lose whatever was not flushed
+(``MemoryLog.reopen``); a paused node handles its inputs late. After every event the cluster checks the safety
 invariants (``InvariantViolation`` names the first broken one).
 """
 
@@ -12,10 +13,10 @@ import collections
 import heapq
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raft.log import MemoryLog, QuorumStateRecord
-from raft.messages import Envelope
+from raft.messages import Envelope, FetchSnapshotResponse
 from raft.node import (
     NotLeaderError,
     Proposal,
@@ -46,6 +47,13 @@ class NetworkFaults:
     delay_max_ms: int = 5
     flush_min_ms: int = 1
     flush_max_ms: int = 5
+    # A few messages are held for 1-3 election timeouts: an old Fetch or vote arrives after
+    # the cluster moved on (a new commit, a new epoch).
+    long_delay_probability: float = 0.0
+    long_delay_min_ms: int = 100
+    long_delay_max_ms: int = 300
+    # Added to every FetchSnapshotResponse: a slow snapshot transfer, one chunk at a time.
+    snapshot_chunk_delay_ms: int = 0
 
 
 def sim_config(node_id: int, voters: frozenset[int], **overrides: int) -> RaftConfig:
@@ -74,6 +82,11 @@ class SimNode:
     last_high_watermark: int = 0
     last_end_offset: int = 0
     checked_offset: int = 0  # committed records below this were compared with the oracle
+    # A paused process (a GC pause, SIGSTOP, a stalled VM) handles nothing; its inputs wait
+    # in ``held``, in arrival order, and all arrive late when it resumes.
+    paused: bool = False
+    pause_token: int = 0  # which pause a scheduled resume belongs to
+    held: list[_Event] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -121,6 +134,7 @@ class Cluster:
         self.compacted_below = 0
         # Voter -> the durable log end it had when its disk was lost (see lose_disk).
         self.lost_disk_held: dict[int, int] = {}
+        self.stable_leader: tuple[int, int] | None = None  # (leader, epoch) of a fault-free window
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -133,6 +147,8 @@ class Cluster:
         node.incarnation += 1
         node.flush_running = False
         node.next_tick_ms = -1
+        node.paused = False
+        node.held.clear()
         node.core = RaftNode(node.config, node.log, node.durable_state,
                              random.Random(self.rng.getrandbits(64)), node.snapshots, self.now_ms)
         node.last_high_watermark = node.core.high_watermark
@@ -200,8 +216,20 @@ class Cluster:
         if dst is None:
             return
         for _ in range(copies):
-            delay_ms = self.rng.randint(faults.delay_min_ms, faults.delay_max_ms)
-            self._push(self.now_ms + delay_ms, "deliver", dst, envelope)
+            self._push(self.now_ms + self._delay_ms(envelope), "deliver", dst, envelope)
+
+    def _delay_ms(self, envelope: Envelope) -> int:
+        """The network delay of one copy; the slow faults draw randomness only when enabled,
+        so runs without them stay what they were."""
+        faults = self.faults
+        delay_ms = self.rng.randint(faults.delay_min_ms, faults.delay_max_ms)
+        if faults.long_delay_probability and self.rng.random() < faults.long_delay_probability:
+            delay_ms = self.rng.randint(faults.long_delay_min_ms, faults.long_delay_max_ms)
+            self.stats["long_delays"] += 1
+        if faults.snapshot_chunk_delay_ms and isinstance(envelope.message, FetchSnapshotResponse):
+            delay_ms += faults.snapshot_chunk_delay_ms
+            self.stats["slow_snapshot_chunks"] += 1
+        return delay_ms
 
     def step(self) -> bool:
         """Process the next event; False when there is none."""
@@ -218,10 +246,13 @@ class Cluster:
         core = node.core
         if core is None:
             return True
-        if event.kind == "deliver":
+        if event.kind == "deliver" and self._blocked(event):
+            return True
+        if node.paused:
+            self._hold(node, event)
+            return True
+        if event.kind in ("deliver", "arrived"):
             envelope: Envelope = event.payload  # type: ignore[assignment]
-            if (envelope.src, envelope.dst) in self.blocked:
-                return True
             if self.trace:
                 self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {describe_message(envelope.message)}")
             core.handle(self.now_ms, envelope)
@@ -269,6 +300,8 @@ class Cluster:
         node.log = node.log.reopen()
         node.last_end_offset = node.log.end_offset()
         node.incarnation += 1
+        node.paused = False
+        node.held.clear()  # a killed process loses what waited in its socket buffers
         self.stats["crashes"] += 1
 
     def shutdown(self, node_id: int) -> None:
@@ -276,6 +309,7 @@ class Cluster:
         node = self.nodes[node_id]
         if node.core is None:
             return
+        self.resume(node_id)  # SIGTERM takes effect once a stopped process runs again
         self.begin_shutdown(node_id)
         node.log.flush()
         node.core = None
@@ -335,6 +369,41 @@ class Cluster:
     def heal(self) -> None:
         self.blocked.clear()
 
+    # ------------------------------------------------------------------ faults: process pauses
+
+    def pause(self, node_id: int, duration_ms: int) -> None:
+        """Stop a process for ``duration_ms``: it resumes with its stale state, and every
+        timer, flush completion and message due meanwhile arrives late, none lost."""
+        node = self.nodes[node_id]
+        if node.core is None or node.paused:
+            return
+        node.paused = True
+        node.pause_token += 1
+        self.stats["pauses"] += 1
+        self.at(self.now_ms + duration_ms, lambda token=node.pause_token: self.resume(node_id, token))
+
+    def resume(self, node_id: int, token: int | None = None) -> None:
+        """End a pause (``token``: only the pause it was scheduled for); held inputs follow
+        in their order."""
+        node = self.nodes[node_id]
+        if not node.paused or (token is not None and token != node.pause_token):
+            return
+        node.paused = False
+        for event in node.held:
+            self._sequence += 1
+            heapq.heappush(self._queue, (self.now_ms, self._sequence, event))
+        node.held.clear()
+
+    def _blocked(self, event: _Event) -> bool:
+        envelope: Envelope = event.payload  # type: ignore[assignment]
+        return (envelope.src, envelope.dst) in self.blocked
+
+    def _hold(self, node: SimNode, event: _Event) -> None:
+        """A paused node's input waits; a message that reached it already got past the network."""
+        if event.kind == "deliver":
+            event.kind = "arrived"
+        node.held.append(event)
+
     # ------------------------------------------------------------------ client side
 
     def leader(self) -> SimNode | None:
@@ -348,12 +417,13 @@ class Cluster:
 
     def leaders(self) -> list[SimNode]:
         """Every live node that believes it leads (a deposed one may not know yet)."""
-        return [n for n in self.nodes.values() if n.core is not None and n.core.role == Role.LEADER]
+        return [n for n in self.nodes.values() if n.core is not None and n.core.role == Role.LEADER
+                and not n.paused]
 
     def propose(self, records: tuple[bytes, ...], leader: SimNode | None = None) -> Proposal | None:
         leader = leader or self.leader()
-        if leader is None or leader.core is None:
-            return None
+        if leader is None or leader.core is None or leader.paused:
+            return None  # a paused process answers no client
         try:
             proposal = leader.core.propose(self.now_ms, list(records))
         except (NotLeaderError, ProposalRejectedError):
@@ -390,6 +460,8 @@ class Cluster:
         if hw > self.max_high_watermark:
             self.max_high_watermark = hw
         self._check_majority_holds()
+        if self.stable_leader is not None:
+            self._check_stable_leader(changed)
 
     def _record_committed(self, node: SimNode, hw: int) -> None:
         """Compare every newly committed record with what other nodes committed there."""
@@ -420,6 +492,29 @@ class Cluster:
         if holders < self.majority:
             raise InvariantViolation(f"t={self.now_ms} only {holders} voters durably hold offset "
                                      f"{target - 1} below the high watermark")
+
+    # ------------------------------------------------------------------ invariants: fault-free windows
+
+    def expect_stable_leader(self, leader_id: int) -> None:
+        """Until ``end_stable_window``, nothing fails: the leader must keep leading and no node
+        may raise its epoch (checked after every event)."""
+        core = self.nodes[leader_id].core
+        assert core is not None and core.role == Role.LEADER
+        self.stable_leader = (leader_id, core.epoch)
+
+    def end_stable_window(self) -> None:
+        self.stable_leader = None
+
+    def _check_stable_leader(self, changed: SimNode) -> None:
+        assert self.stable_leader is not None and changed.core is not None
+        leader_id, epoch = self.stable_leader
+        core = changed.core
+        if core.epoch > epoch:
+            raise InvariantViolation(f"t={self.now_ms} fault-free window: node {changed.node_id} raised the epoch "
+                                     f"{epoch} -> {core.epoch} under healthy leader {leader_id}")
+        if changed.node_id == leader_id and core.role != Role.LEADER:
+            raise InvariantViolation(f"t={self.now_ms} fault-free window: healthy leader {leader_id} deposed "
+                                     f"(now {core.role.value} in epoch {core.epoch})")
 
     def check_replicas_agree(self) -> None:
         """Every record below each node's high watermark matches the committed record."""

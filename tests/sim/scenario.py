@@ -2,11 +2,16 @@
 
 Phases:
 1. Faults (``fault_phase_ms`` of simulated time): client proposals and linearizable reads
-   against whoever leads, while the plan crashes, shuts down, restarts and partitions
-   nodes. Invariants are checked after every event (tests/sim/cluster.py).
-2. Liveness: heal the network, stop losing messages, restart every node. Within
-   ``LIVENESS_BOUND_MS`` a leader must be elected and a new proposal committed, and within
-   ``CATCH_UP_BOUND_MS`` more every replica must reach the leader's high watermark.
+   against whoever leads, while the plan crashes, shuts down, restarts, partitions and
+   pauses nodes, delays a few messages past an election timeout and takes snapshots (large
+   and slowly transferred in half the seeds). Invariants are checked after every event
+   (tests/sim/cluster.py).
+2. Liveness: stop losing messages, heal the network and restart every node; with 3 or 5
+   voters the seed may then keep a minority of voters down for good (``LIVENESS_KINDS``).
+   Within ``LIVENESS_BOUND_MS`` a leader must commit a new proposal, within
+   ``CATCH_UP_BOUND_MS`` more every reachable replica must reach its high watermark, and for
+   ``STABLE_WINDOW_MS`` of fault-free load the leader must keep leading with no epoch raised.
+   A minority kept down then comes back and catches up.
 3. End: every replica holds the same committed records (checked against the oracle of
    everything ever committed).
 """
@@ -18,11 +23,17 @@ from dataclasses import dataclass, field
 
 from raft.node import NotLeaderError, ProposalRejectedError, Role
 from raft.types import SnapshotId
-from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults
+from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode, sim_config
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
+STABLE_WINDOW_MS = 1_000  # fault-free: the leader keeps leading, no epoch rises
 MAX_FAULT_ACTIONS = 12
+SNAPSHOT_WAIT_MS = 300  # a snapshot fault waits this long for a leader whose log is all committed
+ELECTION_TIMEOUT_MS = sim_config(1, frozenset({1})).election_timeout_ms  # pauses, long delays count in these
+# The liveness phase heals everything, or keeps a minority of voters down for good (and in
+# "lagging_voter" one more follower must first download a snapshot to rejoin).
+LIVENESS_KINDS = ("heal_all", "minority_down", "lagging_voter")
 
 
 @dataclass
@@ -63,47 +74,90 @@ def run_seed(seed: int, voters: int | None = None, verbose: bool = False) -> Run
 
 
 def _run(seed: int, voters: int, verbose: bool) -> RunResult:
-    plan_rng = random.Random(seed * 7919 + voters)
-    observers = plan_rng.choice((0, 0, 1, 2))
-    lossy = plan_rng.random() < 0.7
-    faults = NetworkFaults(
-        drop_probability=plan_rng.choice((0.0, 0.01, 0.05, 0.15)) if lossy else 0.0,
-        duplicate_probability=plan_rng.choice((0.0, 0.02, 0.1)) if lossy else 0.0,
-        delay_min_ms=1,
-        delay_max_ms=plan_rng.choice((2, 5, 20, 40)),
-        flush_min_ms=1,
-        flush_max_ms=plan_rng.choice((1, 5, 15)),
-    )
-    overrides = {
-        "append_linger_ms": plan_rng.choice((0, 0, 2)),
-        # Small batches make fetches return one batch at a time: more intermediate acks.
-        "max_batch_bytes": plan_rng.choice((8 * 1024 * 1024, 256)),
-    }
-    plan: list[str] = []
-    trace = print if verbose else None
-    cluster = Cluster(seed, voters, observers, faults, overrides, trace=trace)
-    all_ids = sorted(cluster.nodes)
-    fault_phase_ms = plan_rng.randint(1_500, 3_000)
-    state = _Load(cluster, plan_rng)
+    scenario = _Scenario(seed, voters, verbose)
+    scenario.fault_phase()
+    scenario.liveness_phase()
+    cluster = scenario.cluster
+    return RunResult(seed, voters, scenario.observers, cluster.events_processed, cluster.now_ms,
+                     len(cluster.committed), scenario.plan, dict(cluster.stats), scenario.liveness_ms)
 
-    def log(text: str) -> None:
-        plan.append(f"t={cluster.now_ms} {text}")
-        if verbose:
-            print(f"{cluster.now_ms:>6} ** {text}")
 
-    # Client load: proposals and reads at random intervals for the whole fault phase.
-    time_ms = 0
-    while time_ms < fault_phase_ms:
-        time_ms += plan_rng.randint(2, 30)
-        cluster.at(time_ms, state.propose if plan_rng.random() < 0.85 else state.read)
+class _Scenario:
+    """One seed's run: the shape it picks, the fault phase and the liveness phase."""
 
-    # The fault plan.
-    for _ in range(plan_rng.randint(2, MAX_FAULT_ACTIONS)):
-        at_ms = plan_rng.randint(100, fault_phase_ms)
-        kind = plan_rng.choice(("crash", "crash", "shutdown", "partition", "one_way", "isolate_leader",
-                                "kill_all", "snapshot"))
-        victim = plan_rng.choice(all_ids)
-        back_ms = at_ms + plan_rng.randint(20, 800)
+    def __init__(self, seed: int, voters: int, verbose: bool) -> None:
+        rng = self.rng = random.Random(seed * 7919 + voters)
+        self.seed, self.voters = seed, voters
+        self.verbose = verbose
+        self.observers = rng.choice((0, 0, 1, 2))
+        lossy = rng.random() < 0.7
+        faults = NetworkFaults(
+            drop_probability=rng.choice((0.0, 0.01, 0.05, 0.15)) if lossy else 0.0,
+            duplicate_probability=rng.choice((0.0, 0.02, 0.1)) if lossy else 0.0,
+            delay_min_ms=1,
+            delay_max_ms=rng.choice((2, 5, 20, 40)),
+            flush_min_ms=1,
+            flush_max_ms=rng.choice((1, 5, 15)),
+        )
+        overrides = {
+            "append_linger_ms": rng.choice((0, 0, 2)),
+            # Small batches make fetches return one batch at a time: more intermediate acks.
+            "max_batch_bytes": rng.choice((8 * 1024 * 1024, 256)),
+        }
+        # Messages delayed past an election timeout: an old Fetch arrives after a new commit.
+        faults.long_delay_probability = rng.choice((0.0, 0.002, 0.01, 0.03))
+        faults.long_delay_min_ms = ELECTION_TIMEOUT_MS
+        faults.long_delay_max_ms = 3 * ELECTION_TIMEOUT_MS
+        # Large snapshots moved slowly, chunk by chunk: a download may outlast the leader's
+        # check-quorum period (1.5 x fetch_timeout_ms), up to ~1.2 simulated s on average.
+        self.snapshot_bytes = 0  # 0: the small default snapshot
+        if rng.random() < 0.5:
+            self.snapshot_bytes = rng.randint(10_000, 200_000)
+            faults.snapshot_chunk_delay_ms = rng.randint(2, 20)
+            download_ms = rng.randint(100, 1_200)
+            round_trip_ms = faults.snapshot_chunk_delay_ms + faults.delay_max_ms + 1
+            chunks = max(4, download_ms // round_trip_ms)
+            overrides["snapshot_chunk_bytes"] = max(64, self.snapshot_bytes // chunks)
+        self.liveness_kind = rng.choice(LIVENESS_KINDS) if voters >= 3 else "heal_all"
+        self.plan: list[str] = []
+        self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None)
+        self.all_ids = sorted(self.cluster.nodes)
+        self.fault_phase_ms = rng.randint(1_500, 3_000)
+        self.load = _Load(self.cluster, rng)
+        self.liveness_ms = 0
+
+    def log(self, text: str) -> None:
+        self.plan.append(f"t={self.cluster.now_ms} {text}")
+        if self.verbose:
+            print(f"{self.cluster.now_ms:>6} ** {text}")
+
+    def schedule_load(self, from_ms: int, until_ms: int) -> None:
+        """Client proposals and reads at random intervals."""
+        time_ms = from_ms
+        while time_ms < until_ms:
+            time_ms += self.rng.randint(2, 30)
+            self.cluster.at(time_ms, self.load.propose if self.rng.random() < 0.85 else self.load.read)
+
+    # ------------------------------------------------------------------ phase 1: faults
+
+    def fault_phase(self) -> None:
+        self.schedule_load(0, self.fault_phase_ms)
+        for _ in range(self.rng.randint(2, MAX_FAULT_ACTIONS)):
+            self._schedule_fault()
+        if _plan_disk_loss(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log):
+            # A lost voter votes for nobody until it caught up: with another voter down for
+            # good, no majority could elect a leader, so every node comes back.
+            self.liveness_kind = "heal_all"
+        self._hostile_elections()
+        self.cluster.run_for(self.fault_phase_ms)
+
+    def _schedule_fault(self) -> None:
+        cluster, rng, log, all_ids = self.cluster, self.rng, self.log, self.all_ids
+        at_ms = rng.randint(100, self.fault_phase_ms)
+        kind = rng.choice(("crash", "crash", "shutdown", "partition", "one_way", "isolate_leader",
+                           "kill_all", "snapshot", "pause", "pause_leader"))
+        victim = rng.choice(all_ids)
+        back_ms = at_ms + rng.randint(20, 800)
         if kind == "crash":
             cluster.at(at_ms, lambda v=victim: (log(f"crash {v}"), cluster.crash(v)))
             cluster.at(back_ms, lambda v=victim: (log(f"restart {v}"), cluster.restart(v)))
@@ -111,7 +165,7 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
             cluster.at(at_ms, lambda v=victim: (log(f"shutdown {v}"), cluster.shutdown(v)))
             cluster.at(back_ms, lambda v=victim: (log(f"restart {v}"), cluster.restart(v)))
         elif kind in ("partition", "one_way"):
-            side = set(plan_rng.sample(all_ids, plan_rng.randint(1, max(1, len(all_ids) // 2))))
+            side = set(rng.sample(all_ids, rng.randint(1, max(1, len(all_ids) // 2))))
             rest = set(all_ids) - side
             one_way = kind == "one_way"
             cluster.at(at_ms, lambda s=side, r=rest, o=one_way: (
@@ -126,7 +180,7 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
             cluster.at(at_ms, isolate)
             cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
         elif kind == "kill_all":
-            majority = plan_rng.sample(sorted(cluster.voter_ids), cluster.majority)
+            majority = rng.sample(sorted(cluster.voter_ids), cluster.majority)
 
             def kill_all() -> None:
                 log("kill all")
@@ -140,61 +194,158 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
             cluster.at(at_ms, kill_all)
             cluster.at(at_ms + 10, restart_majority)
             cluster.at(back_ms + 200, lambda: (log("restart all"), [cluster.restart(n) for n in all_ids]))
+        elif kind in ("pause", "pause_leader"):
+            # A process pause of 0.5-3 election timeouts; it resumes with its stale state.
+            pause_ms = rng.randint(ELECTION_TIMEOUT_MS // 2, 3 * ELECTION_TIMEOUT_MS)
+
+            def pause(v: int = victim, leader_only: bool = kind == "pause_leader", ms: int = pause_ms) -> None:
+                leader = cluster.leader()
+                target = leader.node_id if leader_only and leader is not None else v
+                log(f"pause {target} for {ms} ms")
+                cluster.pause(target, ms)
+            cluster.at(at_ms, pause)
         else:
-            cluster.at(at_ms, lambda: _take_snapshot(cluster, log))
+            cluster.at(at_ms, lambda: self._snapshot_soon(cluster.now_ms + SNAPSHOT_WAIT_MS))
 
-    _plan_disk_loss(cluster, seed, voters, fault_phase_ms, log)
+    def _snapshot_soon(self, give_up_ms: int) -> None:
+        """Under load a leader's log is seldom all committed and flushed: retry a while."""
+        if not _take_snapshot(self.cluster, self.log, self.snapshot_bytes) and self.cluster.now_ms < give_up_ms:
+            self.cluster.at(self.cluster.now_ms + 5, lambda: self._snapshot_soon(give_up_ms))
 
-    # Hostile elections: a new leader is sometimes cut off or crashed at once, so it leaves
-    # a LeaderChange record nobody else has (the setting of Raft's figure 8).
-    hostile_probability = plan_rng.choice((0.0, 0.3, 0.6))
+    def _hostile_elections(self) -> None:
+        """A new leader is sometimes cut off or crashed at once, so it leaves a LeaderChange
+        record nobody else has (the setting of Raft's figure 8)."""
+        cluster, rng, log = self.cluster, self.rng, self.log
+        hostile_probability = rng.choice((0.0, 0.3, 0.6))
 
-    def on_elected(node) -> None:  # type: ignore[no-untyped-def]
-        if cluster.now_ms >= fault_phase_ms or plan_rng.random() >= hostile_probability:
-            return
-        victim, back_ms = node.node_id, cluster.now_ms + plan_rng.randint(20, 400)
-        if plan_rng.random() < 0.5:
-            cluster.at(cluster.now_ms, lambda: (log(f"crash new leader {victim}"), cluster.crash(victim)))
-            cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
+        def on_elected(node: SimNode) -> None:
+            if cluster.now_ms >= self.fault_phase_ms or rng.random() >= hostile_probability:
+                return
+            victim, back_ms = node.node_id, cluster.now_ms + rng.randint(20, 400)
+            if rng.random() < 0.5:
+                cluster.at(cluster.now_ms, lambda: (log(f"crash new leader {victim}"), cluster.crash(victim)))
+                cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
+            else:
+                others = set(self.all_ids) - {victim}
+                cluster.at(cluster.now_ms, lambda: (log(f"isolate new leader {victim}"),
+                                                    cluster.partition({victim}, others)))
+                cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
+        cluster.on_elected = on_elected
+
+    # ------------------------------------------------------------------ phase 2: liveness
+
+    def liveness_phase(self) -> None:
+        """Heal everything, or keep a minority of voters down for good (then let it back):
+        the side with a majority must commit, its replicas catch up, and a fault-free window
+        must keep its leader; at the end all replicas hold the same committed records."""
+        cluster = self.cluster
+        cluster.on_elected = None
+        cluster.stats[f"liveness_{self.liveness_kind}"] += 1
+        self._heal_everything()
+        if self.liveness_kind == "heal_all":
+            self._await_commit("healing everything")
+            target = self._await_catch_up(set(self.all_ids))
+            self._stable_window()
         else:
-            others = set(all_ids) - {victim}
-            cluster.at(cluster.now_ms, lambda: (log(f"isolate new leader {victim}"),
-                                                cluster.partition({victim}, others)))
-            cluster.at(back_ms, lambda: (log("heal"), cluster.heal()))
-    cluster.on_elected = on_elected
+            if self.liveness_kind == "lagging_voter":
+                self._await_commit("healing everything")
+            down, behind = self._minority_down()
+            what = f"voters {sorted(down & cluster.voter_ids)} down for good"
+            if behind is not None:
+                what += f", voter {behind} behind a snapshot"
+            self._await_commit(what)
+            self._await_catch_up(set(self.all_ids) - down)
+            self._stable_window()
+            self.log(f"minority {sorted(down)} back")
+            self._heal_everything()
+            target = self._await_catch_up(set(self.all_ids))
+        cluster.check_replicas_agree()
+        _check_identical_committed_logs(cluster, target)
+        if self.verbose:
+            print(f"liveness ok; slowest {self.liveness_ms} ms; committed offsets {len(cluster.committed)}")
 
-    cluster.run_for(fault_phase_ms)
+    def _heal_everything(self) -> None:
+        self.log("heal, restart all, lossless network")
+        cluster = self.cluster
+        cluster.heal()
+        faults = cluster.faults
+        faults.drop_probability = faults.duplicate_probability = faults.long_delay_probability = 0.0
+        for node_id in self.all_ids:
+            cluster.resume(node_id)
+            cluster.restart(node_id)
 
-    # Liveness: heal everything and demand progress within a bound.
-    log("liveness: heal, restart all, lossless network")
-    cluster.on_elected = None
-    cluster.heal()
-    cluster.faults.drop_probability = 0.0
-    cluster.faults.duplicate_probability = 0.0
-    for node_id in all_ids:
-        cluster.restart(node_id)
-    started_ms = cluster.now_ms
-    committed = cluster.run_until(lambda: state.liveness_probe(), LIVENESS_BOUND_MS)
-    liveness_ms = cluster.now_ms - started_ms
-    if not committed:
-        roles = {n.node_id: (n.core.role.value, n.core.epoch) for n in cluster.nodes.values() if n.core}
-        raise InvariantViolation(f"liveness: no leader committed a new proposal within {LIVENESS_BOUND_MS} ms "
-                                 f"of healing (roles {roles})")
-    leader = cluster.leader()
-    assert leader is not None and leader.core is not None
-    target = leader.core.high_watermark
-    caught_up = cluster.run_until(lambda: all(
-        n.core is not None and n.core.high_watermark >= target for n in cluster.nodes.values()), CATCH_UP_BOUND_MS)
-    if not caught_up:
-        hws = {n.node_id: n.core.high_watermark for n in cluster.nodes.values() if n.core}
-        raise InvariantViolation(f"catch-up: replicas did not reach high watermark {target} within "
-                                 f"{CATCH_UP_BOUND_MS} ms (high watermarks {hws})")
-    cluster.check_replicas_agree()
-    _check_identical_committed_logs(cluster, target)
-    if verbose:
-        print(f"liveness ok after {cluster.now_ms - started_ms} ms; committed offsets {len(cluster.committed)}")
-    return RunResult(seed, voters, observers, cluster.events_processed, cluster.now_ms, len(cluster.committed), plan,
-                     dict(cluster.stats), liveness_ms)
+    def _minority_down(self) -> tuple[set[int], int | None]:
+        """Cut off or crash a minority of voters (and maybe observers) for good. For
+        ``lagging_voter``, first crash another follower while the leader commits and takes a
+        snapshot, then restart it: it must download the snapshot with the minority gone."""
+        cluster, rng = self.cluster, self.rng
+        leader = cluster.leader()
+        voters = sorted(cluster.voter_ids)
+        behind = None
+        if self.liveness_kind == "lagging_voter" and leader is not None:
+            behind = rng.choice([v for v in voters if v != leader.node_id])
+            self.log(f"crash {behind}; the leader commits and takes a snapshot")
+            cluster.crash(behind)
+            self.load.propose()
+            if not cluster.run_until(lambda: _snapshot_ready(leader), LIVENESS_BOUND_MS):
+                raise InvariantViolation(f"liveness (voter {behind} down): leader {leader.node_id} did not commit "
+                                         f"its log within {LIVENESS_BOUND_MS} ms (roles {_roles(cluster)})")
+            _take_snapshot(cluster, self.log, self.snapshot_bytes)
+        # minority_down may cut off the leader itself; lagging_voter keeps it and the laggard.
+        keep = {behind, leader.node_id} if behind is not None and leader is not None else set()
+        candidates = [v for v in voters if v not in keep]
+        down = set(rng.sample(candidates, rng.randint(1, (len(voters) - 1) // 2)))
+        down |= {n for n in self.all_ids if n not in cluster.voter_ids and rng.random() < 0.3}
+        if rng.random() < 0.5:
+            self.log(f"crash {sorted(down)} for good")
+            for node_id in sorted(down):
+                cluster.crash(node_id)
+        else:
+            self.log(f"partition {sorted(down)} | the rest, for good")
+            cluster.partition(down, set(self.all_ids) - down)
+        if behind is not None:
+            self.log(f"restart {behind}")
+            cluster.restart(behind)
+        return down, behind
+
+    def _await_commit(self, what: str) -> None:
+        """Within LIVENESS_BOUND_MS a leader commits a new proposal."""
+        cluster = self.cluster
+        started_ms, resigned_before = cluster.now_ms, cluster.stats["became_resigned"]
+        self.load.liveness_proposal = None
+        committed = cluster.run_until(self.load.liveness_probe, LIVENESS_BOUND_MS)
+        self.liveness_ms = max(self.liveness_ms, cluster.now_ms - started_ms)
+        if not committed:
+            raise InvariantViolation(f"liveness ({what}): no leader committed a new proposal within "
+                                     f"{LIVENESS_BOUND_MS} ms (roles {_roles(cluster)}; "
+                                     f"{cluster.stats['became_resigned'] - resigned_before} resignations)")
+
+    def _await_catch_up(self, node_ids: set[int]) -> int:
+        """Within CATCH_UP_BOUND_MS these replicas reach the leader's high watermark (returned)."""
+        cluster = self.cluster
+        leader = cluster.leader()
+        assert leader is not None and leader.core is not None
+        target = leader.core.high_watermark
+        caught_up = cluster.run_until(lambda: all(
+            cluster.nodes[n].core is not None and cluster.nodes[n].core.high_watermark >= target  # type: ignore[union-attr]
+            for n in node_ids), CATCH_UP_BOUND_MS)
+        if not caught_up:
+            hws = {n.node_id: n.core.high_watermark for n in cluster.nodes.values() if n.core}
+            raise InvariantViolation(f"catch-up: replicas {sorted(node_ids)} did not reach high watermark "
+                                     f"{target} within {CATCH_UP_BOUND_MS} ms (high watermarks {hws})")
+        return target
+
+    def _stable_window(self) -> None:
+        """No fault for STABLE_WINDOW_MS under client load: the leader must keep leading and
+        no node may raise its epoch (a healthy leader is never deposed)."""
+        cluster = self.cluster
+        leader = cluster.leader()
+        assert leader is not None
+        self.log(f"fault-free window: leader {leader.node_id} must stay")
+        cluster.expect_stable_leader(leader.node_id)
+        self.schedule_load(cluster.now_ms, cluster.now_ms + STABLE_WINDOW_MS)
+        cluster.run_for(STABLE_WINDOW_MS)
+        cluster.end_stable_window()
 
 
 class _Load:
@@ -250,34 +401,50 @@ class _Load:
 DISK_LOSS_PROBABILITY = 0.15  # of the seeds with 3 or 5 voters
 
 
-def _plan_disk_loss(cluster: Cluster, seed: int, voters: int, fault_phase_ms: int, log) -> None:  # type: ignore[no-untyped-def]
+def _plan_disk_loss(cluster: Cluster, seed: int, voters: int, fault_phase_ms: int, log) -> bool:  # type: ignore[no-untyped-def]
     """Sometimes one voter loses its disk (log and snapshots; quorum-state kept) and comes
     back empty. At most one per run and never a lone voter: losing more than the quorum
     tolerates loses data whatever the protocol does. Its own random stream, so the plans
     of the other seeds stay as they were."""
     disk_rng = random.Random(seed * 104_729 + 17)
     if voters < 3 or disk_rng.random() >= DISK_LOSS_PROBABILITY:
-        return
+        return False
     victim = disk_rng.choice(sorted(cluster.voter_ids))
     at_ms = disk_rng.randint(100, fault_phase_ms)
     back_ms = at_ms + disk_rng.randint(20, 800)
     cluster.at(at_ms, lambda: (log(f"lose disk of {victim}"), cluster.lose_disk(victim)))
     cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
+    return True
 
 
-def _take_snapshot(cluster: Cluster, log) -> None:  # type: ignore[no-untyped-def]
-    """Replace a fully committed, flushed log by a snapshot, as compaction will."""
+def _roles(cluster: Cluster) -> dict[int, tuple[str, int]]:
+    """Each live node's role and epoch, for failure messages."""
+    return {n.node_id: (n.core.role.value, n.core.epoch) for n in cluster.nodes.values() if n.core}
+
+
+def _snapshot_ready(node: SimNode) -> bool:
+    """The node leads and its whole log is committed and flushed: it may take a snapshot."""
+    core, log = node.core, node.log
+    return (core is not None and core.role == Role.LEADER
+            and core.high_watermark == log.end_offset() == log.flushed_offset() > log.start_offset())
+
+
+def _take_snapshot(cluster: Cluster, log, snapshot_bytes: int = 0) -> bool:  # type: ignore[no-untyped-def]
+    """Replace a fully committed, flushed log by a snapshot, as compaction will; the state is
+    padded to ``snapshot_bytes`` (0: a few hundred bytes). False: no leader was ready."""
+    taken = False
     for node in cluster.nodes.values():
-        core = node.core
-        if core is None or core.role != Role.LEADER:
+        if not _snapshot_ready(node) or node.paused:
             continue
         end = node.log.end_offset()
-        if core.high_watermark == end == node.log.flushed_offset() and end > node.log.start_offset():
-            snapshot_id = SnapshotId(end, node.log.last_epoch())
-            node.snapshots.put(snapshot_id, (b"snapshot-of-%d;" % end) * 20)
-            node.log.reset_to_snapshot(snapshot_id)
-            node.checked_offset = max(node.checked_offset, end)
-            log(f"snapshot on leader {node.node_id} at {end}")
+        snapshot_id = SnapshotId(end, node.log.last_epoch())
+        state = (b"snapshot-of-%d;" % end) * 20
+        node.snapshots.put(snapshot_id, state.ljust(snapshot_bytes, b"."))
+        node.log.reset_to_snapshot(snapshot_id)
+        node.checked_offset = max(node.checked_offset, end)
+        log(f"snapshot on leader {node.node_id} at {end} ({max(len(state), snapshot_bytes)} bytes)")
+        taken = True
+    return taken
 
 
 def _check_identical_committed_logs(cluster: Cluster, target: int) -> None:
