@@ -25,7 +25,7 @@ class FollowerHandlers(NodeBase):
 
     def _follower_deadline_ms(self, state: FollowerState) -> int:
         """The fetch timeout, and the retry of an unanswered or refused Fetch."""
-        deadline = state.last_contact_ms + self.config.fetch_timeout_ms
+        deadline = state.last_contact_ms + state.fetch_timeout_ms
         if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
             deadline = min(deadline, state.fetch_sent_ms + self._fetch_request_timeout_ms())
         elif state.phase == FetchPhase.BACKOFF:
@@ -39,7 +39,7 @@ class FollowerHandlers(NodeBase):
             self._follower_fetch_if_ready(now_ms, state)
 
     def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
-        if now_ms - state.last_contact_ms >= self.config.fetch_timeout_ms:
+        if now_ms - state.last_contact_ms >= state.fetch_timeout_ms:
             if not self.is_voter:
                 self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
             elif self._shutting_down:  # rule 11: no leader known any more, and no campaign
