@@ -43,7 +43,8 @@ id, leader id) changes only inside those methods, and only in the ways listed he
    timeout (fetch_timeout_ms plus a random share of election_timeout_ms, drawn when it
    starts following, so an idle leader's followers do not time out together and split
    the vote) → Prospective (voters) or Unattached (observers). A diverging epoch
-   in the response truncates the log (never below the high watermark); a snapshot id
+   in the response truncates the log; a cut below the high watermark would drop
+   committed records and is a broken invariant (``check``), never ignored; a snapshot id
    starts a FetchSnapshot download. High watermark = max(old, min(local end, leader's)).
 8. Resigned: a leader that shut down gracefully, lost check-quorum, or restarted as
    leader. It serves nothing, re-sends EndQuorumEpoch (successors ordered by replicated
