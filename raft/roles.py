@@ -175,6 +175,10 @@ class ReplicaProgress:
     end_offset: int = -1
     last_fetch_ms: int = -1
     last_caught_up_ms: int = -1
+    # The leader's log end and the time at this replica's previous Fetch: a Fetch reaching
+    # that end shows the replica was caught up then (Kafka's rule for last caught up).
+    previous_fetch_leader_end: int = -1
+    previous_fetch_ms: int = -1
 
 
 @dataclass(slots=True)

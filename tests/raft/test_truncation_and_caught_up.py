@@ -1,4 +1,5 @@
-"""A truncation below the high watermark stops the node (issue 20, defect 6)."""
+"""A truncation below the high watermark stops the node (issue 20, defect 6), and
+DescribeQuorum's "last caught up" follows Kafka's rule under steady writes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 import pytest
 
 from raft.log import MemoryLog, QuorumStateRecord
-from raft.messages import NO_EPOCH, Envelope, FetchRequest, FetchResponse
+from raft.messages import NO_EPOCH, Envelope, FetchRequest, FetchResponse, VoteResponse
 from raft.node import RaftConfig, RaftNode, Role
 from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch, ErrorCode, ProtocolInvariantError
@@ -56,3 +57,58 @@ def test_a_truncation_at_or_above_the_high_watermark_cuts_the_log() -> None:
     _answer(node, 10, high_watermark=1)
     _answer(node, 20, high_watermark=1, diverging=(1, 1))
     assert log.end_offset() == 1
+
+
+def _leader() -> RaftNode:
+    """Node 1 elected leader of epoch 3 over an empty log (LeaderChange at offset 0)."""
+    node = _node(QuorumStateRecord(2, -1, -1))
+    node.tick(node.next_deadline_ms())
+    node.handle(5_000, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 2, -1, True, True)))
+    node.handle(5_001, Envelope(2, 1, VoteResponse(ErrorCode.NONE, 3, -1, True, False)))
+    assert (node.role, node.epoch) == (Role.LEADER, 3)
+    node.take_ready()
+    return node
+
+
+def test_a_follower_under_steady_writes_is_caught_up_as_of_its_previous_fetch() -> None:
+    """Kafka's rule: a Fetch at or past the leader's end as of the replica's previous Fetch
+    shows the replica was caught up at that previous Fetch. Every Fetch here asks for what
+    the previous answer held, and the leader has appended one more record meanwhile, so
+    no Fetch ever reaches the leader's current end."""
+    leader = _leader()
+    log: MemoryLog = leader._log  # type: ignore[assignment]
+    now_ms = 5_010
+    fetched_at: list[int] = []
+    for _ in range(5):
+        fetch_offset = log.end_offset()  # everything the previous answer carried
+        leader.propose(now_ms, [b"write"])
+        log.flush()
+        leader.on_flushed(now_ms)
+        assert log.end_offset() > fetch_offset
+        leader.handle(now_ms, Envelope(2, 1, FetchRequest(3, 2, fetch_offset, 3, 0, 0, "")))
+        leader.take_ready()
+        fetched_at.append(now_ms)
+        now_ms += 7
+    follower = {r.replica_id: r for r in leader.describe_quorum(now_ms).voters}[2]
+    assert follower.last_fetch_timestamp_ms == fetched_at[-1]
+    assert follower.last_caught_up_timestamp_ms == fetched_at[-2]
+    lagging = {r.replica_id: r for r in leader.describe_quorum(now_ms).voters}[3]
+    assert lagging.last_caught_up_timestamp_ms == -1  # never fetched
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_simulated_followers_under_steady_writes_look_caught_up(seed: int) -> None:
+    """The same in the simulator: a proposal every 2 ms for a second, three voters, no
+    faults. Each follower's last caught up stays within one fetch timeout of now."""
+    from tests.sim.cluster import Cluster
+    cluster = Cluster(seed=seed, voters=3)
+    assert cluster.run_until(lambda: cluster.leader() is not None, 5_000)
+    start_ms = cluster.now_ms
+    for at_ms in range(start_ms + 2, start_ms + 1_000, 2):
+        cluster.at(at_ms, lambda: cluster.propose((b"steady",)))
+    cluster.run_for(1_000)
+    leader = cluster.leader()
+    assert leader is not None and leader.core is not None
+    quorum = leader.core.describe_quorum(cluster.now_ms)
+    for replica in quorum.voters:
+        assert cluster.now_ms - replica.last_caught_up_timestamp_ms <= 200, replica
