@@ -25,7 +25,7 @@ class FollowerHandlers(NodeBase):
 
     def _follower_deadline_ms(self, state: FollowerState) -> int:
         """The fetch timeout, and the retry of an unanswered or refused Fetch."""
-        deadline = state.last_contact_ms + self.config.fetch_timeout_ms
+        deadline = state.last_contact_ms + state.fetch_timeout_ms
         if state.phase in (FetchPhase.IN_FLIGHT, FetchPhase.SNAPSHOT):
             deadline = min(deadline, state.fetch_sent_ms + self._fetch_request_timeout_ms())
         elif state.phase == FetchPhase.BACKOFF:
@@ -39,7 +39,7 @@ class FollowerHandlers(NodeBase):
             self._follower_fetch_if_ready(now_ms, state)
 
     def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
-        if now_ms - state.last_contact_ms >= self.config.fetch_timeout_ms:
+        if now_ms - state.last_contact_ms >= state.fetch_timeout_ms:
             if not self.is_voter:
                 self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
             elif self._shutting_down:  # rule 11: no leader known any more, and no campaign
@@ -132,15 +132,19 @@ class FollowerHandlers(NodeBase):
         self._follower_fetch_if_ready(now_ms, state)
 
     def _follower_truncate(self, response: FetchResponse) -> None:
-        """Rule 7: cut the log back to where it agrees with the leader (never below HW)."""
+        """Rule 7: cut the log back to where it agrees with the leader. The leader holds
+        every committed record, so a cut below the high watermark would mean committed
+        records differ: a broken invariant that stops the node, never a silent no-op."""
         log = self._log
         if response.diverging_epoch < 0 or response.diverging_end_offset < 0:
             return
         epoch, end_offset = log.end_offset_for_epoch(response.diverging_epoch)
         offset = min(end_offset, response.diverging_end_offset)
-        if offset < self.high_watermark or offset < log.start_offset() or offset >= log.end_offset():
-            return
-        log.truncate_to(offset)
+        check(offset >= self.high_watermark,
+              f"leader {response.leader_id} (epoch {response.epoch}) asks to truncate to {offset}, "
+              f"below the high watermark {self.high_watermark}")
+        if offset < log.end_offset():
+            log.truncate_to(offset)
 
     def _follower_append(self, response: FetchResponse) -> None:
         log = self._log

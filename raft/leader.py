@@ -215,8 +215,7 @@ class LeaderHandlers(NodeBase):
         if progress is not None:
             progress.end_offset = request.fetch_offset
             progress.last_fetch_ms = now_ms
-            if request.fetch_offset >= log.end_offset():
-                progress.last_caught_up_ms = now_ms
+            _record_caught_up(progress, request.fetch_offset, log.end_offset(), now_ms)
             if request.replica_endpoint:
                 progress.endpoint = request.replica_endpoint
         is_voter = request.replica_id in state.voters and request.replica_id == src
@@ -379,6 +378,19 @@ class LeaderHandlers(NodeBase):
             answer(ErrorCode.POSITION_OUT_OF_RANGE)
             return
         answer(ErrorCode.NONE, size, chunk)
+
+
+def _record_caught_up(progress: ReplicaProgress, fetch_offset: int, leader_end: int, now_ms: int) -> None:
+    """Kafka's rule for DescribeQuorum's "last caught up": a Fetch at the leader's end is
+    caught up now; one at or past the leader's end as of the replica's previous Fetch was
+    caught up at that previous Fetch. Under steady writes the end moves between fetches, so
+    the first rule alone would never hold for a healthy follower."""
+    if fetch_offset >= leader_end:
+        progress.last_caught_up_ms = now_ms
+    elif 0 <= progress.previous_fetch_leader_end <= fetch_offset:
+        progress.last_caught_up_ms = max(progress.last_caught_up_ms, progress.previous_fetch_ms)
+    progress.previous_fetch_leader_end = leader_end
+    progress.previous_fetch_ms = now_ms
 
 
 def _replica_state(progress: ReplicaProgress) -> ReplicaState:

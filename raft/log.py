@@ -50,7 +50,8 @@ class RaftLog(Protocol):
         or above it only when the whole batch lies below cleaned_end()."""
 
     def truncate_to(self, offset: int) -> None:
-        """Drop every record at ``offset`` and above (never below start_offset())."""
+        """Drop every record at ``offset`` and above (never below start_offset(); the core
+        never asks below its high watermark: raft/follower.py checks that first)."""
 
     def read(self, offset: int, max_bytes: int) -> list[Batch]:
         """Whole batches holding offsets >= ``offset`` (at least one when any exist, even if

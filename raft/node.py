@@ -360,6 +360,13 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         timeout_ms = self.config.election_timeout_ms
         return timeout_ms + self._rng.randrange(timeout_ms)
 
+    def _random_fetch_timeout_ms(self) -> int:
+        """Rule 7: fetch_timeout_ms plus a random share of one election timeout. An idle
+        leader answers its followers' parked fetches together: without the jitter their
+        fetch timeouts would expire together and their pre-vote rounds split the vote."""
+        timeout_ms = self.config.fetch_timeout_ms
+        return timeout_ms + self._rng.randrange(self.config.election_timeout_ms + 1)
+
     # ------------------------------------------------------------------ transitions
     # The only places that assign self._state. Each says which rule of roles.py it follows
     # and checks its move against roles.TRANSITIONS (_restart picks the first role).
@@ -381,7 +388,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         elif persisted.leader_id != NO_LEADER and persisted.leader_id != self._id:
             self._state = FollowerState(
                 persisted.epoch, persisted.leader_id, self.peer_endpoints.get(persisted.leader_id, ""),
-                persisted.voted_id, now_ms,
+                persisted.voted_id, now_ms, self._random_fetch_timeout_ms(),
             )
             self._follower_fetch_if_ready(now_ms, self._state)
         else:
@@ -422,7 +429,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if leader_endpoint:
             self.peer_endpoints[leader_id] = leader_endpoint
         endpoint = leader_endpoint or self.peer_endpoints.get(leader_id, "")
-        state = FollowerState(epoch, leader_id, endpoint, voted_id, now_ms)
+        state = FollowerState(epoch, leader_id, endpoint, voted_id, now_ms, self._random_fetch_timeout_ms())
         self._state = state
         self._follower_fetch_if_ready(now_ms, state)
 
@@ -583,25 +590,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         )
         granted = (request.epoch > self.epoch and not recent_leader and not self._persisted.log_lost
                    and self._log_ok(request))
-        if (granted and isinstance(state, ProspectiveState) and state.leader_id != NO_LEADER
-                and not state.rejected and src > self._id
-                and request.epoch == state.epoch + 1 and self._log_equal(request)):
-            # Two voters running the same pre-vote round with equal logs (their leader died
-            # while both fetches were parked, so their fetch timeouts expired together):
-            # granting each other, both would become candidates and split the vote, and the
-            # next try waits a whole candidate timeout. Only the lower id is granted; it wins
-            # the round with this node's grant and then its vote. A round that already met a
-            # rejection grants as usual, so a node that cannot win never blocks the other.
-            # Only the first round after losing a leader does this: a lower id that hears
-            # nobody else (no grant, no rejection: a cut link) would otherwise refuse the
-            # higher id in every round and no leader would ever be elected; its later rounds
-            # (no leader known) grant as usual.
-            granted = False
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, True))
-
-    def _log_equal(self, request: VoteRequest) -> bool:
-        log = self._log
-        return (request.last_offset_epoch, request.last_offset) == (log.last_epoch(), log.end_offset())
 
     def _log_ok(self, request: VoteRequest) -> bool:
         log = self._log

@@ -24,8 +24,10 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
    be fine), else a new pre-vote round. Followers that fetched successfully from their
    leader within fetch_timeout_ms refuse pre-votes; leaders refuse all. A node that is
    cut off therefore cannot bump the epoch and depose a healthy leader when it comes
-   back. A pre-vote for epoch e does tell the receiver that the sender is in epoch e - 1
-   already; rule 1 applies to that epoch.
+   back. Any other voter grants a pre-vote to a log at least as up to date, whatever the
+   ids (no tie-break: rule 7's jitter keeps followers of one leader from running their
+   rounds together). A pre-vote for epoch e does tell the receiver that the sender is in
+   epoch e - 1 already; rule 1 applies to that epoch.
 4. Candidate: persists epoch + 1 and a vote for itself, then asks for real votes. A
    majority → Leader. Timer → Prospective (a new pre-vote round, same epoch).
 5. Votes: a voter grants at most one vote per epoch (persisted before the response is
@@ -38,9 +40,12 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
    entry of the leader's own epoch is committed) and never moves back. Without a Fetch or
    FetchSnapshot from a majority for 1.5 × fetch_timeout_ms the leader resigns (check-quorum).
 7. Follower: fetches from the leader; acknowledges an offset only by fetching from it,
-   and fetches only what it has flushed. No successful Fetch response for
-   fetch_timeout_ms → Prospective (voters) or Unattached (observers). A diverging epoch
-   in the response truncates the log (never below the high watermark); a snapshot id
+   and fetches only what it has flushed. No successful Fetch response for its fetch
+   timeout (fetch_timeout_ms plus a random share of election_timeout_ms, drawn when it
+   starts following, so an idle leader's followers do not time out together and split
+   the vote) → Prospective (voters) or Unattached (observers). A diverging epoch
+   in the response truncates the log; a cut below the high watermark would drop
+   committed records and is a broken invariant (``check``), never ignored; a snapshot id
    starts a FetchSnapshot download. High watermark = max(old, min(local end, leader's)).
 8. Resigned: a leader that shut down gracefully, lost check-quorum, or restarted as
    leader. It serves nothing, re-sends EndQuorumEpoch (successors ordered by replicated
@@ -184,6 +189,10 @@ class ReplicaProgress:
     last_fetch_ms: int = -1
     last_caught_up_ms: int = -1
     last_heard_ms: int = -1  # latest Fetch or FetchSnapshot in this epoch: check-quorum's sign of life
+    # The leader's log end and the time at this replica's previous Fetch: a Fetch reaching
+    # that end shows the replica was caught up then (Kafka's rule for last caught up).
+    previous_fetch_leader_end: int = -1
+    previous_fetch_ms: int = -1
 
 
 @dataclass(slots=True)
@@ -252,6 +261,7 @@ class FollowerState:
     leader_endpoint: str
     voted_id: int
     last_contact_ms: int  # fetch-timeout base: when we started following, or last fetched
+    fetch_timeout_ms: int  # fetch_timeout_ms plus this state's random jitter (rule 7)
     fetched_ms: int = -1  # last successful Fetch response from the leader (-1: none yet)
     phase: FetchPhase = FetchPhase.IDLE
     fetch_offset_in_flight: int = -1

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass, field
 
 from raft.node import NotLeaderError, ProposalRejectedError, Role
-from raft.types import SnapshotId
+from raft.types import ProtocolInvariantError, SnapshotId
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode, sim_config
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
@@ -69,7 +69,7 @@ def run_seed(seed: int, voters: int | None = None, verbose: bool = False) -> Run
     voters = voters_for_seed(seed) if voters is None else voters
     try:
         return _run(seed, voters, verbose)
-    except InvariantViolation as exc:
+    except (InvariantViolation, ProtocolInvariantError) as exc:  # the latter stops a real node
         raise SimulationFailure(f"seed {seed} voters {voters}: {exc}\n  replay: {replay_command(seed, voters)}") from exc
 
 

@@ -64,12 +64,13 @@ def test_a_paused_leader_resumes_late_with_its_stale_state() -> None:
     paused = cluster.leader()
     assert paused is not None and paused.core is not None
     old_epoch = paused.core.epoch
-    cluster.pause(paused.node_id, 500)
+    paused_at_ms = cluster.now_ms
+    cluster.pause(paused.node_id, 1_500)
     assert cluster.propose((b"to a paused leader",), paused) is None  # it answers no client
-    cluster.run_for(450)
+    assert cluster.run_until(lambda: cluster.leader() not in (None, paused), 1_400)
     assert paused.core.role == Role.LEADER and paused.core.epoch == old_epoch  # stale, untouched
-    assert paused.held and cluster.leader() is not paused
-    cluster.run_for(100)
+    assert paused.held
+    cluster.run_for(paused_at_ms + 1_600 - cluster.now_ms)
     assert not paused.held
     assert paused.core.role == Role.FOLLOWER and paused.core.epoch > old_epoch
 
