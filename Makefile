@@ -99,3 +99,10 @@ sim-compaction: $(STAMP)
 
 bench-compaction: $(STAMP)
 	$(PY) -m loadtest.bench_compaction
+
+# Mutation testing (tests/mutants): every catalogued protocol mutation must make a simulator
+# fail; exits 1 if one survives. make test runs a quick subset (tests/mutants/test_mutants_quick.py).
+.PHONY: mutants
+MUTANT_ARGS ?=
+mutants: $(STAMP)
+	$(PY) -m tests.mutants.run $(MUTANT_ARGS)
