@@ -144,24 +144,19 @@ class FollowerHandlers(NodeBase):
 
     def _follower_append(self, response: FetchResponse) -> None:
         log = self._log
-        # Offsets may jump only inside the leader's cleaned prefix, which lies below the
-        # dirty offset it announced (every replica cleans to at most that offset).
-        end = log.end_offset()
-        # Continuing a copy: the last answer's batches below the dirty offset were counted
-        # as cleaned prefix already (or this log is empty, about to copy from 0).
-        copying = end <= log.cleaned_end()
+        # Every batch below the leader's cleaned end that this log did not have is a copy of
+        # its cleaned prefix: offsets may jump there, and records lack superseded ops even
+        # where none is missing ([DELETE x, PUT a], [PUT x] cleans to [PUT a], [PUT x]). So it
+        # counts as cleaned prefix, and no state inside it is taken for a real version
+        # (is_real_state); an offset gap alone missed the gap-free copies (found by the
+        # compaction simulator, seed 12).
+        end = copied_end = log.end_offset()
         for batch in response.records:
-            if batch.next_offset > response.dirty_offset:
+            if batch.next_offset > response.cleaned_end:
                 break
-            copying = copying or batch.base_offset > end  # an offset gap: a cleaned prefix
-            end = max(end, batch.next_offset)
-        # A cleaned prefix lacks superseded records also where no offset is missing: a key's
-        # old value is gone at a gap and its new one may lie many contiguous batches later.
-        # So everything copied below the dirty offset counts as cleaned prefix, not just up
-        # to the last gap, and no state inside it is taken for a real version
-        # (is_real_state); found by the compaction simulator checking every applied batch.
-        if copying and end > log.cleaned_end():
-            log.allow_gaps_below(end)
+            copied_end = max(copied_end, batch.next_offset)
+        if copied_end > end and copied_end > log.cleaned_end():
+            log.allow_gaps_below(copied_end)
         for batch in response.records:
             end = log.end_offset()
             if batch.next_offset <= end:
