@@ -23,6 +23,10 @@ from raft.types import Batch, ErrorCode, SnapshotId, check
 class FollowerHandlers(NodeBase):
     """Mixin of RaftNode: what a node does while it follows (FollowerState)."""
 
+    # Why this node last refused a leader's answer ("" when it never did): the runtime logs
+    # it. A class default, so RaftNode's constructor need not know it.
+    refused_leader_reason: str = ""
+
     def _follower_deadline_ms(self, state: FollowerState) -> int:
         """The fetch timeout, and the retry of an unanswered or refused Fetch."""
         deadline = state.last_contact_ms + self.config.fetch_timeout_ms
@@ -111,6 +115,9 @@ class FollowerHandlers(NodeBase):
             return
         if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
             return  # stale or duplicated answer
+        if response.tombstone_retention_records != self.config.tombstone_retention_records:
+            self._follower_refuse(now_ms, state, response)
+            return
         state.last_contact_ms = now_ms
         state.fetched_ms = now_ms
         self._last_fetched_ms = now_ms
@@ -130,6 +137,19 @@ class FollowerHandlers(NodeBase):
         else:
             self._follower_append(response)
         self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_refuse(self, now_ms: int, state: FollowerState, response: FetchResponse) -> None:
+        """Follow no leader with another tombstone_retention_records (docs/compaction.md rule
+        3): its cleaned prefix may lack tombstones this node's re-bootstrap bound would count
+        on when it leads, and cleaned ranges would differ. Learn nothing from the answer; the
+        leader is alive (no campaign), so keep asking after a backoff."""
+        state.last_contact_ms = now_ms
+        state.phase = FetchPhase.BACKOFF
+        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+        self.refused_leader_reason = (
+            f"leader {response.leader_id} (epoch {response.epoch}) runs with tombstone_retention_records="
+            f"{response.tombstone_retention_records}, this node with {self.config.tombstone_retention_records}: "
+            f"not following it (the setting must be equal on every node)")
 
     def _follower_truncate(self, response: FetchResponse) -> None:
         """Rule 7: cut the log back to where it agrees with the leader (never below HW)."""

@@ -28,10 +28,11 @@ def _follower(log: MemoryLog, retention: int = 3) -> RaftNode:
     return node
 
 
-def _answer(fetch_offset: int, records: tuple[Batch, ...], *, cleaned_end: int, dirty_offset: int) -> Envelope:
+def _answer(fetch_offset: int, records: tuple[Batch, ...], *, cleaned_end: int, dirty_offset: int,
+            retention: int = 3) -> Envelope:
     return Envelope(LEADER, 2, FetchResponse(
         ErrorCode.NONE, EPOCH, LEADER, "http://n1", fetch_offset, dirty_offset, 0, dirty_offset, dirty_offset,
-        records, -1, -1, None, 0, cleaned_end))
+        records, -1, -1, None, 0, cleaned_end, retention))
 
 
 def _record(*ops: Op) -> bytes:
@@ -48,10 +49,10 @@ def _log_until(end: int) -> MemoryLog:
 
 def test_fetch_response_carries_the_cleaned_end_and_the_retention() -> None:
     response = FetchResponse(ErrorCode.NONE, 3, 1, "http://x", 10, 9, 0, 4, 2,
-                             (Batch(10, 3, 1, False, (b"r",)),), -1, 0, None, 7, 8)
+                             (Batch(10, 3, 1, False, (b"r",)),), -1, 0, None, 7, 8, 250)
     decoded = decode_message(encode_message(response))
     assert decoded == response
-    assert isinstance(decoded, FetchResponse) and decoded.cleaned_end == 8
+    assert isinstance(decoded, FetchResponse) and (decoded.cleaned_end, decoded.tombstone_retention_records) == (8, 250)
 
 
 def test_a_gap_free_copy_below_the_leaders_cleaned_end_is_cleaned_prefix() -> None:
@@ -95,6 +96,24 @@ def test_batches_above_the_leaders_cleaned_end_are_history() -> None:
     assert node.is_real_state(11)
 
 
+def test_a_follower_refuses_a_leader_with_another_tombstone_retention() -> None:
+    """A leader whose cleaners keep fewer tombstones may have dropped some this node's
+    re-bootstrap bound would count on once it leads: learn nothing, back off, say why."""
+    log = _log_until(10)
+    node = _follower(log, retention=3)
+    records = (Batch(10, EPOCH, 0, False, (_record(Op(OpKind.PUT, "a", b"1")),)),)
+    node.handle(1, _answer(10, records, cleaned_end=0, dirty_offset=11, retention=5))
+    assert log.end_offset() == 10 and node.dirty_offset == 0 and not node.is_real_state(10)
+    assert node.role == Role.FOLLOWER
+    assert "tombstone_retention_records=5" in node.refused_leader_reason
+    assert "with 3" in node.refused_leader_reason
+    node.tick(node.next_deadline_ms())  # asks again after the backoff; an equal leader is followed
+    fetch = [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)]
+    assert fetch and fetch[-1].fetch_offset == 10
+    node.handle(node.next_deadline_ms(), _answer(10, records, cleaned_end=0, dirty_offset=11, retention=3))
+    assert log.end_offset() == 11 and node.dirty_offset == 11
+
+
 def test_the_leader_announces_its_cleaned_end_and_retention() -> None:
     config = RaftConfig(node_id=1, voters=frozenset({1}), endpoint="http://n1", tombstone_retention_records=6)
     log = MemoryLog()
@@ -110,5 +129,5 @@ def test_the_leader_announces_its_cleaned_end_and_retention() -> None:
     node.handle(5_002, Envelope(9, 1, FetchRequest(node.epoch, 9, 0, 0, 0, 0, "")))
     answer = node.take_ready().messages[-1].message
     assert isinstance(answer, FetchResponse) and answer.error == ErrorCode.NONE
-    assert answer.cleaned_end == log.cleaned_end()
+    assert (answer.cleaned_end, answer.tombstone_retention_records) == (log.cleaned_end(), 6)
     assert answer.cleaned_end > 0
