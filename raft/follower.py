@@ -169,7 +169,7 @@ class FollowerHandlers(NodeBase):
         # where none is missing ([DELETE x, PUT a], [PUT x] cleans to [PUT a], [PUT x]). So it
         # counts as cleaned prefix, and no state inside it is taken for a real version
         # (is_real_state); an offset gap alone missed the gap-free copies (found by the
-        # compaction simulator, seed 12).
+        # compaction simulator with multi-op transactions; tests/sim/test_compaction_sim.py).
         end = copied_end = log.end_offset()
         for batch in response.records:
             if batch.next_offset > response.cleaned_end:

@@ -58,8 +58,8 @@ def test_fetch_response_carries_the_cleaned_end_and_the_retention() -> None:
 def test_a_gap_free_copy_below_the_leaders_cleaned_end_is_cleaned_prefix() -> None:
     """[DELETE x, PUT a], [PUT x] cleans to [PUT a], [PUT x]: no offset is missing, yet the
     state after the first record (x still at its old value here) is no real version. Before
-    the fix the follower took it for history and exposed x there (compaction simulator seed
-    12); now everything it copies below the leader's cleaned end is cleaned prefix."""
+    the fix the follower took it for history and exposed x there (the compaction
+    simulator's real-state invariant); now everything it copies below the leader's cleaned end is cleaned prefix."""
     log = _log_until(10)
     node = _follower(log)
     cleaned = (Batch(10, EPOCH, 0, False, (_record(Op(OpKind.PUT, "a", b"1")),)),
