@@ -128,6 +128,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         self.metrics.register(StateCollector(self, monotonic_ms))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drive_scheduled = False
+        self._refusal_logged = ""  # the core's refused_leader_reason, logged once each
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline_ms: int | None = None
         self._flush_task: asyncio.Future[None] | None = None  # the flush in the flush thread
@@ -390,6 +391,9 @@ class NodeRuntime(NodeReads, NodeWrites):
             if ready.role_changed:
                 self._on_role_changed()
             self.maintenance.maybe_snapshot()
+            if self.node.refused_leader_reason != self._refusal_logged:
+                self._refusal_logged = self.node.refused_leader_reason
+                logger.error("node %d: %s", self.node_id, self._refusal_logged)
         except Exception as exc:
             self._fatal(exc)
             return

@@ -23,6 +23,10 @@ from raft.types import Batch, ErrorCode, SnapshotId, check
 class FollowerHandlers(NodeBase):
     """Mixin of RaftNode: what a node does while it follows (FollowerState)."""
 
+    # Why this node last refused a leader's answer ("" when it never did): the runtime logs
+    # it. A class default, so RaftNode's constructor need not know it.
+    refused_leader_reason: str = ""
+
     def _follower_deadline_ms(self, state: FollowerState) -> int:
         """The fetch timeout, and the retry of an unanswered or refused Fetch."""
         deadline = state.last_contact_ms + state.fetch_timeout_ms
@@ -111,6 +115,9 @@ class FollowerHandlers(NodeBase):
             return
         if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
             return  # stale or duplicated answer
+        if response.tombstone_retention_records != self.config.tombstone_retention_records:
+            self._follower_refuse(now_ms, state, response)
+            return
         state.last_contact_ms = now_ms
         state.fetched_ms = now_ms
         self._last_fetched_ms = now_ms
@@ -131,6 +138,19 @@ class FollowerHandlers(NodeBase):
             self._follower_append(response)
         self._follower_fetch_if_ready(now_ms, state)
 
+    def _follower_refuse(self, now_ms: int, state: FollowerState, response: FetchResponse) -> None:
+        """Follow no leader with another tombstone_retention_records (docs/compaction.md rule
+        3): its cleaned prefix may lack tombstones this node's re-bootstrap bound would count
+        on when it leads, and cleaned ranges would differ. Learn nothing from the answer; the
+        leader is alive (no campaign), so keep asking after a backoff."""
+        state.last_contact_ms = now_ms
+        state.phase = FetchPhase.BACKOFF
+        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+        self.refused_leader_reason = (
+            f"leader {response.leader_id} (epoch {response.epoch}) runs with tombstone_retention_records="
+            f"{response.tombstone_retention_records}, this node with {self.config.tombstone_retention_records}: "
+            f"not following it (the setting must be equal on every node)")
+
     def _follower_truncate(self, response: FetchResponse) -> None:
         """Rule 7: cut the log back to where it agrees with the leader. The leader holds
         every committed record, so a cut below the high watermark would mean committed
@@ -148,24 +168,19 @@ class FollowerHandlers(NodeBase):
 
     def _follower_append(self, response: FetchResponse) -> None:
         log = self._log
-        # Offsets may jump only inside the leader's cleaned prefix, which lies below the
-        # dirty offset it announced (every replica cleans to at most that offset).
-        end = log.end_offset()
-        # Continuing a copy: the last answer's batches below the dirty offset were counted
-        # as cleaned prefix already (or this log is empty, about to copy from 0).
-        copying = end <= log.cleaned_end()
+        # Every batch below the leader's cleaned end that this log did not have is a copy of
+        # its cleaned prefix: offsets may jump there, and records lack superseded ops even
+        # where none is missing ([DELETE x, PUT a], [PUT x] cleans to [PUT a], [PUT x]). So it
+        # counts as cleaned prefix, and no state inside it is taken for a real version
+        # (is_real_state); an offset gap alone missed the gap-free copies (found by the
+        # compaction simulator with multi-op transactions; tests/sim/test_compaction_sim.py).
+        end = copied_end = log.end_offset()
         for batch in response.records:
-            if batch.next_offset > response.dirty_offset:
+            if batch.next_offset > response.cleaned_end:
                 break
-            copying = copying or batch.base_offset > end  # an offset gap: a cleaned prefix
-            end = max(end, batch.next_offset)
-        # A cleaned prefix lacks superseded records also where no offset is missing: a key's
-        # old value is gone at a gap and its new one may lie many contiguous batches later.
-        # So everything copied below the dirty offset counts as cleaned prefix, not just up
-        # to the last gap, and no state inside it is taken for a real version
-        # (is_real_state); found by the compaction simulator checking every applied batch.
-        if copying and end > log.cleaned_end():
-            log.allow_gaps_below(end)
+            copied_end = max(copied_end, batch.next_offset)
+        if copied_end > end and copied_end > log.cleaned_end():
+            log.allow_gaps_below(copied_end)
         for batch in response.records:
             end = log.end_offset()
             if batch.next_offset <= end:

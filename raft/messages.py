@@ -101,6 +101,12 @@ class FetchResponse:
     snapshot_id: SnapshotId | None  # set when the fetcher must download this snapshot
     read_nonce: int = 0  # leader's read barrier: a Fetch echoing it left the fetcher after
     # the leader sent it, which is what confirms leadership for read_index
+    # The leader's log is compacted below this (its cleaned_end): records there lack
+    # superseded ops even where no offset is missing, so a fetcher copies them as such.
+    cleaned_end: int = 0
+    # The leader's setting; a fetcher with another one refuses the answer (it must be
+    # equal on every node: docs/compaction.md rule 3).
+    tombstone_retention_records: int = 0
 
 
 @dataclass(frozen=True, slots=True)
