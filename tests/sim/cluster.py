@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raft.log import MemoryLog, QuorumStateRecord
-from raft.messages import Envelope, FetchRequest, FetchSnapshotRequest, FetchSnapshotResponse
+from raft.messages import (
+    EndQuorumEpochRequest,
+    Envelope,
+    FetchRequest,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+)
 from raft.node import (
     NotLeaderError,
     Proposal,
@@ -90,6 +96,7 @@ class SimNode:
     paused: bool = False
     pause_token: int = 0  # which pause a scheduled resume belongs to
     resumed_ms: int = -1  # when the last pause ended: its held inputs all arrive then
+    resigned_leader: tuple[int, int] | None = None  # (epoch, leader) of the last EndQuorumEpoch handled
     held: list[_Event] = field(default_factory=list)
 
 
@@ -164,6 +171,7 @@ class Cluster:
         node.next_tick_ms = -1
         node.paused = False
         node.held.clear()
+        node.resigned_leader = None  # rule 8 keeps a resignation in memory only
         node.core = RaftNode(node.config, node.log, node.durable_state,
                              random.Random(self.rng.getrandbits(64)), node.snapshots, self.now_ms)
         node.last_high_watermark = node.core.high_watermark
@@ -271,7 +279,10 @@ class Cluster:
             if self.trace:
                 self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {describe_message(envelope.message)}")
             self._note_fetch_to_leader(node, envelope)
+            self._note_resignation(node, envelope)
+            following = (core.role, core.epoch, core.leader_id)
             core.handle(self.now_ms, envelope)
+            self._check_resigned_leader_unfollowed(node, following)
         elif event.kind == "tick":
             if event.incarnation != node.incarnation or event.time_ms != node.next_tick_ms:
                 return True
@@ -547,6 +558,28 @@ class Cluster:
                 raise InvariantViolation(f"t={self.now_ms} check-quorum: leader {leader_id} of epoch {watch.epoch} "
                                          f"heard from no majority for {silent_ms} ms and still leads "
                                          f"(bound {bound_ms} ms)")
+
+    # ------------------------------------------------------------------ invariant: rule 8
+
+    def _note_resignation(self, node: SimNode, envelope: Envelope) -> None:
+        """A valid EndQuorumEpoch of the node's epoch or a later one reaches it."""
+        message = envelope.message
+        if (isinstance(message, EndQuorumEpochRequest) and message.leader_id == envelope.src
+                and envelope.src in self.voter_ids and node.core is not None and message.epoch >= node.core.epoch):
+            node.resigned_leader = (message.epoch, envelope.src)
+
+    def _check_resigned_leader_unfollowed(self, node: SimNode, before: tuple[Role, int, int]) -> None:
+        """Rule 8: once told that a leader resigned, no message makes a node follow it in that
+        epoch (a peer that missed the resignation still names it; following it only waits
+        out a fetch timeout and slows the failover). A Prospective's own timer falling back
+        to the leader it lost is rule 3's, not word from a peer."""
+        core = node.core
+        if (node.resigned_leader is None or core is None or core.role != Role.FOLLOWER
+                or (core.epoch, core.leader_id) != node.resigned_leader
+                or before == (Role.FOLLOWER, core.epoch, core.leader_id)):
+            return
+        raise InvariantViolation(f"t={self.now_ms} rule 8: node {node.node_id} follows leader {core.leader_id} "
+                                 f"of epoch {core.epoch} again after it said it resigned")
 
     # ------------------------------------------------------------------ invariants: fault-free windows
 
