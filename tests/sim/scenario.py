@@ -12,7 +12,10 @@ Phases:
    ``CATCH_UP_BOUND_MS`` more every reachable replica must reach its high watermark, and for
    ``STABLE_WINDOW_MS`` of fault-free load the leader must keep leading with no epoch raised.
    A minority kept down then comes back and catches up.
-3. End: every replica holds the same committed records (checked against the oracle of
+3. With 3 or 5 voters: a follower cut off alone for a few election timeouts comes back
+   without deposing the leader or raising the epoch (KIP-996), and a leader shut down
+   gracefully has a successor committing within ``FAILOVER_BOUND_MS``.
+4. End: every replica holds the same committed records (checked against the oracle of
    everything ever committed).
 """
 
