@@ -290,4 +290,8 @@ QUICK: frozenset[str] = frozenset({
     "read_index_before_epoch_commit",  # sim seed 36: stale read
     "rebootstrap_off",  # compaction seed 0: a state no committed history produces
     "clean_past_durable_state",  # compaction seed 7: state behind its own cleaned prefix
+    "rule3_follower_grants_prevote",  # sim seed 1: a rejoining follower raised the epoch
+    "check_quorum_off",  # sim seed 1: a leader without a quorum still leads
+    "check_quorum_one_fetch",  # sim seed 5: a leader without a quorum still leads
+    "rule8_follows_resigned_leader",  # sim seed 14: a node follows a leader that resigned
 })

@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raft.log import MemoryLog, QuorumStateRecord
-from raft.messages import Envelope, FetchSnapshotResponse
+from raft.messages import (
+    EndQuorumEpochRequest,
+    Envelope,
+    FetchRequest,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+)
 from raft.node import (
     NotLeaderError,
     Proposal,
@@ -31,6 +37,9 @@ from raft.types import Batch
 
 MAX_EVENTS_PER_RUN = 2_000_000  # a hard bound so a livelock cannot hang a test
 MAX_READS_KEPT = 10_000  # completed reads remembered for tests to look at
+# Check-quorum's bound is 1.5 x fetch_timeout_ms; the leader's tick runs at its deadline, so
+# a few ms of slack cover only the granularity of events at one simulated time.
+CHECK_QUORUM_SLACK_MS = 5
 
 
 class InvariantViolation(AssertionError):
@@ -86,6 +95,8 @@ class SimNode:
     # in ``held``, in arrival order, and all arrive late when it resumes.
     paused: bool = False
     pause_token: int = 0  # which pause a scheduled resume belongs to
+    resumed_ms: int = -1  # when the last pause ended: its held inputs all arrive then
+    resigned_leader: tuple[int, int] | None = None  # (epoch, leader) of the last EndQuorumEpoch handled
     held: list[_Event] = field(default_factory=list)
 
 
@@ -97,6 +108,16 @@ class _Event:
     node_id: int
     incarnation: int
     payload: object = None
+
+
+@dataclass
+class QuorumWatch:
+    """One leader's epoch, since when it leads, and when each voter's last Fetch or
+    FetchSnapshot of that epoch reached it."""
+
+    epoch: int
+    since_ms: int
+    heard_ms: dict[int, int] = field(default_factory=dict)
 
 
 class Cluster:
@@ -135,6 +156,7 @@ class Cluster:
         # Voter -> the durable log end it had when its disk was lost (see lose_disk).
         self.lost_disk_held: dict[int, int] = {}
         self.stable_leader: tuple[int, int] | None = None  # (leader, epoch) of a fault-free window
+        self.quorum_watch: dict[int, QuorumWatch] = {}  # leader id -> who it heard from (check-quorum)
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -149,6 +171,7 @@ class Cluster:
         node.next_tick_ms = -1
         node.paused = False
         node.held.clear()
+        node.resigned_leader = None  # rule 8 keeps a resignation in memory only
         node.core = RaftNode(node.config, node.log, node.durable_state,
                              random.Random(self.rng.getrandbits(64)), node.snapshots, self.now_ms)
         node.last_high_watermark = node.core.high_watermark
@@ -255,7 +278,11 @@ class Cluster:
             envelope: Envelope = event.payload  # type: ignore[assignment]
             if self.trace:
                 self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {describe_message(envelope.message)}")
+            self._note_fetch_to_leader(node, envelope)
+            self._note_resignation(node, envelope)
+            following = (core.role, core.epoch, core.leader_id)
             core.handle(self.now_ms, envelope)
+            self._check_resigned_leader_unfollowed(node, following)
         elif event.kind == "tick":
             if event.incarnation != node.incarnation or event.time_ms != node.next_tick_ms:
                 return True
@@ -389,6 +416,7 @@ class Cluster:
         if not node.paused or (token is not None and token != node.pause_token):
             return
         node.paused = False
+        node.resumed_ms = self.now_ms
         for event in node.held:
             self._sequence += 1
             heapq.heappush(self._queue, (self.now_ms, self._sequence, event))
@@ -462,6 +490,7 @@ class Cluster:
         self._check_majority_holds()
         if self.stable_leader is not None:
             self._check_stable_leader(changed)
+        self._check_quorum_resigns(changed)
 
     def _record_committed(self, node: SimNode, hw: int) -> None:
         """Compare every newly committed record with what other nodes committed there."""
@@ -492,6 +521,65 @@ class Cluster:
         if holders < self.majority:
             raise InvariantViolation(f"t={self.now_ms} only {holders} voters durably hold offset "
                                      f"{target - 1} below the high watermark")
+
+    # ------------------------------------------------------------------ invariant: check-quorum
+
+    def _note_fetch_to_leader(self, node: SimNode, envelope: Envelope) -> None:
+        """A Fetch or FetchSnapshot of the leader's epoch from a voter reaches the leader."""
+        watch = self.quorum_watch.get(node.node_id)
+        message = envelope.message
+        if (watch is not None and isinstance(message, (FetchRequest, FetchSnapshotRequest))
+                and message.epoch == watch.epoch and envelope.src in self.voter_ids
+                and message.replica_id == envelope.src):
+            watch.heard_ms[envelope.src] = self.now_ms
+
+    def _check_quorum_resigns(self, changed: SimNode) -> None:
+        """A leader that heard from no majority of voters (itself included) for 1.5 x
+        fetch_timeout_ms has resigned (rule 6, check-quorum): a leader cut off in a minority
+        must not keep answering clients. A paused leader is judged once it ran again."""
+        core = changed.core
+        if core is not None and core.role == Role.LEADER and len(self.voter_ids) > 1:
+            watch = self.quorum_watch.get(changed.node_id)
+            if watch is None or watch.epoch != core.epoch:
+                self.quorum_watch[changed.node_id] = QuorumWatch(core.epoch, self.now_ms)
+        for leader_id, watch in list(self.quorum_watch.items()):
+            node = self.nodes[leader_id]
+            if node.core is None or node.core.role != Role.LEADER or node.core.epoch != watch.epoch:
+                del self.quorum_watch[leader_id]
+                continue
+            if node.paused or node.resumed_ms == self.now_ms:
+                continue
+            # The majority-th latest sign of life; the leader itself counts as heard now.
+            heard = sorted(watch.heard_ms.values(), reverse=True)
+            quorum_ms = heard[self.majority - 2] if len(heard) >= self.majority - 1 else -1
+            silent_ms = self.now_ms - max(watch.since_ms, quorum_ms)
+            bound_ms = node.config.fetch_timeout_ms * 3 // 2 + CHECK_QUORUM_SLACK_MS
+            if silent_ms > bound_ms:
+                raise InvariantViolation(f"t={self.now_ms} check-quorum: leader {leader_id} of epoch {watch.epoch} "
+                                         f"heard from no majority for {silent_ms} ms and still leads "
+                                         f"(bound {bound_ms} ms)")
+
+    # ------------------------------------------------------------------ invariant: rule 8
+
+    def _note_resignation(self, node: SimNode, envelope: Envelope) -> None:
+        """A valid EndQuorumEpoch of the node's epoch or a later one reaches it."""
+        message = envelope.message
+        if (isinstance(message, EndQuorumEpochRequest) and message.leader_id == envelope.src
+                and envelope.src in self.voter_ids and node.core is not None and message.epoch >= node.core.epoch):
+            node.resigned_leader = (message.epoch, envelope.src)
+
+    def _check_resigned_leader_unfollowed(self, node: SimNode, before: tuple[Role, int, int]) -> None:
+        """Rule 8: once told that a leader resigned, no message makes a node follow it in that
+        epoch (a peer that missed the resignation still names it; following it only waits
+        out a fetch timeout and slows the failover). A Prospective's own timer falling back
+        to the leader it lost is rule 3's, not word from a peer."""
+        core = node.core
+        if (node.resigned_leader is None or core is None or core.role != Role.FOLLOWER
+                or (core.epoch, core.leader_id) != node.resigned_leader
+                or before == (Role.FOLLOWER, core.epoch, core.leader_id)):
+            return
+        raise InvariantViolation(f"t={self.now_ms} rule 8: node {node.node_id} follows leader {core.leader_id} "
+                                 f"of epoch {core.epoch} again after it said it resigned")
 
     # ------------------------------------------------------------------ invariants: fault-free windows
 

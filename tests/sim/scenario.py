@@ -12,7 +12,10 @@ Phases:
    ``CATCH_UP_BOUND_MS`` more every reachable replica must reach its high watermark, and for
    ``STABLE_WINDOW_MS`` of fault-free load the leader must keep leading with no epoch raised.
    A minority kept down then comes back and catches up.
-3. End: every replica holds the same committed records (checked against the oracle of
+3. With 3 or 5 voters: a follower cut off alone for a few election timeouts comes back
+   without deposing the leader or raising the epoch (KIP-996), and a leader shut down
+   gracefully has a successor committing within ``FAILOVER_BOUND_MS``.
+4. End: every replica holds the same committed records (checked against the oracle of
    everything ever committed).
 """
 
@@ -28,9 +31,11 @@ from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNod
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
 STABLE_WINDOW_MS = 1_000  # fault-free: the leader keeps leading, no epoch rises
+FAILOVER_BOUND_MS = LIVENESS_BOUND_MS  # a leader shut down gracefully -> a successor commits
 MAX_FAULT_ACTIONS = 12
 SNAPSHOT_WAIT_MS = 300  # a snapshot fault waits this long for a leader whose log is all committed
 ELECTION_TIMEOUT_MS = sim_config(1, frozenset({1})).election_timeout_ms  # pauses, long delays count in these
+FETCH_TIMEOUT_MS = sim_config(1, frozenset({1})).fetch_timeout_ms
 # The liveness phase heals everything, or keeps a minority of voters down for good (and in
 # "lagging_voter" one more follower must first download a snapshot to rejoin).
 LIVENESS_KINDS = ("heal_all", "minority_down", "lagging_voter")
@@ -47,6 +52,7 @@ class RunResult:
     plan: list[str] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     liveness_ms: int = 0  # heal → leader elected and a new proposal committed
+    failover_ms: int = 0  # the leader shut down gracefully → a successor committed
 
     def replay_command(self) -> str:
         return replay_command(self.seed, self.voters)
@@ -79,7 +85,8 @@ def _run(seed: int, voters: int, verbose: bool) -> RunResult:
     scenario.liveness_phase()
     cluster = scenario.cluster
     return RunResult(seed, voters, scenario.observers, cluster.events_processed, cluster.now_ms,
-                     len(cluster.committed), scenario.plan, dict(cluster.stats), scenario.liveness_ms)
+                     len(cluster.committed), scenario.plan, dict(cluster.stats), scenario.liveness_ms,
+                     scenario.failover_ms)
 
 
 class _Scenario:
@@ -125,6 +132,7 @@ class _Scenario:
         self.fault_phase_ms = rng.randint(1_500, 3_000)
         self.load = _Load(self.cluster, rng)
         self.liveness_ms = 0
+        self.failover_ms = 0  # a graceful shutdown of the leader -> a successor committed
 
     def log(self, text: str) -> None:
         self.plan.append(f"t={self.cluster.now_ms} {text}")
@@ -259,6 +267,9 @@ class _Scenario:
             self.log(f"minority {sorted(down)} back")
             self._heal_everything()
             target = self._await_catch_up(set(self.all_ids))
+        if self.voters >= 3:
+            self._rejoin_window()
+            self._graceful_failover()
         cluster.check_replicas_agree()
         _check_identical_committed_logs(cluster, target)
         if self.verbose:
@@ -346,6 +357,49 @@ class _Scenario:
         self.schedule_load(cluster.now_ms, cluster.now_ms + STABLE_WINDOW_MS)
         cluster.run_for(STABLE_WINDOW_MS)
         cluster.end_stable_window()
+
+    def _rejoin_window(self) -> None:
+        """KIP-996's promise: a follower cut off alone for a few election timeouts comes back
+        without deposing the healthy leader or raising the epoch. It is healed just as it
+        starts a pre-vote round, so its pre-votes reach voters that fetched recently and a
+        leader: both must refuse. The cluster is idle while it is cut off (else its log falls
+        behind and the pre-votes are refused for that alone), under load once they are answered."""
+        cluster, rng = self.cluster, self.rng
+        cluster.run_for(100)  # let the last proposals commit: every log ends alike
+        leader = cluster.leader()
+        if leader is None:
+            return
+        follower = rng.choice(sorted(cluster.voter_ids - {leader.node_id}))
+        self.log(f"cut off follower {follower} alone; leader {leader.node_id} must stay")
+        cluster.expect_stable_leader(leader.node_id)
+        cluster.partition({follower}, set(self.all_ids) - {follower})
+        cluster.run_for(rng.randint(FETCH_TIMEOUT_MS + ELECTION_TIMEOUT_MS, 3 * FETCH_TIMEOUT_MS))
+        core = cluster.nodes[follower].core
+        cluster.run_until(lambda: core is not None and core.role == Role.PROSPECTIVE, 4 * FETCH_TIMEOUT_MS)
+        self.log(f"heal: follower {follower} back")
+        cluster.heal()
+        self.schedule_load(cluster.now_ms + ELECTION_TIMEOUT_MS, cluster.now_ms + STABLE_WINDOW_MS)
+        cluster.run_for(STABLE_WINDOW_MS)
+        cluster.end_stable_window()
+    def _graceful_failover(self) -> None:
+        """The leader shuts down gracefully (rule 8's EndQuorumEpoch names its successors):
+        a successor must lead and commit within FAILOVER_BOUND_MS. Then the old leader comes
+        back and catches up."""
+        cluster = self.cluster
+        leader = cluster.leader()
+        if leader is None:
+            return
+        self.log(f"shutdown leader {leader.node_id}: a successor must commit within {FAILOVER_BOUND_MS} ms")
+        cluster.shutdown(leader.node_id)
+        started_ms = cluster.now_ms
+        self.load.liveness_proposal = None
+        committed = cluster.run_until(self.load.liveness_probe, FAILOVER_BOUND_MS)
+        self.failover_ms = cluster.now_ms - started_ms
+        if not committed:
+            raise InvariantViolation(f"failover: no successor of gracefully stopped leader {leader.node_id} committed "
+                                     f"within {FAILOVER_BOUND_MS} ms (roles {_roles(cluster)})")
+        cluster.restart(leader.node_id)
+        self._await_catch_up(set(self.all_ids))
 
 
 class _Load:
