@@ -103,18 +103,19 @@ class NodeBase:
             return False
         return self._observe_epoch(now_ms, epoch, leader_id, src=src)
 
-    # ------------------------------------------------------------------ transitions (RaftNode implements them)
+    # ------------------------------------------------------------------ transitions
+    # Implemented only by RaftNode (raft/node.py); declared for the type checker, so a
+    # handler here can name them without this class defining a body of its own.
 
-    def _observe_epoch(
-        self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str = "", src: int = NO_LEADER
-    ) -> bool:
-        raise NotImplementedError
+    if TYPE_CHECKING:
 
-    def _become_unattached(self, now_ms: int, epoch: int, voted_id: int = -1, delay_ms: int | None = None) -> None:
-        raise NotImplementedError
+        def _observe_epoch(
+            self, now_ms: int, epoch: int, leader_id: int, leader_endpoint: str = "", src: int = NO_LEADER
+        ) -> bool: ...
 
-    def _become_prospective(self, now_ms: int) -> None:
-        raise NotImplementedError
+        def _become_unattached(self, now_ms: int, epoch: int, voted_id: int = -1,
+                               delay_ms: int | None = None) -> None: ...
 
-    def _become_resigned(self, now_ms: int, leader: LeaderState) -> None:
-        raise NotImplementedError
+        def _become_prospective(self, now_ms: int) -> None: ...
+
+        def _become_resigned(self, now_ms: int, leader: LeaderState) -> None: ...
