@@ -7,6 +7,9 @@ service's typed errors. Both inherit these methods instead of each translating o
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from app.service import (
     ChangePage,
     HistoryCompactedError,
@@ -17,12 +20,17 @@ from app.service import (
 from storage.state_machine import StateMachine, VersionCompactedError, VersionNotAppliedError
 
 
-def _service_error(exc: VersionCompactedError | VersionNotAppliedError) -> HistoryCompactedError | VersionWaitTimeoutError:
-    if isinstance(exc, VersionCompactedError):
-        return HistoryCompactedError(exc.requested_version, exc.oldest_version)
-    # A version above the applied one: wait_readable waits for it first, so this answers as
-    # its timeout would.
-    return VersionWaitTimeoutError(exc.applied_version)
+@contextlib.contextmanager
+def _service_errors() -> Iterator[None]:
+    """Storage's version errors as the service's typed errors."""
+    try:
+        yield
+    except VersionCompactedError as exc:
+        raise HistoryCompactedError(exc.requested_version, exc.oldest_version) from None
+    except VersionNotAppliedError as exc:
+        # A version above the applied one: wait_readable waits for it first, so this
+        # answers as its timeout would.
+        raise VersionWaitTimeoutError(exc.applied_version) from None
 
 
 class NodeReads:
@@ -31,23 +39,17 @@ class NodeReads:
     state: StateMachine
 
     def get(self, key: str, at_version: int | None = None) -> KeyRead:
-        try:
+        with _service_errors():
             version, entry = self.state.get(key, at_version=at_version)
-        except (VersionCompactedError, VersionNotAppliedError) as exc:
-            raise _service_error(exc) from None
         return KeyRead(version, entry)
 
     def changes(self, prefix: str, since: int, limit: int) -> ChangePage:
-        try:
+        with _service_errors():
             version, events = self.state.changes(prefix, since, limit)
-        except (VersionCompactedError, VersionNotAppliedError) as exc:
-            raise _service_error(exc) from None
         return ChangePage(version, events)
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> ListPage:
-        try:
+        with _service_errors():
             version, entries, next_key = self.state.list(prefix, after=after, limit=limit, at_version=at_version)
-        except (VersionCompactedError, VersionNotAppliedError) as exc:
-            raise _service_error(exc) from None
         return ListPage(version, entries, next_key)

@@ -103,8 +103,7 @@ class FollowerHandlers(NodeBase):
             state = self._state
             if (isinstance(state, FollowerState) and state.leader_id == src and state.phase == FetchPhase.IN_FLIGHT
                     and state.fetch_offset_in_flight == response.fetch_offset):
-                state.phase = FetchPhase.BACKOFF
-                state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+                self._follower_backoff(now_ms, state)
             return
         if response.leader_id != src:
             return
@@ -118,6 +117,7 @@ class FollowerHandlers(NodeBase):
         if response.tombstone_retention_records != self.config.tombstone_retention_records:
             self._follower_refuse(now_ms, state, response)
             return
+        self._leader_high_watermark = (response.epoch, response.high_watermark)  # rule 12
         state.last_contact_ms = now_ms
         state.fetched_ms = now_ms
         self._last_fetched_ms = now_ms
@@ -138,14 +138,18 @@ class FollowerHandlers(NodeBase):
             self._follower_append(response)
         self._follower_fetch_if_ready(now_ms, state)
 
+    def _follower_backoff(self, now_ms: int, state: FollowerState) -> None:
+        """Fetch again after retry_backoff_ms."""
+        state.phase = FetchPhase.BACKOFF
+        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+
     def _follower_refuse(self, now_ms: int, state: FollowerState, response: FetchResponse) -> None:
         """Follow no leader with another tombstone_retention_records (docs/compaction.md rule
         3): its cleaned prefix may lack tombstones this node's re-bootstrap bound would count
         on when it leads, and cleaned ranges would differ. Learn nothing from the answer; the
         leader is alive (no campaign), so keep asking after a backoff."""
         state.last_contact_ms = now_ms
-        state.phase = FetchPhase.BACKOFF
-        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+        self._follower_backoff(now_ms, state)
         self.refused_leader_reason = (
             f"leader {response.leader_id} (epoch {response.epoch}) runs with tombstone_retention_records="
             f"{response.tombstone_retention_records}, this node with {self.config.tombstone_retention_records}: "
@@ -197,8 +201,7 @@ class FollowerHandlers(NodeBase):
 
     def _follower_start_snapshot(self, now_ms: int, state: FollowerState, snapshot_id: SnapshotId) -> None:
         if snapshot_id.end_offset < self.high_watermark or snapshot_id.end_offset <= self._log.start_offset():
-            state.phase = FetchPhase.BACKOFF
-            state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+            self._follower_backoff(now_ms, state)
             return
         state.snapshot_id = snapshot_id
         state.snapshot_position = 0
@@ -253,5 +256,4 @@ class FollowerHandlers(NodeBase):
 
     def _follower_abandon_snapshot(self, now_ms: int, state: FollowerState) -> None:
         state.snapshot_id = None
-        state.phase = FetchPhase.BACKOFF
-        state.next_fetch_ms = now_ms + self.config.retry_backoff_ms
+        self._follower_backoff(now_ms, state)

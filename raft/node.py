@@ -35,7 +35,6 @@ from raft.messages import (
 )
 from raft.roles import (
     CandidateState,
-    FetchPhase,
     FollowerState,
     LeaderState,
     ProspectiveState,
@@ -660,17 +659,6 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         epoch_start = log.end_offset_for_epoch(epoch - 1)[1]
         return log.last_epoch() == epoch and epoch_start < leader_high_watermark <= log.flushed_offset()
 
-    def _on_fetch_answer(self, now_ms: int, src: int, response: FetchResponse) -> None:
-        """The follower's handler, noting the leader's high watermark of an answer it
-        accepts (rule 12)."""
-        state = self._state
-        accepted = (response.error == ErrorCode.NONE and isinstance(state, FollowerState)
-                    and state.leader_id == src == response.leader_id and state.epoch == response.epoch
-                    and state.phase == FetchPhase.IN_FLIGHT and state.fetch_offset_in_flight == response.fetch_offset)
-        self._on_fetch_response(now_ms, src, response)
-        if accepted:
-            self._leader_high_watermark = (response.epoch, response.high_watermark)
-
     # ------------------------------------------------------------------ quorum epoch
 
     def _on_begin_quorum(self, now_ms: int, src: int, request: BeginQuorumEpochRequest) -> None:
@@ -757,7 +745,7 @@ _HANDLERS = {
     EndQuorumEpochRequest: RaftNode._on_end_quorum,
     EndQuorumEpochResponse: RaftNode._on_end_quorum_response,
     FetchRequest: RaftNode._on_fetch,
-    FetchResponse: RaftNode._on_fetch_answer,
+    FetchResponse: RaftNode._on_fetch_response,
     FetchSnapshotRequest: RaftNode._on_fetch_snapshot,
     FetchSnapshotResponse: RaftNode._on_fetch_snapshot_response,
     DescribeQuorumRequest: RaftNode._on_describe_quorum,

@@ -39,6 +39,7 @@ class NodeBase:
     tombstone_horizon: int
     dirty_offset_known: bool
     snapshot_wanted_offset: int
+    _leader_high_watermark: tuple[int, int]  # (epoch, high watermark) of the last accepted answer
     peer_endpoints: dict[int, str]
 
     # ------------------------------------------------------------------ queries

@@ -137,13 +137,14 @@ def run_cleaning(log: CleanableLog, state: CleaningBase, dirty: int, horizon: in
     (an admin compaction) ignores ``min_dirty_ratio``. ``new_pause`` makes the pause called
     between steps (a throttle's), once the state is synced: the wait for the disk is no CPU."""
     start = log.start_offset()
-    cleaned_before = max(start, log.cleaned_end())
+    cleaned_end = log.cleaned_end()  # read once: the report names the range this run saw
+    cleaned_before = max(start, cleaned_end)
     if dirty > cleaned_before:
         # Never past what the state holds durably: a power loss may take back its unsynced
         # versions, and startup could not replay them from a cleaned prefix (rule 9).
         dirty = min(dirty, state.sync())
     report: CleaningReport = {"cleaned": False, "dirty_offset": dirty, "tombstone_horizon": horizon,
-                               "cleaned_end": log.cleaned_end(), "log_start_offset": start}
+                               "cleaned_end": cleaned_end, "log_start_offset": start}
     if dirty <= cleaned_before:
         report["reason"] = "nothing new below the dirty offset"
         return CleaningRun(report)
@@ -215,9 +216,5 @@ def read_prefix_digest(log: CleanableLog) -> tuple[int, int, str]:
     cleaned_end = log.cleaned_end()
     if cleaned_end <= start:
         return (start, start, prefix_digest([], 0))
-    batches: list[Batch] = []
-    for batch in log.iter_batches(start):
-        if batch.next_offset > cleaned_end:
-            break
-        batches.append(batch)
-    return (start, cleaned_end, prefix_digest(batches, cleaned_end))
+    # Streamed: prefix_digest stops at cleaned_end, so the prefix is never held whole.
+    return (start, cleaned_end, prefix_digest(log.iter_batches(start), cleaned_end))
