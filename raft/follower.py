@@ -75,6 +75,7 @@ class FollowerHandlers(NodeBase):
         state.phase = FetchPhase.IN_FLIGHT
         state.fetch_offset_in_flight = log.end_offset()
         state.fetch_sent_ms = now_ms
+        state.fetch_epoch_in_flight = log.last_epoch()
 
     def _send_fetch(self, now_ms: int, dst: int, epoch: int) -> None:
         log = self._log
@@ -112,8 +113,9 @@ class FollowerHandlers(NodeBase):
         state = self._state
         if not isinstance(state, FollowerState) or state.leader_id != src or state.epoch != response.epoch:
             return
-        if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
-            return  # stale or duplicated answer
+        if (state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset
+                or state.fetch_epoch_in_flight != response.fetch_epoch):
+            return  # stale or duplicated answer: (offset, epoch) name the log the request came from
         if response.tombstone_retention_records != self.config.tombstone_retention_records:
             self._follower_refuse(now_ms, state, response)
             return

@@ -107,6 +107,9 @@ class FetchResponse:
     # The leader's setting; a fetcher with another one refuses the answer (it must be
     # equal on every node: docs/compaction.md rule 3).
     tombstone_retention_records: int = 0
+    # Echoes the request's last_fetched_epoch: a delayed request at the same offset but from
+    # before a truncation gets an answer (e.g. a divergence) that the fetcher's log no longer fits.
+    fetch_epoch: int = NO_EPOCH
 
 
 @dataclass(frozen=True, slots=True)

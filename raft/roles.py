@@ -265,6 +265,7 @@ class FollowerState:
     fetched_ms: int = -1  # last successful Fetch response from the leader (-1: none yet)
     phase: FetchPhase = FetchPhase.IDLE
     fetch_offset_in_flight: int = -1
+    fetch_epoch_in_flight: int = -1
     fetch_sent_ms: int = 0
     next_fetch_ms: int = 0
     read_nonce: int = 0  # latest read nonce the leader sent us, echoed in each Fetch

@@ -59,7 +59,8 @@ async def _scenario(tmp_path: Path) -> None:
         # The leader (never started: its messages are injected) answers the observer's first
         # fetch with the snapshot to download; dirty offset and horizon at its end.
         runtime._on_message(Envelope(LEADER_ID, 1, FetchResponse(
-            ErrorCode.NONE, 1, LEADER_ID, "http://leader", 0, end, end, end, end, (), NO_EPOCH, -1, snapshot_id)))
+            ErrorCode.NONE, 1, LEADER_ID, "http://leader", 0, end, end, end, end, (), NO_EPOCH, -1, snapshot_id,
+            fetch_epoch=0)))
         await _until(lambda: runtime.node.role == Role.FOLLOWER, "the observer following the leader")
         assert not runtime.is_ready()
         runtime._on_message(Envelope(LEADER_ID, 1, FetchSnapshotResponse(

@@ -274,6 +274,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "dirty = min(dirty, state.sync())",
            "dirty = min(dirty, dirty)",
            "docs/compaction.md rule 9: a replica cleans only below the version its state holds durably"),
+    # ------------------------------------------------------------------ fixed in session 11 (issue 20)
+    Mutant("stale_fetch_answer_taken", FOLLOWER,
+           "\n                or state.fetch_epoch_in_flight != response.fetch_epoch):",
+           "):",
+           "rule 7: only the answer to the Fetch in flight (its offset and last epoch) moves the log"),
     Mutant("recovery_keeps_state_behind_cleaning", POLICY,
            "if applied_version >= max(log_start, cleaner_end):",
            "if applied_version >= log_start:",

@@ -32,7 +32,7 @@ def _answer(fetch_offset: int, records: tuple[Batch, ...], *, cleaned_end: int, 
             retention: int = 3) -> Envelope:
     return Envelope(LEADER, 2, FetchResponse(
         ErrorCode.NONE, EPOCH, LEADER, "http://n1", fetch_offset, dirty_offset, 0, dirty_offset, dirty_offset,
-        records, -1, -1, None, 0, cleaned_end, retention))
+        records, -1, -1, None, 0, cleaned_end, retention, EPOCH))
 
 
 def _record(*ops: Op) -> bytes:

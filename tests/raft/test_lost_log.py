@@ -70,7 +70,8 @@ def _fetch_answer(node: RaftNode, fetch_offset: int, batches: list[Batch], high_
     """Answer the node's Fetch at ``fetch_offset`` with ``batches`` and flush; returns the
     offset of its next Fetch."""
     node.handle(now_ms, Envelope(1, 2, FetchResponse(
-        ErrorCode.NONE, 2, 1, "", fetch_offset, high_watermark, 0, 0, 0, tuple(batches), NO_EPOCH, -1, None, 0)))
+        ErrorCode.NONE, 2, 1, "", fetch_offset, high_watermark, 0, 0, 0, tuple(batches), NO_EPOCH, -1, None, 0,
+        fetch_epoch=node._log.last_epoch())))  # type: ignore[attr-defined]
     sent = node.take_ready().messages
     node._log.flush()  # type: ignore[attr-defined]
     node.on_flushed(now_ms)
@@ -102,7 +103,8 @@ def test_the_first_acknowledgement_persists_log_acknowledged_before_it_is_sent()
     node = _node(QuorumStateRecord(2, -1, 1))
     fetch = [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)][0]
     node.handle(1, Envelope(1, 2, FetchResponse(
-        ErrorCode.NONE, 2, 1, "", fetch.fetch_offset, 0, 0, 0, 0, tuple(_leader_log()[:1]), NO_EPOCH, -1, None, 0)))
+        ErrorCode.NONE, 2, 1, "", fetch.fetch_offset, 0, 0, 0, 0, tuple(_leader_log()[:1]), NO_EPOCH, -1, None, 0,
+        fetch_epoch=fetch.last_fetched_epoch)))
     assert node.take_ready().quorum_state is None  # appended, not flushed: nothing acknowledged yet
     node._log.flush()  # type: ignore[attr-defined]
     node.on_flushed(2)

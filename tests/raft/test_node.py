@@ -217,7 +217,8 @@ def test_follower_refuses_pre_vote_while_its_leader_is_alive() -> None:
     voters = frozenset({1, 2, 3})
     node = _node(voters, persisted=QuorumStateRecord(1, -1, 2))
     node.take_ready()
-    node.handle(5, Envelope(2, 1, FetchResponse(ErrorCode.NONE, 1, 2, "http://n2", 0, 0, 0, 0, 0, (), -1, -1, None)))
+    node.handle(5, Envelope(2, 1, FetchResponse(ErrorCode.NONE, 1, 2, "http://n2", 0, 0, 0, 0, 0, (), -1, -1, None,
+                                                          fetch_epoch=0)))
     node.take_ready()
     node.handle(10, Envelope(3, 1, VoteRequest(2, 3, 0, 0, True)))
     ready = node.take_ready()

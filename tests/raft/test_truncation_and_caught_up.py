@@ -28,7 +28,8 @@ def _answer(node: RaftNode, now_ms: int, high_watermark: int,
     node.handle(now_ms, Envelope(2, 1, FetchResponse(
         error=ErrorCode.NONE, epoch=3, leader_id=2, leader_endpoint="", fetch_offset=fetch.fetch_offset,
         high_watermark=high_watermark, log_start_offset=0, dirty_offset=0, tombstone_horizon=0, records=(),
-        diverging_epoch=diverging[0], diverging_end_offset=diverging[1], snapshot_id=None)))
+        diverging_epoch=diverging[0], diverging_end_offset=diverging[1], snapshot_id=None,
+        fetch_epoch=fetch.last_fetched_epoch)))
 
 
 def _follower_with_uncommitted_tail() -> tuple[RaftNode, MemoryLog]:
@@ -112,3 +113,28 @@ def test_simulated_followers_under_steady_writes_look_caught_up(seed: int) -> No
     quorum = leader.core.describe_quorum(cluster.now_ms)
     for replica in quorum.voters:
         assert cluster.now_ms - replica.last_caught_up_timestamp_ms <= 200, replica
+
+
+def test_an_answer_to_a_fetch_from_before_a_truncation_is_ignored() -> None:
+    """A Fetch at offset 3 claiming epoch 3 (sent before the truncation) may be answered after
+    the log was cut to 1 and refilled to 3 by epoch 4: the same offset, another log. Its
+    divergence must not cut the refilled, committed records (found by tests/sim at seed 4162)."""
+    node, log = _follower_with_uncommitted_tail()
+    [stale] = [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)]
+    node.handle(10, Envelope(2, 1, FetchResponse(
+        ErrorCode.NONE, 4, 2, "", 3, 1, 0, 0, 0, (), 1, 1, None, fetch_epoch=3)))  # new leader, epoch 4
+    assert log.end_offset() == 1
+    [fetch] = [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)]
+    refill = (Batch(1, 4, 0, True, (b"c4",)), Batch(2, 4, 0, False, (b"d",)))
+    node.handle(20, Envelope(2, 1, FetchResponse(
+        ErrorCode.NONE, 4, 2, "", fetch.fetch_offset, 3, 0, 0, 0, refill, NO_EPOCH, -1, None,
+        fetch_epoch=fetch.last_fetched_epoch)))
+    log.flush()
+    node.on_flushed(21)
+    assert (log.end_offset(), log.last_epoch(), node.high_watermark) == (3, 4, 3)
+    node.take_ready()
+    # The leader answers the stale Fetch (offset 3, epoch 3) with a divergence at epoch 1.
+    node.handle(30, Envelope(2, 1, FetchResponse(
+        ErrorCode.NONE, 4, 2, "", stale.fetch_offset, 3, 0, 0, 0, (), 1, 1, None,
+        fetch_epoch=stale.last_fetched_epoch)))
+    assert (log.end_offset(), log.last_epoch()) == (3, 4)

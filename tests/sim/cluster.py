@@ -63,6 +63,8 @@ class NetworkFaults:
     long_delay_max_ms: int = 300
     # Added to every FetchSnapshotResponse: a slow snapshot transfer, one chunk at a time.
     snapshot_chunk_delay_ms: int = 0
+    # A Fetch sent before its sender truncated is delivered again later (see _keep_stale_fetch).
+    replay_stale_fetches: bool = False
 
 
 def sim_config(node_id: int, voters: frozenset[int], **overrides: int) -> RaftConfig:
@@ -129,6 +131,10 @@ class Cluster:
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        # Its own stream: replaying stale fetches shifts no other draw of the seed.
+        self.stale_rng = random.Random(seed * 7919 + 1)
+        self.last_fetch_sent: dict[int, Envelope] = {}  # node -> its latest FetchRequest
+        self.stale_fetches: dict[int, Envelope] = {}  # node -> a Fetch sent before it truncated
         self.faults = faults or NetworkFaults()
         self.now_ms = 0
         self.voter_ids = frozenset(range(1, voters + 1))
@@ -197,6 +203,7 @@ class Cluster:
                 raise InvariantViolation(f"t={self.now_ms} node {node.node_id} persisted epoch went back")
             node.durable_state = ready.quorum_state
             node.highest_epoch_persisted = ready.quorum_state.epoch
+        fetch_before = self.last_fetch_sent.get(node.node_id)
         for envelope in ready.messages:
             self._transmit(envelope)
         if ready.flush and not node.flush_running:
@@ -210,6 +217,7 @@ class Cluster:
         self.stats["reads_failed"] += len(ready.reads_failed)
         if node.log.end_offset() < node.last_end_offset:
             self.stats["truncations"] += 1
+            self._keep_stale_fetch(node, fetch_before)
         node.last_end_offset = node.log.end_offset()
         for token, offset in ready.reads_done:
             self.stats["reads_done"] += 1
@@ -228,8 +236,31 @@ class Cluster:
             self._push(node.next_tick_ms, "tick", node)
         self.check_invariants(node)
 
+    def _keep_stale_fetch(self, node: SimNode, stale: Envelope | None) -> None:
+        """Hold a copy of the Fetch the node sent before it truncated (the one whose answer made
+        it truncate): retransmitted over a new connection, it can arrive while the node's
+        next Fetch at the same offset, from its truncated and refilled log, is in flight."""
+        if (self.faults.replay_stale_fetches and stale is not None
+                and stale.message.fetch_offset > node.log.end_offset()  # type: ignore[union-attr]
+                and self.stale_rng.random() < 0.5):
+            self.stale_fetches[node.node_id] = stale
+
+    def _replay_stale_fetch(self, envelope: Envelope, delay_ms: int) -> None:
+        """Deliver a held stale Fetch just after the node's new Fetch at the same offset."""
+        stale = self.stale_fetches.get(envelope.src)
+        request = envelope.message
+        if (stale is None or stale.dst != envelope.dst
+                or stale.message.fetch_offset != request.fetch_offset  # type: ignore[union-attr]
+                or stale.message.last_fetched_epoch == request.last_fetched_epoch):  # type: ignore[union-attr]
+            return
+        del self.stale_fetches[envelope.src]
+        self.stats["stale_fetch_replays"] += 1
+        self._push(self.now_ms + delay_ms + 1, "deliver", self.nodes[envelope.dst], stale)
+
     def _transmit(self, envelope: Envelope) -> None:
         faults = self.faults
+        if isinstance(envelope.message, FetchRequest):
+            self.last_fetch_sent[envelope.src] = envelope
         copies = 1
         if self.rng.random() < faults.drop_probability:
             copies = 0
@@ -239,7 +270,10 @@ class Cluster:
         if dst is None:
             return
         for _ in range(copies):
-            self._push(self.now_ms + self._delay_ms(envelope), "deliver", dst, envelope)
+            delay_ms = self._delay_ms(envelope)
+            self._push(self.now_ms + delay_ms, "deliver", dst, envelope)
+            if self.stale_fetches and isinstance(envelope.message, FetchRequest):
+                self._replay_stale_fetch(envelope, delay_ms)
 
     def _delay_ms(self, envelope: Envelope) -> int:
         """The network delay of one copy; the slow faults draw randomness only when enabled,

@@ -106,6 +106,7 @@ class _Scenario:
             flush_min_ms=1,
             flush_max_ms=rng.choice((1, 5, 15)),
         )
+        faults.replay_stale_fetches = lossy  # no draw from rng: the seed's other draws stay
         overrides = {
             "append_linger_ms": rng.choice((0, 0, 2)),
             # Small batches make fetches return one batch at a time: more intermediate acks.
