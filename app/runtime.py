@@ -455,7 +455,11 @@ class NodeRuntime(NodeReads, NodeWrites):
         self._maybe_start_flush()
 
     def _apply_committed(self, high_watermark: int) -> None:
-        """Apply batches below the high watermark in order; complete the proposals they hold."""
+        """Apply batches below the high watermark in order; complete the proposals they hold.
+
+        The batches this process appended (proposed here, or fetched) come back from the
+        log's in-memory tail (storage/tail_cache.py), not from disk; older ones, and all
+        after a restart or when apply lags past the cache's bound, are read from disk."""
         for _ in range(APPLY_MAX_READS_PER_TURN):
             if self._applied_version >= high_watermark or self._installing_snapshot:
                 return
@@ -467,6 +471,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             results = self.state.apply(batches)
             self._apply_latency.observe(time.perf_counter() - started_s)
             self._applied_version = self.state.applied_version
+            self.log.applied_below(self._applied_version)  # let go of their in-memory copies
             self.maintenance.arrival_marks.applied(self._applied_version, time.monotonic())
             self._complete_writes(batches, results)
             self._wake_waiters()

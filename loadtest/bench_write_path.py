@@ -12,8 +12,11 @@ For each write the analysis follows the commit path: client send -> leader HTTP 
 flush answer on its loop -> its next Fetch (the acknowledgement) written -> leader receives ->
 apply -> HTTP response written -> client receives; the follower counted is the one whose
 acknowledgement reached the leader first. It prints the median and mean of each hop, the
-leader's own flush, and the servers' CPU per write. The trace points cost a few percent;
-``--no-trace`` runs the same load without them (latency and CPU only).
+leader's own flush, and the servers' CPU per write. It also counts, per write and node, the
+codec work one record costs on the way (``CODEC_COUNTS``: log reads that went to disk, batches
+decoded from disk, batches encoded for the log, raft messages encoded and decoded, commands
+encoded): a count does not drift with the machine's load as times do. The trace points cost
+a few percent; ``--no-trace`` runs the same load without them (latency and CPU only).
 
 The client is a raw blocking socket with TCP_NODELAY (no HTTP library in the measured time),
 writing a 256-byte value per PUT back to back over one keep-alive connection (like the
@@ -41,6 +44,15 @@ VALUE_BYTES = 256
 HOPS = ("http_in", "propose", "leader_sends_records", "follower_receives", "follower_flush_asked",
         "follower_fsync_starts", "follower_fsync_ends", "follower_flush_answered", "follower_sends_fetch",
         "leader_receives_fetch", "leader_apply_starts", "leader_apply_ends", "leader_http_out", "client_receives")
+# Counted calls (name in the trace -> what one call is): the copies and codec passes of a record.
+CODEC_COUNTS = {
+    "disk_read": "a pread of a segment file (a log read not answered from memory)",
+    "batch_decode": "a batch decoded from segment bytes (CRC + msgpack)",
+    "batch_encode": "a batch encoded for a segment file (msgpack + CRC)",
+    "message_encode": "a raft message encoded for the transport",
+    "message_decode": "a raft message decoded from the transport",
+    "command_encode": "a command encoded into a log record",
+}
 
 
 # --------------------------------------------------------------------------- node side
@@ -85,6 +97,22 @@ def serve_traced(argv: list[str]) -> int:
             return original(self, *args, **kwargs)
         setattr(cls, name, traced)
 
+    def count(owner: Any, name: str, label: str) -> None:
+        """Count calls of ``owner.name`` (a module's imported name or a class's method)."""
+        original = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            events.append((clock(), "count:" + label, 0))
+            return original(*args, **kwargs)
+        setattr(owner, name, counted)
+
+    import storage.batch_codec as batch_codec
+    count(segment_log, "read_exact", "disk_read")
+    count(segment_log, "decode_batch", "batch_decode")
+    count(batch_codec.BatchEncoder, "parts", "batch_encode")
+    count(transport, "encode_message", "message_encode")
+    count(transport, "decode_message", "message_decode")
+    count(runtime, "encode_command", "command_encode")
     before(HttpToolsProtocol, "data_received", "http_in")
     before(http_protocol.CoalescingTransport, "_flush", "http_out", lambda self: len(self._pending))
     original_propose = runtime.NodeRuntime.propose
@@ -198,6 +226,21 @@ def follow_writes(marks: list[tuple[float, float]], leader_id: int,
     return rows
 
 
+def codec_counts(marks: list[tuple[float, float]], leader_id: int,
+                 traces: dict[int, list[tuple[float, str, int]]]) -> dict[str, dict[str, float]]:
+    """Per node, the counted calls (CODEC_COUNTS) made while the measured writes ran, per write."""
+    start, end = marks[0][0], marks[-1][1]
+    counts: dict[str, dict[str, float]] = {}
+    for node_id, events in sorted(traces.items()):
+        calls = {name: 0 for name in CODEC_COUNTS}
+        for at, event, _size in events:
+            if start <= at <= end and event.startswith("count:"):
+                calls[event[len("count:"):]] += 1
+        counts["leader" if node_id == leader_id else f"follower {node_id}"] = {
+            name: round(value / len(marks), 2) for name, value in calls.items()}
+    return counts
+
+
 def hop_table(rows: list[dict[str, float]]) -> list[dict[str, Any]]:
     table = []
     previous = "client_sends"
@@ -276,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
                 while not path.exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
                 traces[node.node_id] = sorted((at, name, size) for at, name, size in json.loads(path.read_text()))
+            results["codec_counts_per_write"] = codec_counts(marks, leader.node_id, traces)
+            print("codec work per write (calls; " + ", ".join(f"{name}: {what}" for name, what in CODEC_COUNTS.items()) + "):")
+            for node_name, counts in results["codec_counts_per_write"].items():
+                print(f"  {node_name:>10}: " + "  ".join(f"{name} {value}" for name, value in counts.items()))
             rows = follow_writes(marks, leader.node_id, traces)
             results["writes_followed"] = len(rows)
             results["hops"] = hop_table(rows)

@@ -79,6 +79,7 @@ from storage.segment_files import (
     write_index,
 )
 from storage.segment_recovery import recover_log_dir
+from storage.tail_cache import DEFAULT_TAIL_CACHE_BYTES, TailCache
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class SegmentLog:
         index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
         failpoints: Failpoints | None = None,
         verify_sealed_segments: bool = True,
+        tail_cache_bytes: int = DEFAULT_TAIL_CACHE_BYTES,
     ) -> None:
         """Open (recovering) or create the log in ``log_dir``.
 
@@ -113,6 +115,9 @@ class SegmentLog:
         flipped bit anywhere stops startup instead of surfacing when the record is next read;
         opening then reads the whole log once. Without it, sealed segments are trusted through
         their index (rebuilt by a scan when damaged) and only the last segment is scanned.
+
+        ``tail_cache_bytes`` bounds the batches appended in this process that reads answer
+        from memory (storage/tail_cache.py; 0 turns it off).
         """
         check(segment_bytes >= 1024, f"segment_bytes {segment_bytes} below 1024")
         check(index_interval_bytes > 0, "index_interval_bytes must be positive")
@@ -123,6 +128,7 @@ class SegmentLog:
         self._failpoints = failpoints if failpoints is not None else Failpoints.from_env()
         self._lock = threading.Lock()
         self._encoder = BatchEncoder()  # used under _lock only
+        self._tail_cache = TailCache(tail_cache_bytes)  # used under _lock only
         self._segments: list[Segment] = []
         self._segment_bases: list[int] = []
         self._epoch_entries: list[tuple[int, int]] = []  # (epoch, start offset), increasing
@@ -176,6 +182,7 @@ class SegmentLog:
                 if active.size_bytes > 0 and active.size_bytes + size_bytes > self._segment_bytes:
                     self._roll()
                 self._append_encoded(batch, parts)
+            self._tail_cache.appended(batch, size_bytes, end_offset)
 
     def truncate_to(self, offset: int) -> None:
         with self._lock:
@@ -184,6 +191,7 @@ class SegmentLog:
             if offset >= self._end_offset():
                 return
             self._truncation_generation += 1
+            self._tail_cache.truncated(offset)
             try:
                 self._truncate_locked(offset)
             except OSError as exc:
@@ -195,6 +203,9 @@ class SegmentLog:
             if offset >= self._end_offset():
                 return result
             offset = max(offset, self._start_offset)
+            cached = self._tail_cache.read(offset, max_bytes)
+            if cached is not None:
+                return cached
             total_bytes = 0
             slot = max(bisect.bisect_right(self._segment_bases, offset) - 1, 0)
             for segment in self._segments[slot:]:
@@ -262,6 +273,7 @@ class SegmentLog:
         with self._lock:
             self._check_writable()
             self._truncation_generation += 1
+            self._tail_cache.clear()
             new_start = snapshot_id.end_offset
             try:
                 above = [s for s in reversed(self._segments) if s.base_offset >= new_start]
@@ -347,6 +359,7 @@ class SegmentLog:
             if not doomed:
                 return self._start_offset
             new_start = self._segments[len(doomed)].base_offset
+            self._tail_cache.drop_below(new_start)
             try:
                 self._write_start_checkpoint(start_offset=new_start)
                 self._delete_segments(doomed)
@@ -430,6 +443,7 @@ class SegmentLog:
                 remove_cleaned_files(self._log_dir, pending)
                 raise
             self._truncation_generation += 1
+            self._tail_cache.drop_below(clean_end)  # the cleaned copies replace those batches
             try:
                 self._finish_replace_prefix_locked(pending, last_fd, slot, holder, copied_end, clean_end)
             except OSError as exc:
@@ -448,6 +462,18 @@ class SegmentLog:
                 return
             yield from batches
             offset = batches[-1].next_offset
+
+    def applied_below(self, offset: int) -> None:
+        """The caller applied every offset below ``offset``: reads there may go to disk, so
+        the batches held in memory for them are let go (storage/tail_cache.py)."""
+        with self._lock:
+            self._tail_cache.drop_below(offset)
+
+    def cached_bytes(self) -> int:
+        """Encoded bytes of the appended batches held in memory for reads (at most the
+        ``tail_cache_bytes`` bound)."""
+        with self._lock:
+            return self._tail_cache.size_bytes
 
     def size_bytes(self) -> int:
         """Total bytes of all segment files (for metrics)."""
@@ -477,6 +503,7 @@ class SegmentLog:
         recovery path is the only open path and is exercised on every restart."""
         with self._lock:
             self._close_files()
+            self._tail_cache.clear()
             self._closed = True
 
     def __enter__(self) -> SegmentLog:

@@ -1,7 +1,9 @@
 """Property test: SegmentLog behaves like raft.log.MemoryLog through appends, flushes,
 truncations, snapshots, cleaned prefixes (replace_prefix), a log start moved behind a
 snapshot (delete_before) and power losses: after a crash exactly the flushed prefix
-survives, batch for batch.
+survives, batch for batch. Reads of the tail appended since the log was opened come from
+memory (storage/tail_cache.py), bounded to a few batches or not, and let go when applied:
+they must answer as the disk would.
 
 SegmentLog makes a few things durable earlier than MemoryLog (rolling a segment fsyncs it,
 truncate_to is durable when it returns, replace_prefix rewrites and fsyncs the active segment
@@ -32,9 +34,10 @@ EVERYTHING = 1 << 40
 
 
 class SegmentLogMatchesMemoryLog(RuleBasedStateMachine):
-    @initialize(verify_sealed_segments=st.booleans())
-    def open_logs(self, verify_sealed_segments: bool) -> None:
+    @initialize(verify_sealed_segments=st.booleans(), tail_cache_bytes=st.sampled_from([0, 300, 1 << 20]))
+    def open_logs(self, verify_sealed_segments: bool, tail_cache_bytes: int) -> None:
         self.verify_sealed_segments = verify_sealed_segments
+        self.tail_cache_bytes = tail_cache_bytes
         self.directory = Path(tempfile.mkdtemp(prefix="segment-log-model-"))
         self.log_dir = self.directory / "log"
         self.real = self._open()
@@ -43,7 +46,7 @@ class SegmentLogMatchesMemoryLog(RuleBasedStateMachine):
 
     def _open(self) -> SegmentLog:
         return SegmentLog(self.log_dir, segment_bytes=SEGMENT_BYTES, index_interval_bytes=INDEX_INTERVAL_BYTES,
-                          verify_sealed_segments=self.verify_sealed_segments)
+                          verify_sealed_segments=self.verify_sealed_segments, tail_cache_bytes=self.tail_cache_bytes)
 
     def teardown(self) -> None:
         if hasattr(self, "real"):
@@ -140,6 +143,12 @@ class SegmentLogMatchesMemoryLog(RuleBasedStateMachine):
         new_start = self.real.delete_before(asked)
         assert start_before <= new_start <= asked
         self.model.delete_before(new_start)  # checks it is a batch boundary, flushed, covered
+
+    @rule(data=st.data())
+    def apply_to(self, data: st.DataObject) -> None:
+        """The runtime applied up to some offset: the batches below it leave memory."""
+        self.real.applied_below(data.draw(st.integers(self.model.start_offset(), self.model.end_offset())))
+        assert self.real.cached_bytes() <= self.tail_cache_bytes
 
     @rule(data=st.data())
     def read_from(self, data: st.DataObject) -> None:
