@@ -75,7 +75,7 @@ bench: $(STAMP) system-etcd
 bench-http: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_http --etcd --profile-dir results/profile
 
-# metakv and etcd grown side by side to 10k, 100k and 1 M keys (long at 1 M keys; STAGES=10000,100000
+# metakv and etcd grown side by side to 10k, 100k and 1 M keys (the 1 M stage takes tens of minutes; STAGES=10000,100000
 # to choose); results/bench_scale.json and .png.
 .PHONY: bench-scale
 STAGES ?= 10000,100000,1000000

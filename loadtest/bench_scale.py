@@ -247,11 +247,14 @@ def run_stage(run: Run, index: int, previous: int, live_keys: int, phase_s: floa
     measured = measure_phases(run, plan, live_keys, phase_s, first_store, seed)
     checked = spot_check(run, plan, live_keys, rng)
     held = resources(run)
+    phases_done = time.monotonic()
     events = metakv_events(run)
     run.refresh()
+    ended = time.monotonic()
     stage: dict[str, Any] = {
         "live_keys": live_keys, "first_store": first_store, "keys_present": checked,
-        "seconds": {"growth": round(grown_s, 1), "total": round(time.monotonic() - started, 1)},
+        "seconds": {"growth": round(grown_s, 1), "phases": round(phases_done - started - grown_s, 1),
+                    "metakv_events": round(ended - phases_done, 1), "total": round(ended - started, 1)},
         "load_average_1m_after": round(os.getloadavg()[0], 2),
         "metakv": {"growth": growth["metakv"], **measured["metakv"], "resources": held["metakv"], **events},
         "etcd": {"growth": growth["etcd"], **measured["etcd"], "resources": held["etcd"]},
@@ -268,10 +271,10 @@ def start(root: Path, etcd_extra: list[str]) -> Run:
     try:
         for node in metakv.voters:
             node.start()
+        etcd = start_etcd(3, root / "etcd", extra_flags=etcd_extra)  # while the metakv nodes start
         leader = metakv.wait_for_leader()
         for node in metakv.voters:
             metakv.wait_ready(node)
-        etcd = start_etcd(3, root / "etcd", extra_flags=etcd_extra)
         run = Run(metakv, etcd, observer)
         run.refresh()
         metakv.put(key_name(0), b"x" * VALUE_BYTES, node=leader).raise_for_status()

@@ -27,6 +27,10 @@ class Metric:
     better: str  # "higher" | "lower"
     read: Callable[[dict[str, Any]], float | None]
 
+    @property
+    def heading(self) -> str:
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
     def describe(self) -> dict[str, str]:
         return {"label": self.label, "unit": self.unit, "better": self.better}
 
@@ -143,17 +147,18 @@ def _number(value: float | None) -> str:
 def stage_table(stage: dict[str, Any]) -> list[str]:
     summary, compared = stage["summary"], stage["metakv_over_etcd"]
     seconds = stage["seconds"]
-    lines = [f"stage: {stage['live_keys']:,} live keys (growth {seconds['growth']:.0f} s, "
+    lines = [f"stage: {stage['live_keys']:,} live keys (growth {seconds['growth']:.0f} s, phases "
+             f"{seconds['phases']:.0f} s, metakv restart/cleaning/snapshots {seconds['metakv_events']:.0f} s, "
              f"whole stage {seconds['total']:.0f} s, load {stage['load_average_1m_after']})",
              "| figure | metakv | etcd | metakv ÷ etcd |", "| --- | ---: | ---: | --- |"]
     for name, metric in METRICS.items():
         entry = compared[name]
         ratio = "n/a" if entry["ratio"] is None else f"{entry['ratio']:.2f}× ({metric.better} is better)"
-        lines.append(f"| {metric.label} ({metric.unit}) | {_number(summary['metakv'][name])} | "
+        lines.append(f"| {metric.heading} | {_number(summary['metakv'][name])} | "
                      f"{_number(summary['etcd'][name])} | {ratio} |")
     for name, (system, metric) in METRICS_ONE_SIDED.items():
         cells = [_number(summary[system][name]) if system == other else "" for other in SYSTEMS]
-        lines.append(f"| {metric.label} ({metric.unit}) | {cells[0]} | {cells[1]} | |")
+        lines.append(f"| {metric.heading} | {cells[0]} | {cells[1]} | |")
     if stage["metakv"]["snapshot_install"].get("note"):
         lines.append(f"metakv snapshot install: {stage['metakv']['snapshot_install']['note']}")
     return lines
