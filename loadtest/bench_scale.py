@@ -54,7 +54,7 @@ from typing import Any
 
 from app.config import NodeConfig
 from loadtest import scale_probes as probes
-from loadtest.bench_http import ETCD, FIXED_RATE_WRITES_PER_S, METAKV, VALUE_BYTES, Store
+from loadtest.bench_http import FIXED_RATE_WRITES_PER_S, METAKV, VALUE_BYTES, Store, etcd_store
 from loadtest.clusters import LocalCluster, start_etcd
 from loadtest.local_cluster import Cluster, Node
 from loadtest.scale_load import (
@@ -114,9 +114,8 @@ class Run:
         """Find each store's leader again (a metakv leader may change under load)."""
         metakv_leader = self.metakv_cluster.wait_for_leader()
         voters = [node.url for node in self.metakv_cluster.voters]
-        etcd_leader = probes.leader_of(self.etcd_cluster)
         self.stores = {"metakv": Store(self.metakv_cluster, metakv_leader.url, voters, METAKV),
-                       "etcd": Store(self.etcd_cluster, etcd_leader.url, self.etcd_cluster.endpoints, ETCD)}
+                       "etcd": etcd_store(self.etcd_cluster)}
 
     def metakv_leader(self) -> Node:
         return self.metakv_cluster.wait_for_leader()

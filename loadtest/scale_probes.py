@@ -17,8 +17,7 @@ from typing import Any
 
 import httpx
 
-from loadtest.clusters import LocalCluster
-from loadtest.local_cluster import Cluster, Node
+from loadtest.local_cluster import Node
 
 PROBE_TIMEOUT_S = 5.0
 POLL_S = 0.02
@@ -218,19 +217,6 @@ def snapshot_install(observer: Node, leader: Node, key: str) -> dict[str, Any]:
     download_s = logged - started_wall
     result.update(download_s=round(download_s, 3), install_s=round(served - started - download_s, 3))
     return result
-
-
-def leader_of(cluster: Cluster | LocalCluster) -> Node:
-    """The current leader of either kind of cluster."""
-    if isinstance(cluster, Cluster):
-        return cluster.wait_for_leader()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        leader = cluster.leader()
-        if leader is not None:
-            return leader
-        time.sleep(0.1)
-    raise RuntimeError("etcd has no leader")
 
 
 def history_retained(node: Node) -> dict[str, Any]:
