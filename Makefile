@@ -75,6 +75,13 @@ bench: $(STAMP) system-etcd
 bench-http: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_http --etcd --profile-dir results/profile
 
+# metakv and etcd grown side by side to 10k, 100k and 1 M keys (the 1 M stage takes tens of minutes; STAGES=10000,100000
+# to choose); results/bench_scale.json and .png.
+.PHONY: bench-scale
+STAGES ?= 10000,100000,1000000
+bench-scale: $(STAMP) system-etcd system-wrk
+	$(PY) -m loadtest.bench_scale --stages $(STAGES)
+
 # Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
 SEED ?= 1
 DURATION ?= 300

@@ -60,7 +60,7 @@ from geventhttpclient import URL, HTTPClient
 
 from loadtest.clusters import LocalCluster, start_etcd
 from loadtest.local_cluster import Cluster, Node
-from loadtest.stores import b64
+from loadtest.stores import b64, prefix_end
 
 VALUE_BYTES = 256
 WARMUP_S = 1.0
@@ -123,6 +123,12 @@ class MetakvRequests:
     def raw_read(self, key: str) -> bytes:
         return _raw_request("GET", f"/v1/kv/{key}")
 
+    def raw_delete(self, key: str) -> bytes:
+        return _raw_request("DELETE", f"/v1/kv/{key}")
+
+    def raw_list(self, prefix: str, limit: int) -> bytes:
+        return _raw_request("GET", f"/v1/kv?prefix={prefix}&limit={limit}")
+
 
 class EtcdRequests:
     """The same requests in etcd 3.4's v3 JSON gateway (base64 key and value): put, and a
@@ -148,6 +154,15 @@ class EtcdRequests:
 
     def raw_read(self, key: str) -> bytes:
         body = json.dumps({"key": b64(key), "serializable": True}).encode()
+        return _raw_request("POST", "/v3/kv/range", "application/json", body)
+
+    def raw_delete(self, key: str) -> bytes:
+        body = json.dumps({"key": b64(key)}).encode()
+        return _raw_request("POST", "/v3/kv/deleterange", "application/json", body)
+
+    def raw_list(self, prefix: str, limit: int) -> bytes:
+        body = json.dumps({"key": b64(prefix), "range_end": b64(prefix_end(prefix.encode())), "limit": limit,
+                           "serializable": True}).encode()
         return _raw_request("POST", "/v3/kv/range", "application/json", body)
 
 
@@ -194,10 +209,12 @@ def _wrk_requests(requests: MetakvRequests | EtcdRequests, request: str, client_
 
 
 def closed_loop(urls: list[str], clients: int, duration_s: float, request: str,
-                requests: MetakvRequests | EtcdRequests = METAKV) -> dict[str, Any]:
+                requests: MetakvRequests | EtcdRequests = METAKV,
+                table: Callable[[int], list[bytes]] | None = None) -> dict[str, Any]:
     """``clients`` keep-alive connections spread over ``urls``, each requesting back to back,
     driven by wrk (one wrk process per URL, one thread each): "write" PUTs a 256-byte value,
-    "read" GETs a seeded key. A warm-up run of WARMUP_S comes first and is not measured.
+    "read" GETs a seeded key; ``table(i)``, when given, builds wrk process i's requests instead.
+    A warm-up run of WARMUP_S comes first and is not measured.
     wrk records a latency for every answer, so the figures include answers with an error
     status; those are also counted in ``errors`` (a run with errors is not a clean figure).
 
@@ -215,7 +232,8 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str,
                 continue
             out = Path(tmp) / f"wrk-{index}.txt"
             script = Path(tmp) / f"wrk-{index}.lua"
-            lines = ",\n".join("  " + _lua_string(raw) for raw in _wrk_requests(requests, request, index))
+            raws = table(index) if table is not None else _wrk_requests(requests, request, index)
+            lines = ",\n".join("  " + _lua_string(raw) for raw in raws)
             script.write_text(WRK_SCRIPT % {"requests": lines, "out": _lua_string(str(out).encode())})
             runs.append((url, connections, script, out))
 
@@ -258,12 +276,12 @@ def closed_loop(urls: list[str], clients: int, duration_s: float, request: str,
     return result
 
 
-class _OpenLoopConnection(asyncio.Protocol):
+class OpenLoopConnection(asyncio.Protocol):
     """One keep-alive connection of the open-loop generator: one request at a time, the
     response parsed by httptools (uvicorn's C parser), its latency counted from when the
     request was due."""
 
-    def __init__(self, done: Callable[[_OpenLoopConnection, int, float], None]) -> None:
+    def __init__(self, done: Callable[[OpenLoopConnection, int, float], None]) -> None:
         self._done = done
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
@@ -289,31 +307,33 @@ class _OpenLoopConnection(asyncio.Protocol):
 
 
 def fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int = 256,
-               requests: MetakvRequests | EtcdRequests = METAKV) -> dict[str, Any]:
+               requests: MetakvRequests | EtcdRequests = METAKV, raws: list[bytes] | None = None) -> dict[str, Any]:
     """Open loop: request i is due at start + i / rate; latency counts from when it was due,
-    so a stall is not hidden by the generator waiting. ``connections`` keep-alive connections
+    so a stall is not hidden by the generator waiting. Request i is ``raws[i % len(raws)]``
+    (default: PUTs of 1000 keys); only a 200 counts as answered. ``connections`` keep-alive connections
     are opened (and used once) before the clock starts; a request finding none free counts
     as an error. The generator is asyncio on uvloop with raw requests and httptools, a few
     tens of microseconds per request (gevent + geventhttpclient took ~0.5 ms of CPU per
     request, a quarter of a core at 500 writes/s on the machine the servers share)."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_fixed_rate(url, rate_per_s, duration_s, connections, requests))
+        return runner.run(_fixed_rate(url, rate_per_s, duration_s, connections, requests, raws))
 
 
 async def _fixed_rate(url: str, rate_per_s: int, duration_s: float, connections: int,
-                      requests: MetakvRequests | EtcdRequests) -> dict[str, Any]:
+                      requests: MetakvRequests | EtcdRequests, raws: list[bytes] | None) -> dict[str, Any]:
     host, _, port = url.removeprefix("http://").rstrip("/").partition(":")
     loop = asyncio.get_running_loop()
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
-    raws = [requests.raw_write(f"bench/rate/k{i}", value) for i in range(1000)]
-    free: collections.deque[_OpenLoopConnection] = collections.deque()
+    if raws is None:
+        raws = [requests.raw_write(f"bench/rate/k{i}", value) for i in range(1000)]
+    free: collections.deque[OpenLoopConnection] = collections.deque()
     latencies: list[float] = []
     errors = collections.Counter[str]()
     measuring = [False]
     outstanding = [0]
     all_done = asyncio.Event()
 
-    def done(connection: _OpenLoopConnection, status: int, latency_s: float) -> None:
+    def done(connection: OpenLoopConnection, status: int, latency_s: float) -> None:
         free.append(connection)
         outstanding[0] -= 1
         if measuring[0]:
@@ -324,7 +344,7 @@ async def _fixed_rate(url: str, rate_per_s: int, duration_s: float, connections:
         if outstanding[0] == 0:
             all_done.set()
 
-    opened = [await loop.create_connection(lambda: _OpenLoopConnection(done), host, int(port))
+    opened = [await loop.create_connection(lambda: OpenLoopConnection(done), host, int(port))
               for _ in range(connections)]
     # Warm every connection with one read (the server's accept and first parse are not part
     # of a write's latency), then wait for all of them.

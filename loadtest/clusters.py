@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,11 @@ def etcd_binary() -> str:
     return found
 
 
-def start_etcd(nodes: int = NODES_DEFAULT, base_dir: Path | None = None) -> LocalCluster:
-    """A fresh etcd cluster of ``nodes`` members on loopback (fsync on, as in production).
-    A member's ``raft_port`` is its peer port (etcd's own raft traffic)."""
+def start_etcd(nodes: int = NODES_DEFAULT, base_dir: Path | None = None,
+               extra_flags: Sequence[str] = ()) -> LocalCluster:
+    """A fresh etcd cluster of ``nodes`` members on loopback (fsync on, as in production),
+    each started with ``extra_flags`` too (quota, compaction). A member's ``raft_port`` is
+    its peer port (etcd's own raft traffic)."""
     binary = etcd_binary()
     base = _base_dir(base_dir, "loadtest-etcd-")
     ports = free_ports(2 * nodes)
@@ -116,7 +119,7 @@ def start_etcd(nodes: int = NODES_DEFAULT, base_dir: Path | None = None) -> Loca
             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", initial, "--initial-cluster-state", "new",
-            "--initial-cluster-token", f"loadtest-{base.name}",
+            "--initial-cluster-token", f"loadtest-{base.name}", *extra_flags,
         ]
         members[index + 1] = Node(index + 1, client_ports[index], peer_ports[index], data_dir, base / f"{name}.log",
                                   command=command, env=dict(os.environ))
