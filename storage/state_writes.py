@@ -75,8 +75,9 @@ class StateWrites(StateDatabase):
         head, values_word, row = self._sql_history.rpartition(" VALUES ")
         check(values_word == " VALUES " and row == "(" + ", ".join("?" * 9) + ")",
               "unexpected compiled history insert")
-        self._sql_history_values_head = head + " VALUES "
-        self._sql_history_values_row = row
+        # (the text up to VALUES, one row's parameters): fragments, so not a str "_sql_"
+        # attribute (tests/storage/test_state_query_plans.py plans every such statement).
+        self._sql_history_values_parts = (head + " VALUES ", row)
         self._sql_history_by_count: dict[int, str] = {}
         self._sql_meta = compile_sql(
             meta.update().where(meta.c.id == sa.literal_column("1")).values(
@@ -226,7 +227,8 @@ class StateWrites(StateDatabase):
                 continue
             sql = self._sql_history_by_count.get(len(chunk))
             if sql is None:
-                sql = self._sql_history_values_head + ",".join([self._sql_history_values_row] * len(chunk))
+                head, row = self._sql_history_values_parts
+                sql = head + ",".join([row] * len(chunk))
                 self._sql_history_by_count[len(chunk)] = sql
             cursor.execute(sql, [value for row in chunk for value in row])
 
