@@ -12,9 +12,14 @@
   skips the command tuples and the evaluator: one loop, _apply_puts, gives the same
   results and rows.
 - A value is stored once, in its history row, appended in version order. ``key_heads`` on
-  disk is written behind apply, HEADS_FLUSH_RECORDS records at a time, so an update costs
-  no random B-tree write of its own (schema 3, see storage/state_schema.py); the new heads
-  go into the in-memory index after the COMMIT.
+  disk is written behind apply, so an update costs no random B-tree write of its own
+  (schema 3, see storage/state_schema.py); the new heads go into the in-memory index after
+  the COMMIT.
+- No call does unbounded work for the store's size: once ``key_heads`` lags by
+  HEADS_FLUSH_RECORDS, a call writes the heads of its oldest HEADS_FLUSH_STEP_VERSIONS
+  versions (or twice its own, if more), and a retention prune moves the horizon by at most
+  APPLY_PRUNE_STEP_VERSIONS (or twice the call's versions). In one go, at a million keys,
+  either stalled one call for tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -38,9 +43,9 @@ from storage.evaluator import (
 from storage.key_index import Head
 from storage.state_database import CHECKPOINT_EVERY_RECORDS, StateDatabase, compile_sql
 from storage.state_schema import (
-    COMPLETE_KEY_HEADS_SQL,
     HISTORY_OP_DELETE,
     HISTORY_OP_PUT,
+    KEY_HEADS_STEP_SQL,
     history,
     key_heads,
     meta,
@@ -55,6 +60,12 @@ from storage.state_types import (
 )
 
 HISTORY_ROWS_PER_STATEMENT = 100
+# Versions of heads one call writes into key_heads once it lags (see the module doc): at a
+# million keys each head is a random B-tree page, ~1000 pages a few milliseconds.
+HEADS_FLUSH_STEP_VERSIONS = 1_000
+# Versions one retention prune in apply moves the horizon by, at most (as the runtime's
+# prune after a cleaning steps, storage/cleaning_run.py PRUNE_STEP_VERSIONS).
+APPLY_PRUNE_STEP_VERSIONS = 500
 
 
 class StateWrites(StateDatabase):
@@ -150,13 +161,13 @@ class StateWrites(StateDatabase):
                 if linked_rows:
                     self._insert_history(writer_cursor, linked_rows)
                 oldest = self._oldest_version
-                horizon = self._retention_horizon(end_version)
+                call_versions = end_version - applied_before
+                horizon = self._retention_horizon(end_version, call_versions)
                 heads_version = self._heads_version
-                if (horizon is not None
-                        or end_version - heads_version >= self.heads_flush_records):
-                    # Before a prune too: it drops the key_heads rows of the deletes it drops.
-                    self._flush_heads(writer_cursor)
-                    heads_version = end_version
+                heads_to = self._heads_step_end(end_version, call_versions, horizon)
+                if heads_to > heads_version:
+                    writer_cursor.execute(KEY_HEADS_STEP_SQL, (heads_version, heads_to))
+                    heads_version = heads_to
                 if horizon is not None:
                     self._prune(self._writer, oldest, horizon)
                     oldest = horizon
@@ -186,20 +197,34 @@ class StateWrites(StateDatabase):
             finally:
                 if holding_publish_lock:
                     self._publish_lock.release()
-            self._records_since_checkpoint += end_version - applied_before
-            if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
-                self._records_since_checkpoint = 0
-                self._checkpointer.wake()
+            self._count_for_checkpoint(end_version - applied_before)
             return results
 
-    @staticmethod
-    def _flush_heads(cursor: sqlite3.Cursor) -> None:
-        """Bring key_heads up to date inside the caller's write transaction (which then
-        sets ``heads_version``): the history rows above ``heads_version``, this call's
-        included, upserted in version order by one statement, the same one that completes
-        a snapshot's copy. Building the rows in Python instead (the changed keys' heads
-        from the index, sorted by key) cost ~1.5x as much per record in uniform updates."""
-        cursor.execute(COMPLETE_KEY_HEADS_SQL)
+    def _count_for_checkpoint(self, records: int) -> None:
+        """Wake the checkpoint thread every CHECKPOINT_EVERY_RECORDS records written (or
+        versions pruned): else the WAL reaches WAL_BACKSTOP_PAGES and the writer copies it
+        back itself, inside a call."""
+        self._records_since_checkpoint += records
+        if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
+            self._records_since_checkpoint = 0
+            self._checkpointer.wake()
+
+    def _heads_step_end(self, end_version: int, call_versions: int, horizon: int | None) -> int:
+        """The version through which this call brings key_heads (``heads_version``: none).
+
+        Nothing while key_heads lags by less than ``heads_flush_records``; then its oldest
+        versions, a bounded step (module doc), upserted in version order by one statement
+        (KEY_HEADS_STEP_SQL); building the rows in Python instead (the changed keys' heads
+        from the index, sorted by key) cost ~1.5x as much per record in uniform updates.
+        At least through ``horizon``: a prune drops the key_heads rows of the deletes it
+        drops, so they must be there."""
+        heads_version = self._heads_version
+        step_end = heads_version
+        if end_version - heads_version >= self.heads_flush_records:
+            step_end = min(end_version, heads_version + max(HEADS_FLUSH_STEP_VERSIONS, 2 * call_versions))
+        if horizon is not None:
+            step_end = max(step_end, horizon)
+        return step_end
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
         """Which batches (and from which record) to apply.
@@ -258,14 +283,16 @@ class StateWrites(StateDatabase):
             found[key] = new_entry(key, value, content_type, version, create_version)
         return found, heads
 
-    def _retention_horizon(self, applied_version: int) -> int | None:
+    def _retention_horizon(self, applied_version: int, call_versions: int) -> int | None:
+        """The horizon this call prunes to (None: no prune): toward ``applied_version -
+        history_retention_versions`` once it lags by R/4 + 1, a bounded step at a time."""
         if self.history_retention_versions is None:
             return None
         horizon = applied_version - self.history_retention_versions
         slack_versions = self.history_retention_versions // 4 + 1
         if horizon - self._oldest_version < slack_versions:
             return None
-        return horizon
+        return min(horizon, self._oldest_version + max(APPLY_PRUNE_STEP_VERSIONS, 2 * call_versions))
 
     # ---- history horizon -----------------------------------------------------------
 
@@ -278,17 +305,22 @@ class StateWrites(StateDatabase):
             horizon = min(below_version, self._applied_version)
             if horizon <= self._oldest_version:
                 return
-            heads_version = self._applied_version
+            # key_heads complete through the horizon first: the prune drops the rows of the
+            # deletes it drops; and a step further, as apply writes it (bounded, module doc).
+            heads_version = max(horizon, min(self._applied_version,
+                                             self._heads_version + HEADS_FLUSH_STEP_VERSIONS))
             with self._publish_lock, self._write_transaction() as connection:
-                # key_heads complete first: the prune drops the rows of the deletes it drops.
-                self._flush_heads(self._writer_cursor)
+                if heads_version > self._heads_version:
+                    self._writer_cursor.execute(KEY_HEADS_STEP_SQL, (self._heads_version, heads_version))
                 self._prune(connection, self._oldest_version, horizon)
                 connection.execute(meta.update().where(meta.c.id == 1).values(
                     oldest_version=horizon, heads_version=heads_version))
             with self._publish_lock:
                 self._index.forget_deletes_through(horizon)  # the heads the prune dropped
+                pruned_versions = horizon - self._oldest_version
                 self._oldest_version = horizon
                 self._heads_version = heads_version
+            self._count_for_checkpoint(pruned_versions)
 
     @staticmethod
     def _prune(connection: Connection, oldest_version: int, horizon: int) -> None:
