@@ -29,7 +29,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from raft.types import Batch, check
 from storage.commands import OpKind
@@ -98,8 +97,25 @@ class StateWrites(StateDatabase):
                 heads_version=sa.bindparam("heads_version")),
             dialect,
         )
+        # The prune's statements (see _prune), each on the versions (?, ?].
+        in_range = (history.c.version > sa.bindparam("oldest"), history.c.version <= sa.bindparam("horizon"))
+        newer = history.alias("newer")
+        self._sql_prune_superseded = compile_sql(history.delete().where(
+            sa.tuple_(history.c.version, history.c.seq).in_(
+                sa.select(newer.c.prev_version, newer.c.prev_seq).where(
+                    newer.c.version > sa.bindparam("oldest"), newer.c.version <= sa.bindparam("horizon"),
+                    newer.c.prev_version.is_not(None)))), dialect)
+        deletes = (*in_range, history.c.op == sa.literal_column(str(HISTORY_OP_DELETE)))
+        self._sql_prune_deletes = compile_sql(
+            sa.select(history.c.key, history.c.version, history.c.seq).where(*deletes), dialect)
+        self._sql_prune_delete_heads = compile_sql(key_heads.delete().where(
+            key_heads.c.key == sa.bindparam("key"), key_heads.c.mod_version == sa.bindparam("version"),
+            key_heads.c.mod_seq == sa.bindparam("seq")), dialect)
+        self._sql_prune_delete_rows = compile_sql(history.delete().where(*deletes), dialect)
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
-        check([self._sql_history.count("?"), self._sql_meta.count("?")] == [9, 4],
+        check([self._sql_history.count("?"), self._sql_meta.count("?"), self._sql_prune_superseded.count("?"),
+               self._sql_prune_deletes.count("?"), self._sql_prune_delete_heads.count("?"),
+               self._sql_prune_delete_rows.count("?")] == [9, 4, 2, 2, 3, 2],
               "unexpected compiled statement shape")
 
     def clear(self) -> None:
@@ -168,8 +184,9 @@ class StateWrites(StateDatabase):
                 if heads_to > heads_version:
                     writer_cursor.execute(KEY_HEADS_STEP_SQL, (heads_version, heads_to))
                     heads_version = heads_to
+                pruned_deletes: list[tuple[str, int, int]] = []
                 if horizon is not None:
-                    self._prune(self._writer, oldest, horizon)
+                    pruned_deletes = self._prune(writer_cursor, oldest, horizon)
                     oldest = horizon
                 writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest, heads_version))
                 if horizon is not None:  # the prune removes rows: see _publish_lock
@@ -188,8 +205,8 @@ class StateWrites(StateDatabase):
             try:
                 with self._publish_lock:
                     index.update(new_heads)
-                    if horizon is not None:
-                        index.forget_deletes_through(horizon)  # the heads the prune dropped
+                    if pruned_deletes:
+                        index.forget_deletes(pruned_deletes)  # the heads the prune dropped
                     self._applied_version = end_version
                     self._applied_epoch = end_epoch
                     self._oldest_version = oldest
@@ -309,21 +326,21 @@ class StateWrites(StateDatabase):
             # deletes it drops; and a step further, as apply writes it (bounded, module doc).
             heads_version = max(horizon, min(self._applied_version,
                                              self._heads_version + HEADS_FLUSH_STEP_VERSIONS))
-            with self._publish_lock, self._write_transaction() as connection:
+            cursor = self._writer_cursor
+            with self._publish_lock, self._write_transaction():
                 if heads_version > self._heads_version:
-                    self._writer_cursor.execute(KEY_HEADS_STEP_SQL, (self._heads_version, heads_version))
-                self._prune(connection, self._oldest_version, horizon)
-                connection.execute(meta.update().where(meta.c.id == 1).values(
-                    oldest_version=horizon, heads_version=heads_version))
+                    cursor.execute(KEY_HEADS_STEP_SQL, (self._heads_version, heads_version))
+                pruned_deletes = self._prune(cursor, self._oldest_version, horizon)
+                cursor.execute(self._sql_meta, (self._applied_version, self._applied_epoch,
+                                                horizon, heads_version))
             with self._publish_lock:
-                self._index.forget_deletes_through(horizon)  # the heads the prune dropped
+                self._index.forget_deletes(pruned_deletes)  # the heads the prune dropped
                 pruned_versions = horizon - self._oldest_version
                 self._oldest_version = horizon
                 self._heads_version = heads_version
             self._count_for_checkpoint(pruned_versions)
 
-    @staticmethod
-    def _prune(connection: Connection, oldest_version: int, horizon: int) -> None:
+    def _prune(self, cursor: sqlite3.Cursor, oldest_version: int, horizon: int) -> list[tuple[str, int, int]]:
         """Move the horizon from ``oldest_version`` up to ``horizon``.
 
         Below the old horizon only each key's newest put at or below it is left (earlier
@@ -332,25 +349,15 @@ class StateWrites(StateDatabase):
         names it as its previous one, so those go; then the deletes in that range, which
         are now each key's newest change at or below the horizon (a delete answers "absent"
         as well as no row does), and with them the heads that point at them. Only rows in
-        that range are scanned, by version.
+        that range are scanned, by version. Returns those deletes (key, version, seq).
         """
-        in_range = (history.c.version > oldest_version, history.c.version <= horizon)
-        newer = history.alias("newer")
-        connection.execute(history.delete().where(
-            sa.tuple_(history.c.version, history.c.seq).in_(
-                sa.select(newer.c.prev_version, newer.c.prev_seq).where(
-                    newer.c.version > oldest_version, newer.c.version <= horizon,
-                    newer.c.prev_version.is_not(None)))))
-        deleted = connection.execute(sa.select(history.c.key, history.c.version, history.c.seq).where(
-            *in_range, history.c.op == HISTORY_OP_DELETE)).all()
+        in_range = (oldest_version, horizon)
+        cursor.execute(self._sql_prune_superseded, in_range)
+        deleted: list[tuple[str, int, int]] = cursor.execute(self._sql_prune_deletes, in_range).fetchall()
         if deleted:
-            connection.execute(
-                key_heads.delete().where(key_heads.c.key == sa.bindparam("head_key"),
-                                         key_heads.c.mod_version == sa.bindparam("head_version"),
-                                         key_heads.c.mod_seq == sa.bindparam("head_seq")),
-                [{"head_key": key, "head_version": version, "head_seq": seq}
-                 for key, version, seq in deleted])
-            connection.execute(history.delete().where(*in_range, history.c.op == HISTORY_OP_DELETE))
+            cursor.executemany(self._sql_prune_delete_heads, deleted)
+            cursor.execute(self._sql_prune_delete_rows, in_range)
+        return deleted
 
 
 class PutResults(Sequence[ApplyResult]):
