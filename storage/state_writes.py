@@ -59,6 +59,9 @@ from storage.state_types import (
 )
 
 HISTORY_ROWS_PER_STATEMENT = 100
+# The value of an entry apply did not read (see _load_entries); never seen outside apply.
+UNREAD_VALUE = b""
+UNREAD_VALUE_TYPE = ""
 # Versions of heads one call writes into key_heads once it lags (see the module doc): at a
 # million keys each head is a random B-tree page, ~1000 pages a few milliseconds.
 HEADS_FLUSH_STEP_VERSIONS = 1_000
@@ -167,7 +170,7 @@ class StateWrites(StateDatabase):
                     results, linked_rows = _apply_puts(puts, known)
                     new_heads = known
                 else:
-                    current, heads = self._load_entries(writer_cursor, keys_of(commands))
+                    current, heads = self._load_entries(writer_cursor, *keys_of(commands))
                     results, history_rows = evaluate_compact(commands, current)
                     linked_rows, changed = (_link_history(history_rows, heads) if history_rows
                                             else ([], {}))
@@ -274,11 +277,16 @@ class StateWrites(StateDatabase):
                 self._sql_history_by_count[len(chunk)] = sql
             cursor.execute(sql, [value for row in chunk for value in row])
 
-    def _load_entries(self, cursor: sqlite3.Cursor, keys: Iterable[str]
+    def _load_entries(self, cursor: sqlite3.Cursor, keys: Iterable[str], value_keys: set[str]
                       ) -> tuple[dict[str, Entry | None], dict[str, tuple[int, int]]]:
         """(key -> its current entry or None, for every key; key -> (version, seq) of its head,
-        for keys that have one, deleted keys included). Values are read from the heads'
-        history rows."""
+        for keys that have one, deleted keys included).
+
+        Only the entries of ``value_keys`` (a GET's, a VALUE compare's) hold their value,
+        read from the heads' history rows; the others hold UNREAD_VALUE. The evaluator reads
+        nothing else of an entry's value, and a value it writes is its own: a random row
+        read per key (a page each, past the cache, in a large store) is saved for the keys
+        that are only written or compared by version."""
         found: dict[str, Entry | None] = dict.fromkeys(keys)
         heads: dict[str, tuple[int, int]] = {}
         index_heads = self._index.heads
@@ -288,7 +296,10 @@ class StateWrites(StateDatabase):
             if head is not None:
                 heads[key] = (head[1], head[2])
                 if head[0]:
-                    puts.append((key, head))
+                    if key in value_keys:
+                        puts.append((key, head))
+                    else:
+                        found[key] = new_entry(key, UNREAD_VALUE, UNREAD_VALUE_TYPE, head[1], head[0])
         rows = self._rows_of(cursor, [head for _key, head in puts])
         for key, (create_version, version, seq) in puts:
             row = rows.get((version, seq))
