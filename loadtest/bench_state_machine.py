@@ -287,9 +287,10 @@ class _ScaleStore:
     """One store grown through the stages; it applies at ``offset`` and knows its live keys
     (``live``: key numbers, ``next_key``: the next new one)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, heads_flush_records: int) -> None:
         self.path = path
-        self.state = StateMachine(path)
+        self.heads_flush_records = heads_flush_records
+        self.state = StateMachine(path, heads_flush_records=heads_flush_records)
         self.offset = 0
         self.live: list[int] = []
         self.next_key = 0
@@ -408,7 +409,7 @@ def key_index_bytes_per_key(store: _ScaleStore) -> dict[str, Any]:
     gc.collect()
     rss_before = _rss_bytes()
     tracemalloc.start()
-    state = StateMachine(store.path)
+    state = StateMachine(store.path, heads_flush_records=store.heads_flush_records)
     gc.collect()
     traced, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -437,7 +438,7 @@ SCALE_RATIO_FIELDS = ("update_us_per_record", "update_cpu_us_per_record", "churn
 
 
 def bench_scale(directory: str, key_counts: list[int], args: argparse.Namespace) -> dict[str, Any]:
-    store = _ScaleStore(os.path.join(directory, "scale.db"))
+    store = _ScaleStore(os.path.join(directory, "scale.db"), args.heads_flush_records)
     stages = []
     try:
         for keys in key_counts:
@@ -453,6 +454,7 @@ def bench_scale(directory: str, key_counts: list[int], args: argparse.Namespace)
     finally:
         store.state.close()
     return {"stages": stages, "key_index": memory, "retain_versions": args.retain,
+            "heads_flush_records": args.heads_flush_records,
             "records_per_stage": args.scale_records, "batch_records": SCALE_BATCH_RECORDS}
 
 
@@ -494,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-reads", type=int, default=20_000, help="point reads per stage")
     parser.add_argument("--retain", type=int, default=50_000,
                         help="versions of history each stage keeps when it prunes")
+    parser.add_argument("--heads-flush-records", type=int, default=HEADS_FLUSH_RECORDS,
+                        help="the scale store's heads_flush_records (a huge value: what apply costs"
+                             " without key_heads writes)")
     parser.add_argument("--out", default="results/bench_state_machine.json")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {
