@@ -477,6 +477,16 @@ def _print_scale_stage(figures: dict[str, Any]) -> None:
             f" build call max {figures['longest_build_call_ms']} ms; snapshot {figures['snapshot_s']} s")
 
 
+# The scale stages' integer options: (flag, default, help).
+SCALE_OPTIONS = (
+    ("--scale-records", 20_000, "records applied per stage, per kind (updates, churn)"),
+    ("--scale-reads", 20_000, "point reads per stage"),
+    ("--retain", 50_000, "versions of history each stage keeps when it prunes"),
+    ("--heads-flush-records", HEADS_FLUSH_RECORDS,
+     "the scale store's heads_flush_records (a huge value: what apply costs without key_heads writes)"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3,
@@ -491,14 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reads", type=int, default=200_000, help="point reads")
     parser.add_argument("--keys", type=parse_key_counts, default=None,
                         help="run only the scale stages at these live key counts, e.g. 10k,100k,1M")
-    parser.add_argument("--scale-records", type=int, default=20_000,
-                        help="records applied per stage, per kind (updates, churn)")
-    parser.add_argument("--scale-reads", type=int, default=20_000, help="point reads per stage")
-    parser.add_argument("--retain", type=int, default=50_000,
-                        help="versions of history each stage keeps when it prunes")
-    parser.add_argument("--heads-flush-records", type=int, default=HEADS_FLUSH_RECORDS,
-                        help="the scale store's heads_flush_records (a huge value: what apply costs"
-                             " without key_heads writes)")
+    for flag, default, help_text in SCALE_OPTIONS:
+        parser.add_argument(flag, type=int, default=default, help=help_text)
     parser.add_argument("--out", default="results/bench_state_machine.json")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {
