@@ -2,6 +2,7 @@
 
     python -m loadtest.bench_state_machine [--records 50000] [--small-records 5000]
         [--reads 200000] [--small-only] [--out FILE]
+    python -m loadtest.bench_state_machine --keys 10k,100k,1M [--out FILE]
 
 Targets (issue 3): apply >= 50,000 records/s for batches of 100 and 1000 records, and
 >= 30,000 point reads/s on one thread. Prints the figures and writes them as JSON. Each
@@ -15,17 +16,17 @@ thread (WAL checkpoints run on a background thread). Apply cost depends on key l
 (SQLite writes whole 4 KiB pages per commit), so three key patterns are measured:
 ``new_keys`` (every record creates the next key, metadata churn), ``hot_updates`` (puts over
 1,000 keys) and ``uniform_updates`` (puts spread uniformly over 50,000 keys: a page of
-``key_heads`` per record, were it written in every call; it is written every
-HEADS_FLUSH_RECORDS records, which shows in the p99 call time). The history rows are
+``key_heads`` per record, were it written in every call; it is written a step of
+HEADS_FLUSH_STEP_VERSIONS once it lags by HEADS_FLUSH_RECORDS, which shows in the p99 call
+time). The history rows are
 appended in version order.
 
 Next to each apply case, ``sqlite_floor`` measures what SQLite alone costs for the same
 rows: per batch, one transaction that inserts its history rows (values and links to each
-key's previous change) and updates the meta row, and in the batch that reaches
-HEADS_FLUSH_RECORDS records since the last time, brings ``key_heads`` up to date with the
-statement apply uses (storage/state_schema.py COMPLETE_KEY_HEADS_SQL); executemany over
-precomputed parameters (no
-decode, no evaluation, no in-memory index), on the same schema with the same pragmas and a
+key's previous change) and updates the meta row, and once ``key_heads`` lags by
+HEADS_FLUSH_RECORDS records, brings it along a step as apply does, with the statement apply
+uses (storage/state_schema.py KEY_HEADS_STEP_SQL); executemany over precomputed parameters
+(no decode, no evaluation, no in-memory index), on the same schema with the same pragmas and a
 background checkpoint thread like the state machine's. Apply cannot beat it; the gap
 between the two is the state machine's own work.
 
@@ -34,11 +35,22 @@ the fixed cost of one apply call: on a lightly loaded cluster the leader applies
 record per commit, on the path before the client is answered. For them the figures that
 matter are the call latency (``apply_call_us_p50``) and the CPU per call of the applying
 thread (``apply_thread_cpu_us_per_call``). ``--small-only`` runs just these cases.
+
+``--keys`` (issue 19) runs only the scale stages: one store grown to each live key count
+in turn (new keys in calls of 1000), and at each stage the cost per operation of apply
+(calls of 100 plain PUTs updating existing keys; calls of 100 churn records: updates,
+deletes and creates), a point read, a list page of 100, a watch read (``changes`` of the
+newest 100 changes) and ``get(at_version=)``, each next to its ratio to the first stage;
+the longest single apply call and prune step (history pruned as the runtime does, in
+steps of PRUNE_STEP_VERSIONS, down to ``--retain`` versions), and the snapshot copy time.
+The last stage also measures what the key index holds per key (tracemalloc over opening
+the store, which loads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -49,19 +61,22 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 from raft.types import Batch
-from storage.commands import encode_command, put
+from storage.cleaning_run import PRUNE_STEP_VERSIONS
+from storage.commands import delete, encode_command, put
 from storage.state_machine import (
     CHECKPOINT_EVERY_RECORDS,
     HEADS_FLUSH_RECORDS,
+    HEADS_FLUSH_STEP_VERSIONS,
     SQLITE_CACHE_KIB,
     WAL_BACKSTOP_PAGES,
     StateMachine,
     decode_compact,
 )
-from storage.state_schema import COMPLETE_KEY_HEADS_SQL
+from storage.state_schema import KEY_HEADS_STEP_SQL
 
 VALUE_BYTES = 256
 APPLY_BATCH_SIZES = (100, 1000)
@@ -185,8 +200,9 @@ def bench_sqlite_floor(directory: str, pattern: str, batch_records: int, total_r
             writer.execute("BEGIN IMMEDIATE")
             writer.executemany(insert_history, history_rows)
             if end_version - heads_version >= HEADS_FLUSH_RECORDS:
-                writer.execute(COMPLETE_KEY_HEADS_SQL)
-                heads_version = end_version
+                step_end = min(end_version, heads_version + max(HEADS_FLUSH_STEP_VERSIONS, 2 * len(history_rows)))
+                writer.execute(KEY_HEADS_STEP_SQL, (heads_version, step_end))
+                heads_version = step_end
             writer.execute("UPDATE meta SET applied_version = ?, heads_version = ? WHERE id = 1",
                            (end_version, heads_version))
             writer.execute("COMMIT")
@@ -247,6 +263,230 @@ def bench_reads(directory: str, key_count: int, reads: int) -> dict[str, Any]:
     }
 
 
+SCALE_BATCH_RECORDS = 100
+SCALE_BUILD_BATCH_RECORDS = 1000
+
+
+def parse_key_counts(text: str) -> list[int]:
+    """"10k,100k,1M" -> [10000, 100000, 1000000]."""
+    counts = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = {"k": 1_000, "m": 1_000_000}.get(part[-1:], 1)
+        counts.append(int(float(part[:-1] if scale > 1 else part) * scale))
+    if counts != sorted(counts) or not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError("--keys: growing positive counts, e.g. 10k,100k,1M")
+    return counts
+
+
+def _scale_key(index: int) -> str:
+    return f"bench/key-{index:010d}"
+
+
+class _ScaleStore:
+    """One store grown through the stages; it applies at ``offset`` and knows its live keys
+    (``live``: key numbers, ``next_key``: the next new one)."""
+
+    def __init__(self, path: str, heads_flush_records: int) -> None:
+        self.path = path
+        self.heads_flush_records = heads_flush_records
+        self.state = StateMachine(path, heads_flush_records=heads_flush_records)
+        self.offset = 0
+        self.live: list[int] = []
+        self.next_key = 0
+        self.value = b"v" * VALUE_BYTES
+        self.cpu_ms: list[float] = []
+
+    def apply(self, records: list[bytes]) -> float:
+        """Apply one call; its wall time in ms (its CPU time goes to ``cpu_ms``)."""
+        started = time.perf_counter()
+        cpu_started = time.thread_time()
+        self.state.apply([Batch(self.offset, 1, 0, False, tuple(records))])
+        self.cpu_ms.append((time.thread_time() - cpu_started) * 1000)
+        self.offset += len(records)
+        return (time.perf_counter() - started) * 1000
+
+    def grow_to(self, keys: int) -> float:
+        """Create keys until ``keys`` are live; the longest call in ms."""
+        longest = 0.0
+        while len(self.live) < keys:
+            count = min(SCALE_BUILD_BATCH_RECORDS, keys - len(self.live))
+            numbers = range(self.next_key, self.next_key + count)
+            longest = max(longest, self.apply([encode_command(put(_scale_key(n), self.value)) for n in numbers]))
+            self.live.extend(numbers)
+            self.next_key += count
+        return longest
+
+    def churn_records(self, rng: random.Random, count: int) -> list[bytes]:
+        """60 % updates of live keys, 20 % deletes of live keys, 20 % creates."""
+        records = []
+        for _ in range(count):
+            roll = rng.random()
+            if roll < 0.6:
+                records.append(encode_command(put(_scale_key(rng.choice(self.live)), self.value)))
+            elif roll < 0.8:
+                position = rng.randrange(len(self.live))
+                self.live[position], self.live[-1] = self.live[-1], self.live[position]
+                records.append(encode_command(delete(_scale_key(self.live.pop()))))
+            else:
+                records.append(encode_command(put(_scale_key(self.next_key), self.value)))
+                self.live.append(self.next_key)
+                self.next_key += 1
+        return records
+
+
+def _timed_calls(calls: int, call: Any) -> tuple[float, float]:
+    """(mean wall us, mean CPU us of this thread) per call of ``calls`` calls of ``call(index)``."""
+    started = time.perf_counter()
+    cpu_started = time.thread_time()
+    for index in range(calls):
+        call(index)
+    return ((time.perf_counter() - started) / calls * 1e6,
+            (time.thread_time() - cpu_started) / calls * 1e6)
+
+
+def bench_scale_stage(store: _ScaleStore, keys: int, args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(keys)
+    state = store.state
+    build_started = time.perf_counter()
+    longest_build_ms = store.grow_to(keys)
+    figures: dict[str, Any] = {"keys": keys, "build_s": round(time.perf_counter() - build_started, 1),
+                               "longest_build_call_ms": round(longest_build_ms, 1)}
+    calls = args.scale_records // SCALE_BATCH_RECORDS
+    update_batches = [[encode_command(put(_scale_key(rng.choice(store.live)), store.value))
+                       for _ in range(SCALE_BATCH_RECORDS)] for _ in range(calls)]
+    for kind, batches in (("update", update_batches), ("churn", None)):
+        if batches is None:  # churn records depend on the keys live after the updates
+            batches = [store.churn_records(rng, SCALE_BATCH_RECORDS) for _ in range(calls)]
+        store.cpu_ms = []
+        call_ms = [store.apply(records) for records in batches]
+        figures[f"{kind}_us_per_record"] = round(sum(call_ms) * 1000 / args.scale_records, 2)
+        figures[f"{kind}_cpu_us_per_record"] = round(sum(store.cpu_ms) * 1000 / args.scale_records, 2)
+        figures[f"{kind}_call_ms_p99"] = round(_percentile(call_ms, 0.99), 1)
+        figures[f"{kind}_call_ms_max"] = round(max(call_ms), 1)
+        figures[f"{kind}_call_cpu_ms_max"] = round(max(store.cpu_ms), 1)
+    reads = [_scale_key(rng.choice(store.live)) for _ in range(args.scale_reads)]
+    starts = [_scale_key(rng.choice(store.live)) for _ in range(args.scale_reads // 20)]
+    since = state.applied_version - 100
+    older = state.applied_version - args.scale_records
+    for name, calls, call in (
+            ("get", len(reads), lambda i: state.get(reads[i])),
+            ("list_100", len(starts), lambda i: state.list("bench/", after=starts[i], limit=100)),
+            ("changes_100", len(starts), lambda i: state.changes("", since, limit=100)),
+            ("get_at_version", len(reads) // 4, lambda i: state.get(reads[i], at_version=older))):
+        figures[f"{name}_us"], figures[f"{name}_cpu_us"] = _timed_calls(calls, call)
+    target = state.applied_version - args.retain
+    prune_ms = []
+    prune_cpu_ms = []
+    while state.oldest_version < target:
+        call_started = time.perf_counter()
+        cpu_started = time.thread_time()
+        state.prune_history(min(target, state.oldest_version + PRUNE_STEP_VERSIONS))
+        prune_cpu_ms.append((time.thread_time() - cpu_started) * 1000)
+        prune_ms.append((time.perf_counter() - call_started) * 1000)
+    figures["prune_steps"] = len(prune_ms)
+    figures["prune_step_ms_p99"] = round(_percentile(prune_ms, 0.99), 1) if prune_ms else 0.0
+    figures["prune_step_ms_max"] = round(max(prune_ms, default=0.0), 1)
+    figures["prune_step_cpu_ms_max"] = round(max(prune_cpu_ms, default=0.0), 1)
+    snapshot_started = time.perf_counter()
+    state.create_snapshot(os.path.join(os.path.dirname(store.path), "snapshots"))
+    figures["snapshot_s"] = round(time.perf_counter() - snapshot_started, 2)
+    for name in ("get", "list_100", "changes_100", "get_at_version"):
+        figures[f"{name}_us"] = round(figures[f"{name}_us"], 2)
+        figures[f"{name}_cpu_us"] = round(figures[f"{name}_cpu_us"], 2)
+    figures["history_rows"] = _count_rows(store.path, "history")
+    figures["db_bytes"] = sum(os.path.getsize(store.path + suffix) for suffix in ("", "-wal")
+                              if os.path.exists(store.path + suffix))
+    return figures
+
+
+def key_index_bytes_per_key(store: _ScaleStore) -> dict[str, Any]:
+    """Python memory the key index takes per key, measured over reopening the store (the
+    open loads the index): tracemalloc's count and the RSS growth (which includes
+    SQLite's page cache, up to SQLITE_CACHE_KIB)."""
+    store.state.close()
+    keys = _count_rows(store.path, "key_heads")  # complete once closed: every head
+    gc.collect()
+    rss_before = _rss_bytes()
+    tracemalloc.start()
+    state = StateMachine(store.path, heads_flush_records=store.heads_flush_records)
+    gc.collect()
+    traced, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rss_after = _rss_bytes()
+    store.state = state
+    return {"keys": keys, "traced_bytes_per_key": round(traced / keys, 1),
+            "rss_bytes_per_key": round((rss_after - rss_before) / keys, 1)}
+
+
+def _count_rows(db_path: str, table: str) -> int:
+    connection = sqlite3.connect(db_path)
+    try:
+        return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        connection.close()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+SCALE_RATIO_FIELDS = ("update_us_per_record", "update_cpu_us_per_record", "churn_us_per_record",
+                      "churn_cpu_us_per_record", "get_us", "get_cpu_us", "list_100_us", "list_100_cpu_us",
+                      "changes_100_us", "changes_100_cpu_us", "get_at_version_us", "get_at_version_cpu_us")
+
+
+def bench_scale(directory: str, key_counts: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    store = _ScaleStore(os.path.join(directory, "scale.db"), args.heads_flush_records)
+    stages = []
+    try:
+        for keys in key_counts:
+            figures = bench_scale_stage(store, keys, args)
+            if stages:
+                figures["ratio_to_first"] = {name: round(figures[name] / stages[0][name], 2)
+                                             for name in SCALE_RATIO_FIELDS}
+            stages.append(figures)
+            _print_scale_stage(figures)
+        memory = key_index_bytes_per_key(store)
+        print(f"key index at {memory['keys']:,} keys: {memory['traced_bytes_per_key']} bytes/key (tracemalloc),"
+              f" {memory['rss_bytes_per_key']} bytes/key (RSS growth over the open)")
+    finally:
+        store.state.close()
+    return {"stages": stages, "key_index": memory, "retain_versions": args.retain,
+            "heads_flush_records": args.heads_flush_records,
+            "records_per_stage": args.scale_records, "batch_records": SCALE_BATCH_RECORDS}
+
+
+def _print_scale_stage(figures: dict[str, Any]) -> None:
+    ratios = figures.get("ratio_to_first", {})
+
+    def cell(name: str, unit: str) -> str:  # per record for apply, per call for reads
+        ratio = f" ({ratios[name]:.2f}x)" if name in ratios else ""
+        label = name.removesuffix("_us_per_record").removesuffix("_us").removesuffix("_cpu")
+        return f"{label} {figures[name]} {unit}{ratio}"
+
+    print(f"keys {figures['keys']:>9,} (history {figures['history_rows']:,} rows,"
+          f" {figures['db_bytes'] / 2**20:,.0f} MiB): "
+          + "; ".join([cell(name, "CPU-us" if "cpu" in name else "us") for name in SCALE_RATIO_FIELDS])
+          + "; call ms p99/max (max CPU): " + ", ".join(
+              f"{kind} {figures[f'{kind}_call_ms_p99']}/{figures[f'{kind}_call_ms_max']}"
+              f" ({figures[f'{kind}_call_cpu_ms_max']})" for kind in ("update", "churn"))
+          + f", prune step {figures['prune_step_ms_p99']}/{figures['prune_step_ms_max']}"
+            f" ({figures['prune_step_cpu_ms_max']}) in {figures['prune_steps']} steps;"
+            f" build call max {figures['longest_build_call_ms']} ms; snapshot {figures['snapshot_s']} s")
+
+
+# The scale stages' integer options: (flag, default, help).
+SCALE_OPTIONS = (
+    ("--scale-records", 20_000, "records applied per stage, per kind (updates, churn)"),
+    ("--scale-reads", 20_000, "point reads per stage"),
+    ("--retain", 50_000, "versions of history each stage keeps when it prunes"),
+    ("--heads-flush-records", HEADS_FLUSH_RECORDS,
+     "the scale store's heads_flush_records (a huge value: what apply costs without key_heads writes)"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3,
@@ -259,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the batches of 1 and 10 (no large batches, no reads)")
     parser.add_argument("--read-keys", type=int, default=50_000, help="keys present for the read test")
     parser.add_argument("--reads", type=int, default=200_000, help="point reads")
+    parser.add_argument("--keys", type=parse_key_counts, default=None,
+                        help="run only the scale stages at these live key counts, e.g. 10k,100k,1M")
+    for flag, default, help_text in SCALE_OPTIONS:
+        parser.add_argument(flag, type=int, default=default, help=help_text)
     parser.add_argument("--out", default="results/bench_state_machine.json")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {
@@ -272,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         "small_apply": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench-sm-") as directory:
+        if args.keys is not None:
+            report["scale"] = bench_scale(directory, args.keys, args)
+            _write_report(report, args.out)
+            return 0
         for pattern in KEY_PATTERNS:
             for batch_records in SMALL_APPLY_BATCH_SIZES:
                 report["small_apply"].append(_bench_small(directory, pattern, batch_records, args))

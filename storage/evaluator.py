@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 CompactOp = tuple[int, str, bytes, str, int]
 CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
 _OP_KINDS = {int(kind): kind for kind in OpKind}
-_PUT, _DELETE = int(OpKind.PUT), int(OpKind.DELETE)
+_PUT, _DELETE, _GET = int(OpKind.PUT), int(OpKind.DELETE), int(OpKind.GET)
+_VALUE = int(CompareKind.VALUE)
 _SIMPLE_OP_KINDS = frozenset(_OP_KINDS)
 
 
@@ -144,9 +145,11 @@ def _decode_rest(plan: list[tuple[Batch, int]], position: int, index: int,
         index = 0
 
 
-def keys_of(commands: list[tuple[int, CompactCommand | str]]) -> set[str]:
-    """Every key the commands may read or write (the common one-op command directly)."""
+def keys_of(commands: list[tuple[int, CompactCommand | str]]) -> tuple[set[str], set[str]]:
+    """(every key the commands may read or write, the keys whose value they may read: a GET's,
+    a VALUE compare's). The common one-op command is taken directly."""
     keys: set[str] = set()
+    value_keys: set[str] = set()
     add = keys.add
     for _offset, command in commands:
         if type(command) is str:
@@ -154,9 +157,13 @@ def keys_of(commands: list[tuple[int, CompactCommand | str]]) -> set[str]:
         compares, success, failure = command
         if not compares and not failure and len(success) == 1:
             add(success[0][1])
+            if success[0][0] == _GET:
+                value_keys.add(success[0][1])
         else:
             keys.update(command_keys(command))
-    return keys
+            value_keys.update(compare[0] for compare in compares if compare[1] == _VALUE)
+            value_keys.update(op[1] for op in (*success, *failure) if op[0] == _GET)
+    return keys, value_keys
 
 
 def command_keys(command: CompactCommand) -> Iterator[str]:

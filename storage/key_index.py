@@ -49,18 +49,14 @@ class HeadIndex:
     def __init__(self) -> None:
         self.heads: dict[str, Head] = {}
         self.keys: SortedList = SortedList()
-        # key -> version of its head, for the keys whose head is a delete.
-        self._deletes: dict[str, int] = {}
 
     def clear(self) -> None:
         self.heads = {}
         self.keys = SortedList()
-        self._deletes = {}
 
     def load(self, heads: dict[str, Head]) -> None:
         self.heads = heads
         self.keys = SortedList(heads)
-        self._deletes = {key: head[1] for key, head in heads.items() if not head[0]}
 
     def update(self, new_heads: dict[str, Head]) -> None:
         """Record a committed call's new heads."""
@@ -69,22 +65,16 @@ class HeadIndex:
         heads.update(new_heads)
         if created:
             self.keys.update(created)
-        deletes = self._deletes
-        for key, head in new_heads.items():
-            if not head[0]:
-                deletes[key] = head[1]
-            elif deletes:
-                deletes.pop(key, None)
 
-    def forget_deletes_through(self, version: int) -> None:
-        """Drop the keys whose head is a delete at or below ``version`` (a prune to that
-        horizon removed those heads; key_heads was brought up to date before it)."""
-        deletes = self._deletes
-        gone = [key for key, head_version in deletes.items() if head_version <= version]
-        for key in gone:
-            del deletes[key]
-            del self.heads[key]
-            self.keys.remove(key)
+    def forget_deletes(self, deletes: list[tuple[str, int, int]]) -> None:
+        """Drop the keys whose head is one of ``deletes`` (key, version, seq): the delete
+        rows a prune removed with their key_heads rows. The prune reads them anyway, so
+        this costs what was pruned, not a walk over every key."""
+        heads = self.heads
+        for key, version, seq in deletes:
+            if heads.get(key) == (0, version, seq):
+                del heads[key]
+                self.keys.remove(key)
 
     def range(self, prefix: str, after: str | None) -> Iterator[tuple[str, Head]]:
         """(key, head) for the keys starting with ``prefix`` and above ``after``, in key

@@ -224,12 +224,19 @@ class StateDatabase:
     def _prepare_statements(self) -> None:
         """Compile the statements this class runs; the write and read paths extend it."""
         dialect = self._engine.dialect
-        # The values of many put heads: "(version, seq) IN (VALUES (?, ?), ...)", one text
-        # per count (see _rows_of).
+        # The values of many put heads, one text per count (see _rows_of): the heads as a
+        # VALUES list CROSS JOINed to history, so SQLite walks the list and looks each row
+        # up by primary key. "(version, seq) IN (VALUES ...)" was planned as a SCAN of
+        # history: every call read the whole table (tests/storage/test_state_query_plans.py).
         rows_by_head = compile_sql(
             sa.select(history.c.version, history.c.seq, history.c.value, history.c.content_type),
             dialect)
-        self._sql_rows_by_head_prefix = rows_by_head + " WHERE (history.version, history.seq) IN (VALUES "
+        columns, from_word, table = " ".join(rows_by_head.split()).rpartition(" FROM ")
+        check(from_word == " FROM " and table == "history", "unexpected compiled history select")
+        self._sql_rows_by_head_parts = (
+            columns + " FROM (VALUES ",
+            ") AS wanted CROSS JOIN history"
+            " ON history.version = wanted.column1 AND history.seq = wanted.column2")
         self._sql_rows_by_head: dict[int, str] = {}
         # Every head with what the index keeps of it; then the changes key_heads lacks.
         self._sql_all_heads = compile_sql(
@@ -318,7 +325,8 @@ class StateDatabase:
             chunk = heads[start:start + KEY_LOOKUP_CHUNK_KEYS]
             sql = self._sql_rows_by_head.get(len(chunk))
             if sql is None:
-                sql = self._sql_rows_by_head_prefix + ",".join(["(?,?)"] * len(chunk)) + ")"
+                head, tail = self._sql_rows_by_head_parts
+                sql = head + ",".join(["(?,?)"] * len(chunk)) + tail
                 self._sql_rows_by_head[len(chunk)] = sql
             for version, seq, value, content_type in cursor.execute(
                     sql, [number for head in chunk for number in head[1:]]):

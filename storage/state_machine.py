@@ -39,12 +39,13 @@ from storage.state_types import (
     VersionCompactedError,
     VersionNotAppliedError,
 )
-from storage.state_writes import PutResults, StateWrites
+from storage.state_writes import HEADS_FLUSH_STEP_VERSIONS, PutResults, StateWrites
 
 # The names app/, loadtest/ and pipeline/ import from here.
 __all__ = [
     "CHECKPOINT_EVERY_RECORDS",
     "HEADS_FLUSH_RECORDS",
+    "HEADS_FLUSH_STEP_VERSIONS",
     "SQLITE_CACHE_KIB",
     "WAL_BACKSTOP_PAGES",
     "ApplyResult",

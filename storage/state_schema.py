@@ -107,11 +107,16 @@ def create_entries_view_sql(dialect: sa.Dialect) -> str:
 
 # The heads of the changes above meta.heads_version, written into key_heads in (version,
 # seq) order so each key ends at its newest change; then key_heads is complete.
-COMPLETE_KEY_HEADS_SQL = (
-    "INSERT INTO key_heads (key, mod_version, mod_seq)"
-    " SELECT key, version, seq FROM history"
-    " WHERE version > (SELECT heads_version FROM meta WHERE id = 1) ORDER BY version, seq"
-    " ON CONFLICT (key) DO UPDATE SET mod_version = excluded.mod_version, mod_seq = excluded.mod_seq")
+def _key_heads_upsert_sql(versions: str) -> str:
+    return ("INSERT INTO key_heads (key, mod_version, mod_seq)"
+            f" SELECT key, version, seq FROM history WHERE {versions} ORDER BY version, seq"
+            " ON CONFLICT (key) DO UPDATE SET mod_version = excluded.mod_version, mod_seq = excluded.mod_seq")
+
+
+COMPLETE_KEY_HEADS_SQL = _key_heads_upsert_sql("version > (SELECT heads_version FROM meta WHERE id = 1)")
+# The same for the changes in versions (?, ?] only: apply brings key_heads up to date a
+# bounded step at a time (storage/state_writes.py HEADS_FLUSH_STEP_VERSIONS).
+KEY_HEADS_STEP_SQL = _key_heads_upsert_sql("version > ? AND version <= ?")
 COMPLETE_HEADS_VERSION_SQL = "UPDATE meta SET heads_version = applied_version WHERE id = 1"
 
 

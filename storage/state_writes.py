@@ -12,9 +12,14 @@
   skips the command tuples and the evaluator: one loop, _apply_puts, gives the same
   results and rows.
 - A value is stored once, in its history row, appended in version order. ``key_heads`` on
-  disk is written behind apply, HEADS_FLUSH_RECORDS records at a time, so an update costs
-  no random B-tree write of its own (schema 3, see storage/state_schema.py); the new heads
-  go into the in-memory index after the COMMIT.
+  disk is written behind apply, so an update costs no random B-tree write of its own
+  (schema 3, see storage/state_schema.py); the new heads go into the in-memory index after
+  the COMMIT.
+- No call does unbounded work for the store's size: once ``key_heads`` lags by
+  HEADS_FLUSH_RECORDS, a call writes the heads of its oldest HEADS_FLUSH_STEP_VERSIONS
+  versions (or twice its own, if more), and a retention prune moves the horizon by at most
+  APPLY_PRUNE_STEP_VERSIONS (or twice the call's versions). In one go, at a million keys,
+  either stalled one call for tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from raft.types import Batch, check
 from storage.commands import OpKind
@@ -38,9 +42,9 @@ from storage.evaluator import (
 from storage.key_index import Head
 from storage.state_database import CHECKPOINT_EVERY_RECORDS, StateDatabase, compile_sql
 from storage.state_schema import (
-    COMPLETE_KEY_HEADS_SQL,
     HISTORY_OP_DELETE,
     HISTORY_OP_PUT,
+    KEY_HEADS_STEP_SQL,
     history,
     key_heads,
     meta,
@@ -55,6 +59,15 @@ from storage.state_types import (
 )
 
 HISTORY_ROWS_PER_STATEMENT = 100
+# The value of an entry apply did not read (see _load_entries); never seen outside apply.
+UNREAD_VALUE = b""
+UNREAD_VALUE_TYPE = ""
+# Versions of heads one call writes into key_heads once it lags (see the module doc): at a
+# million keys each head is a random B-tree page, ~1000 pages a few milliseconds.
+HEADS_FLUSH_STEP_VERSIONS = 1_000
+# Versions one retention prune in apply moves the horizon by, at most (as the runtime's
+# prune after a cleaning steps, storage/cleaning_run.py PRUNE_STEP_VERSIONS).
+APPLY_PRUNE_STEP_VERSIONS = 500
 
 
 class StateWrites(StateDatabase):
@@ -75,8 +88,9 @@ class StateWrites(StateDatabase):
         head, values_word, row = self._sql_history.rpartition(" VALUES ")
         check(values_word == " VALUES " and row == "(" + ", ".join("?" * 9) + ")",
               "unexpected compiled history insert")
-        self._sql_history_values_head = head + " VALUES "
-        self._sql_history_values_row = row
+        # (the text up to VALUES, one row's parameters): fragments, so not a str "_sql_"
+        # attribute (tests/storage/test_state_query_plans.py plans every such statement).
+        self._sql_history_values_parts = (head + " VALUES ", row)
         self._sql_history_by_count: dict[int, str] = {}
         self._sql_meta = compile_sql(
             meta.update().where(meta.c.id == sa.literal_column("1")).values(
@@ -86,8 +100,25 @@ class StateWrites(StateDatabase):
                 heads_version=sa.bindparam("heads_version")),
             dialect,
         )
+        # The prune's statements (see _prune), each on the versions (?, ?].
+        in_range = (history.c.version > sa.bindparam("oldest"), history.c.version <= sa.bindparam("horizon"))
+        newer = history.alias("newer")
+        self._sql_prune_superseded = compile_sql(history.delete().where(
+            sa.tuple_(history.c.version, history.c.seq).in_(
+                sa.select(newer.c.prev_version, newer.c.prev_seq).where(
+                    newer.c.version > sa.bindparam("oldest"), newer.c.version <= sa.bindparam("horizon"),
+                    newer.c.prev_version.is_not(None)))), dialect)
+        deletes = (*in_range, history.c.op == sa.literal_column(str(HISTORY_OP_DELETE)))
+        self._sql_prune_deletes = compile_sql(
+            sa.select(history.c.key, history.c.version, history.c.seq).where(*deletes), dialect)
+        self._sql_prune_delete_heads = compile_sql(key_heads.delete().where(
+            key_heads.c.key == sa.bindparam("key"), key_heads.c.mod_version == sa.bindparam("version"),
+            key_heads.c.mod_seq == sa.bindparam("seq")), dialect)
+        self._sql_prune_delete_rows = compile_sql(history.delete().where(*deletes), dialect)
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
-        check([self._sql_history.count("?"), self._sql_meta.count("?")] == [9, 4],
+        check([self._sql_history.count("?"), self._sql_meta.count("?"), self._sql_prune_superseded.count("?"),
+               self._sql_prune_deletes.count("?"), self._sql_prune_delete_heads.count("?"),
+               self._sql_prune_delete_rows.count("?")] == [9, 4, 2, 2, 3, 2],
               "unexpected compiled statement shape")
 
     def clear(self) -> None:
@@ -139,7 +170,7 @@ class StateWrites(StateDatabase):
                     results, linked_rows = _apply_puts(puts, known)
                     new_heads = known
                 else:
-                    current, heads = self._load_entries(writer_cursor, keys_of(commands))
+                    current, heads = self._load_entries(writer_cursor, *keys_of(commands))
                     results, history_rows = evaluate_compact(commands, current)
                     linked_rows, changed = (_link_history(history_rows, heads) if history_rows
                                             else ([], {}))
@@ -149,15 +180,16 @@ class StateWrites(StateDatabase):
                 if linked_rows:
                     self._insert_history(writer_cursor, linked_rows)
                 oldest = self._oldest_version
-                horizon = self._retention_horizon(end_version)
+                call_versions = end_version - applied_before
+                horizon = self._retention_horizon(end_version, call_versions)
                 heads_version = self._heads_version
-                if (horizon is not None
-                        or end_version - heads_version >= self.heads_flush_records):
-                    # Before a prune too: it drops the key_heads rows of the deletes it drops.
-                    self._flush_heads(writer_cursor)
-                    heads_version = end_version
+                heads_to = self._heads_step_end(end_version, call_versions, horizon)
+                if heads_to > heads_version:
+                    writer_cursor.execute(KEY_HEADS_STEP_SQL, (heads_version, heads_to))
+                    heads_version = heads_to
+                pruned_deletes: list[tuple[str, int, int]] = []
                 if horizon is not None:
-                    self._prune(self._writer, oldest, horizon)
+                    pruned_deletes = self._prune(writer_cursor, oldest, horizon)
                     oldest = horizon
                 writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest, heads_version))
                 if horizon is not None:  # the prune removes rows: see _publish_lock
@@ -176,8 +208,8 @@ class StateWrites(StateDatabase):
             try:
                 with self._publish_lock:
                     index.update(new_heads)
-                    if horizon is not None:
-                        index.forget_deletes_through(horizon)  # the heads the prune dropped
+                    if pruned_deletes:
+                        index.forget_deletes(pruned_deletes)  # the heads the prune dropped
                     self._applied_version = end_version
                     self._applied_epoch = end_epoch
                     self._oldest_version = oldest
@@ -185,20 +217,34 @@ class StateWrites(StateDatabase):
             finally:
                 if holding_publish_lock:
                     self._publish_lock.release()
-            self._records_since_checkpoint += end_version - applied_before
-            if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
-                self._records_since_checkpoint = 0
-                self._checkpointer.wake()
+            self._count_for_checkpoint(end_version - applied_before)
             return results
 
-    @staticmethod
-    def _flush_heads(cursor: sqlite3.Cursor) -> None:
-        """Bring key_heads up to date inside the caller's write transaction (which then
-        sets ``heads_version``): the history rows above ``heads_version``, this call's
-        included, upserted in version order by one statement, the same one that completes
-        a snapshot's copy. Building the rows in Python instead (the changed keys' heads
-        from the index, sorted by key) cost ~1.5x as much per record in uniform updates."""
-        cursor.execute(COMPLETE_KEY_HEADS_SQL)
+    def _count_for_checkpoint(self, records: int) -> None:
+        """Wake the checkpoint thread every CHECKPOINT_EVERY_RECORDS records written (or
+        versions pruned): else the WAL reaches WAL_BACKSTOP_PAGES and the writer copies it
+        back itself, inside a call."""
+        self._records_since_checkpoint += records
+        if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
+            self._records_since_checkpoint = 0
+            self._checkpointer.wake()
+
+    def _heads_step_end(self, end_version: int, call_versions: int, horizon: int | None) -> int:
+        """The version through which this call brings key_heads (``heads_version``: none).
+
+        Nothing while key_heads lags by less than ``heads_flush_records``; then its oldest
+        versions, a bounded step (module doc), upserted in version order by one statement
+        (KEY_HEADS_STEP_SQL); building the rows in Python instead (the changed keys' heads
+        from the index, sorted by key) cost ~1.5x as much per record in uniform updates.
+        At least through ``horizon``: a prune drops the key_heads rows of the deletes it
+        drops, so they must be there."""
+        heads_version = self._heads_version
+        step_end = heads_version
+        if end_version - heads_version >= self.heads_flush_records:
+            step_end = min(end_version, heads_version + max(HEADS_FLUSH_STEP_VERSIONS, 2 * call_versions))
+        if horizon is not None:
+            step_end = max(step_end, horizon)
+        return step_end
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
         """Which batches (and from which record) to apply.
@@ -226,15 +272,21 @@ class StateWrites(StateDatabase):
                 continue
             sql = self._sql_history_by_count.get(len(chunk))
             if sql is None:
-                sql = self._sql_history_values_head + ",".join([self._sql_history_values_row] * len(chunk))
+                head, row = self._sql_history_values_parts
+                sql = head + ",".join([row] * len(chunk))
                 self._sql_history_by_count[len(chunk)] = sql
             cursor.execute(sql, [value for row in chunk for value in row])
 
-    def _load_entries(self, cursor: sqlite3.Cursor, keys: Iterable[str]
+    def _load_entries(self, cursor: sqlite3.Cursor, keys: Iterable[str], value_keys: set[str]
                       ) -> tuple[dict[str, Entry | None], dict[str, tuple[int, int]]]:
         """(key -> its current entry or None, for every key; key -> (version, seq) of its head,
-        for keys that have one, deleted keys included). Values are read from the heads'
-        history rows."""
+        for keys that have one, deleted keys included).
+
+        Only the entries of ``value_keys`` (a GET's, a VALUE compare's) hold their value,
+        read from the heads' history rows; the others hold UNREAD_VALUE. The evaluator reads
+        nothing else of an entry's value, and a value it writes is its own: a random row
+        read per key (a page each, past the cache, in a large store) is saved for the keys
+        that are only written or compared by version."""
         found: dict[str, Entry | None] = dict.fromkeys(keys)
         heads: dict[str, tuple[int, int]] = {}
         index_heads = self._index.heads
@@ -244,7 +296,10 @@ class StateWrites(StateDatabase):
             if head is not None:
                 heads[key] = (head[1], head[2])
                 if head[0]:
-                    puts.append((key, head))
+                    if key in value_keys:
+                        puts.append((key, head))
+                    else:
+                        found[key] = new_entry(key, UNREAD_VALUE, UNREAD_VALUE_TYPE, head[1], head[0])
         rows = self._rows_of(cursor, [head for _key, head in puts])
         for key, (create_version, version, seq) in puts:
             row = rows.get((version, seq))
@@ -256,14 +311,16 @@ class StateWrites(StateDatabase):
             found[key] = new_entry(key, value, content_type, version, create_version)
         return found, heads
 
-    def _retention_horizon(self, applied_version: int) -> int | None:
+    def _retention_horizon(self, applied_version: int, call_versions: int) -> int | None:
+        """The horizon this call prunes to (None: no prune): toward ``applied_version -
+        history_retention_versions`` once it lags by R/4 + 1, a bounded step at a time."""
         if self.history_retention_versions is None:
             return None
         horizon = applied_version - self.history_retention_versions
         slack_versions = self.history_retention_versions // 4 + 1
         if horizon - self._oldest_version < slack_versions:
             return None
-        return horizon
+        return min(horizon, self._oldest_version + max(APPLY_PRUNE_STEP_VERSIONS, 2 * call_versions))
 
     # ---- history horizon -----------------------------------------------------------
 
@@ -276,20 +333,25 @@ class StateWrites(StateDatabase):
             horizon = min(below_version, self._applied_version)
             if horizon <= self._oldest_version:
                 return
-            heads_version = self._applied_version
-            with self._publish_lock, self._write_transaction() as connection:
-                # key_heads complete first: the prune drops the rows of the deletes it drops.
-                self._flush_heads(self._writer_cursor)
-                self._prune(connection, self._oldest_version, horizon)
-                connection.execute(meta.update().where(meta.c.id == 1).values(
-                    oldest_version=horizon, heads_version=heads_version))
+            # key_heads complete through the horizon first: the prune drops the rows of the
+            # deletes it drops; and a step further, as apply writes it (bounded, module doc).
+            heads_version = max(horizon, min(self._applied_version,
+                                             self._heads_version + HEADS_FLUSH_STEP_VERSIONS))
+            cursor = self._writer_cursor
+            with self._publish_lock, self._write_transaction():
+                if heads_version > self._heads_version:
+                    cursor.execute(KEY_HEADS_STEP_SQL, (self._heads_version, heads_version))
+                pruned_deletes = self._prune(cursor, self._oldest_version, horizon)
+                cursor.execute(self._sql_meta, (self._applied_version, self._applied_epoch,
+                                                horizon, heads_version))
             with self._publish_lock:
-                self._index.forget_deletes_through(horizon)  # the heads the prune dropped
+                self._index.forget_deletes(pruned_deletes)  # the heads the prune dropped
+                pruned_versions = horizon - self._oldest_version
                 self._oldest_version = horizon
                 self._heads_version = heads_version
+            self._count_for_checkpoint(pruned_versions)
 
-    @staticmethod
-    def _prune(connection: Connection, oldest_version: int, horizon: int) -> None:
+    def _prune(self, cursor: sqlite3.Cursor, oldest_version: int, horizon: int) -> list[tuple[str, int, int]]:
         """Move the horizon from ``oldest_version`` up to ``horizon``.
 
         Below the old horizon only each key's newest put at or below it is left (earlier
@@ -298,25 +360,15 @@ class StateWrites(StateDatabase):
         names it as its previous one, so those go; then the deletes in that range, which
         are now each key's newest change at or below the horizon (a delete answers "absent"
         as well as no row does), and with them the heads that point at them. Only rows in
-        that range are scanned, by version.
+        that range are scanned, by version. Returns those deletes (key, version, seq).
         """
-        in_range = (history.c.version > oldest_version, history.c.version <= horizon)
-        newer = history.alias("newer")
-        connection.execute(history.delete().where(
-            sa.tuple_(history.c.version, history.c.seq).in_(
-                sa.select(newer.c.prev_version, newer.c.prev_seq).where(
-                    newer.c.version > oldest_version, newer.c.version <= horizon,
-                    newer.c.prev_version.is_not(None)))))
-        deleted = connection.execute(sa.select(history.c.key, history.c.version, history.c.seq).where(
-            *in_range, history.c.op == HISTORY_OP_DELETE)).all()
+        in_range = (oldest_version, horizon)
+        cursor.execute(self._sql_prune_superseded, in_range)
+        deleted: list[tuple[str, int, int]] = cursor.execute(self._sql_prune_deletes, in_range).fetchall()
         if deleted:
-            connection.execute(
-                key_heads.delete().where(key_heads.c.key == sa.bindparam("head_key"),
-                                         key_heads.c.mod_version == sa.bindparam("head_version"),
-                                         key_heads.c.mod_seq == sa.bindparam("head_seq")),
-                [{"head_key": key, "head_version": version, "head_seq": seq}
-                 for key, version, seq in deleted])
-            connection.execute(history.delete().where(*in_range, history.c.op == HISTORY_OP_DELETE))
+            cursor.executemany(self._sql_prune_delete_heads, deleted)
+            cursor.execute(self._sql_prune_delete_rows, in_range)
+        return deleted
 
 
 class PutResults(Sequence[ApplyResult]):
