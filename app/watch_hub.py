@@ -63,11 +63,6 @@ class Watcher:
         """The node stopped serving watches (shutting down): ``next`` no longer waits."""
         return self._hub.closed
 
-    @property
-    def live(self) -> bool:
-        """Fed by ``publish``; False while it catches up from SQLite."""
-        return self._live
-
     async def next(self, deadline_s: float) -> ChangePage:
         """The changes after those answered so far (up to about the limit, all of the last
         version's), waiting for one until ``deadline_s`` (time.monotonic()); with none, the

@@ -123,15 +123,45 @@ async def _watch_all(kind: str, streams: list[tuple[str, str]], since: int,
 # ---- writers -----------------------------------------------------------------------------------
 
 
-def _write_request(kind: str, key: str, value: str) -> tuple[str, dict[str, Any]]:
-    if kind == "metakv":
-        return f"/v1/kv/{key}", {"content": value.encode(), "headers": {"content-type": "text/plain"}}
-    return "/v3/kv/put", {"json": {"key": b64(key), "value": b64(value)}}
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection, a request at a time: the writers' client (httpx's
+    pool spends its time matching hundreds of queued requests to connections, enough to
+    make the load generator, not the stores, the bottleneck on a shared machine)."""
+
+    def __init__(self, url: str) -> None:
+        self.host, _, port = url.removeprefix("http://").partition(":")
+        self.port = int(port)
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def request(self, method: str, path: str, body: bytes, content_type: str) -> int:
+        if self._streams is None:
+            self._streams = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self._streams
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: {content_type}\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+        status = int(head[9:12])
+        if "transfer-encoding: chunked" in head:
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+                await reader.readexactly(size + 2)
+                if size == 0:
+                    break
+        else:
+            length = head.partition("content-length:")[2].partition("\r\n")[0].strip()
+            await reader.readexactly(int(length or 0))
+        return status
+
+    def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
 
 
 class Writes:
     """Writes to the leader, half under ``hot/``, half under a random distinct prefix; counts
-    the events each should cause (one per watcher of its prefix)."""
+    the events each should cause (one per watcher of its prefix). Each value is the time the
+    request was sent."""
 
     def __init__(self, kind: str, leader_url: str, distinct: int, hot: int, seed: int) -> None:
         self.kind = kind
@@ -144,50 +174,68 @@ class Writes:
         self.expected_events = 0
         self.sequence = 0
 
-    async def one(self, client: httpx.AsyncClient) -> None:
+    async def one(self, connection: RawConnection) -> None:
         self.sequence += 1
         if self.rng.random() < 0.5:
             key, fanout = f"{HOT_PREFIX}{self.sequence % 1000}", self.hot
         else:
             key, fanout = f"{distinct_prefix(self.rng.randrange(self.distinct))}{self.sequence % 100}", 1
-        path, request = _write_request(self.kind, key, f"{time.monotonic():.6f}")
-        method = "PUT" if self.kind == "metakv" else "POST"
+        value = f"{time.monotonic():.6f}"
         try:
-            response = await client.request(method, self.leader_url + path, **request)
-        except httpx.HTTPError:
+            if self.kind == "metakv":
+                status = await connection.request("PUT", f"/v1/kv/{key}", value.encode(), "text/plain")
+            else:
+                body = json.dumps({"key": b64(key), "value": b64(value)}).encode()
+                status = await connection.request("POST", "/v3/kv/put", body, "application/json")
+        except (OSError, asyncio.IncompleteReadError, ValueError):
             self.failed += 1
+            connection.close()  # the next write opens a new one
             return
-        if response.status_code == 200:
+        if status == 200:
             self.done += 1
             self.expected_events += fanout
         else:
             self.failed += 1
 
 
-async def fixed_rate(writes: Writes, rate: int, duration_s: float) -> float:
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=128)) as client:
-        started = time.monotonic()
-        tasks = []
-        for index in range(int(rate * duration_s)):
-            delay = started + index / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(writes.one(client)))
-        await asyncio.gather(*tasks)
-        return time.monotonic() - started
+async def fixed_rate(writes: Writes, rate: int, duration_s: float, connections: int = 64) -> float:
+    """``rate`` writes/s for ``duration_s``, open loop: each due write goes out on the next
+    free connection (its value is the time it is sent, so a busy client adds no latency)."""
+    due: asyncio.Queue[int | None] = asyncio.Queue()
+    pool = [RawConnection(writes.leader_url) for _ in range(connections)]
+
+    async def sender(connection: RawConnection) -> None:
+        while await due.get() is not None:
+            await writes.one(connection)
+
+    senders = [asyncio.create_task(sender(connection)) for connection in pool]
+    started = time.monotonic()
+    for index in range(int(rate * duration_s)):
+        delay = started + index / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        due.put_nowait(index)
+    for _ in pool:
+        due.put_nowait(None)
+    await asyncio.gather(*senders)
+    for connection in pool:
+        connection.close()
+    return time.monotonic() - started
 
 
 async def closed_loop(writes: Writes, writers: int, duration_s: float) -> float:
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=writers)) as client:
-        started = time.monotonic()
-        end = started + duration_s
+    pool = [RawConnection(writes.leader_url) for _ in range(writers)]
+    started = time.monotonic()
+    end = started + duration_s
 
-        async def writer() -> None:
-            while time.monotonic() < end:
-                await writes.one(client)
+    async def writer(connection: RawConnection) -> None:
+        while time.monotonic() < end:
+            await writes.one(connection)
 
-        await asyncio.gather(*(writer() for _ in range(writers)))
-        return time.monotonic() - started
+    await asyncio.gather(*(writer(connection) for connection in pool))
+    for connection in pool:
+        connection.close()
+    return time.monotonic() - started
 
 
 # ---- one store ---------------------------------------------------------------------------------

@@ -55,9 +55,12 @@ async def _writer(client: httpx.AsyncClient, node: InProcessService, rng: random
             await client.put(f"/v1/kv/{_key(rng)}", content=b"v%d" % rng.randrange(100))
         elif choice < 0.7:
             await client.delete(f"/v1/kv/{_key(rng)}")  # sometimes missing: no change
-        elif choice < 0.9:
-            ops = [{"op": rng.choice(["put", "delete"]), "key": _key(rng), "value": "t"} for _ in range(3)]
-            await client.post("/v1/txn", json={"success": ops})
+        elif choice < 0.9:  # several changes in one version; either branch may run
+            ops = [{"op": op, "key": _key(rng), **({"value": "t"} if op == "put" else {})}
+                   for op in rng.choices(["put", "delete", "get"], k=3)]
+            compare = [{"key": _key(rng), "exists": rng.random() < 0.5}]
+            response = await client.post("/v1/txn", json={"compare": compare, "success": ops, "failure": ops[::-1]})
+            assert response.status_code == 200, response.text
         else:  # a burst committed in one go: more changes than a watch may queue
             for _ in range(QUEUE_EVENTS * 2):
                 key = _key(rng)
