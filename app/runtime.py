@@ -471,9 +471,9 @@ class NodeRuntime(NodeReads, NodeWrites):
             results = self.state.apply(batches)
             self._apply_latency.observe(time.perf_counter() - started_s)
             self._applied_version = self.state.applied_version
-            self.watch_hub.publish(self._applied_version, results)
             self.maintenance.arrival_marks.applied(self._applied_version, time.monotonic())
             self._complete_writes(batches, results)
+            self.watch_hub.publish(self._applied_version, results)
             self._wake_waiters()
         self._kick()  # more to apply: continue next turn, after other callbacks ran
 
