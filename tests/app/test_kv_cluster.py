@@ -173,25 +173,33 @@ def test_list_is_consistent_at_one_version_under_concurrent_writes(cluster: Clus
         writer.join(timeout=30)
 
 
+def _write_changes(cluster: Cluster, prefix: str, count: int, changes: list[tuple[str, str, int]]) -> None:
+    """``count`` writes to the leader under ``prefix`` (four keys in turn, every fifth a
+    delete), each followed by a write outside it; every change is appended to ``changes``
+    as (type, key, version) once acknowledged."""
+    noise_key = prefix.rstrip("/") + "-other/x"
+    with httpx.Client(timeout=10.0) as client:
+        leader = cluster.wait_for_leader()
+        for i in range(count):
+            key = f"{prefix}k{i % 4}"
+            if i % 5 == 4:
+                response = client.delete(f"{leader.url}/v1/kv/{key}", follow_redirects=True)
+                if response.json().get("deleted", True):
+                    changes.append(("delete", key, response.json()["version"]))
+            else:
+                response = client.put(f"{leader.url}/v1/kv/{key}", content=str(i).encode(),
+                                      follow_redirects=True)
+                changes.append(("put", key, response.json()["version"]))
+            client.put(f"{leader.url}/v1/kv/{noise_key}", content=b"noise", follow_redirects=True)
+
+
 def test_watch_delivers_every_change_in_order_across_reconnects(cluster: Cluster) -> None:
     start_version = cluster.put("watch-other/x", b"-").json()["version"]
     expected: list[tuple[str, str, int]] = []
     done = threading.Event()
 
     def writes() -> None:
-        with httpx.Client(timeout=10.0) as client:
-            leader = cluster.wait_for_leader()
-            for i in range(30):
-                key = f"watch/k{i % 4}"
-                if i % 5 == 4:
-                    response = client.delete(f"{leader.url}/v1/kv/{key}", follow_redirects=True)
-                    if response.json().get("deleted", True):
-                        expected.append(("delete", key, response.json()["version"]))
-                else:
-                    response = client.put(f"{leader.url}/v1/kv/{key}", content=str(i).encode(),
-                                          follow_redirects=True)
-                    expected.append(("put", key, response.json()["version"]))
-                client.put(f"{leader.url}/v1/kv/watch-other/x", content=b"noise", follow_redirects=True)
+        _write_changes(cluster, "watch/", 30, expected)
         done.set()
 
     writer = threading.Thread(target=writes, daemon=True)
@@ -255,18 +263,7 @@ def test_sse_watches_on_every_node_get_each_change_as_it_applies_it(cluster: Clu
                for node in cluster.nodes.values()]
     for thread in streams:
         thread.start()
-    with httpx.Client(timeout=10.0) as client:
-        leader = cluster.wait_for_leader()
-        for i in range(40):
-            key = f"sse/k{i % 5}"
-            if i % 7 == 6:
-                response = client.delete(f"{leader.url}/v1/kv/{key}", follow_redirects=True)
-                if response.json()["deleted"]:
-                    committed.append(("delete", key, response.json()["version"]))
-            else:
-                response = client.put(f"{leader.url}/v1/kv/{key}", content=b"%d" % i, follow_redirects=True)
-                committed.append(("put", key, response.json()["version"]))
-            client.put(f"{leader.url}/v1/kv/sse-other/x", content=b"noise", follow_redirects=True)
+    _write_changes(cluster, "sse/", 40, committed)
     count[0] = len(committed)
     written.set()
     for thread in streams:
