@@ -12,11 +12,13 @@ from collections.abc import Iterator
 
 from app.service import (
     ChangePage,
+    ChangeWatch,
     HistoryCompactedError,
     KeyRead,
     ListPage,
     VersionWaitTimeoutError,
 )
+from app.watch_hub import WatchHub
 from storage.state_machine import StateMachine, VersionCompactedError, VersionNotAppliedError
 
 
@@ -34,9 +36,11 @@ def _service_errors() -> Iterator[None]:
 
 
 class NodeReads:
-    """get, changes and list of ``KVService``, answered from ``self.state``."""
+    """get, changes, list and watch of ``KVService``, answered from ``self.state`` (watches
+    through ``self.watch_hub``, which the apply path feeds)."""
 
     state: StateMachine
+    watch_hub: WatchHub
 
     def get(self, key: str, at_version: int | None = None) -> KeyRead:
         with _service_errors():
@@ -53,3 +57,6 @@ class NodeReads:
         with _service_errors():
             version, entries, next_key = self.state.list(prefix, after=after, limit=limit, at_version=at_version)
         return ListPage(version, entries, next_key)
+
+    def watch(self, prefix: str, since: int, limit: int) -> ChangeWatch:
+        return self.watch_hub.open(prefix, since, limit)

@@ -6,7 +6,7 @@ the order raft/__init__.py states (persist, send, flush, install a snapshot, app
 Inputs are coalesced: many messages or proposals arriving in one loop iteration share one
 ``take_ready`` (the core accumulates its outputs), which is what lets group commit work.
 Snapshots and cleaning: ``NodeRuntime.maintenance`` (app/runtime_maintenance.py); reads:
-app/node_reads.py.
+app/node_reads.py; watches: app/watch_hub.py, which apply feeds.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from app.service import (
     WriteTooLargeError,
 )
 from app.transport import RaftTransport
+from app.watch_hub import WatchHub
 from raft.messages import Envelope
 from raft.node import NotLeaderError as RaftNotLeaderError
 from raft.node import ProposalRejectedError, RaftConfig, RaftNode, Role
@@ -139,6 +140,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         self._reads: dict[int, asyncio.Future[int]] = {}  # read_index token -> future(offset)
         self._applied_changed = asyncio.Event()
         self._applied_version = 0
+        self.watch_hub = WatchHub(self.changes, 0)  # fed by _apply_committed
         self._installing_snapshot = False
         self._started = False
         self._closing = False
@@ -164,6 +166,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             self.snapshots.remove_stale_files()  # temp and partial files of a crashed copy or download
             self.state = StateMachine(str(self.data_dir / "state.db"))
             self._recover_state()
+            self.watch_hub.reset(self._applied_version)
             cfg = self.config
             self.node = RaftNode(
                 RaftConfig(
@@ -290,6 +293,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             return
         self._closing = True
         self._wake_waiters()
+        self.watch_hub.close()
         was_leader = self.node.role == Role.LEADER
         if was_leader:
             logger.info("node %d resigning leadership of epoch %d before shutdown", self.node_id, self.node.epoch)
@@ -474,6 +478,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             self.log.applied_below(self._applied_version)  # let go of their in-memory copies
             self.maintenance.arrival_marks.applied(self._applied_version, time.monotonic())
             self._complete_writes(batches, results)
+            self.watch_hub.publish(self._applied_version, results)
             self._wake_waiters()
         self._kick()  # more to apply: continue next turn, after other callbacks ran
 
@@ -525,6 +530,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             self._applied_version = self.state.applied_version
         finally:
             self._installing_snapshot = False
+            self.watch_hub.reset(self._applied_version)  # its changes were not published
         self.node.on_snapshot_installed(monotonic_ms(), snapshot_id)
         self._fail_pending(IndeterminateError("replaced by a snapshot"), include_committed=False)
         self._wake_waiters()
@@ -687,15 +693,6 @@ class NodeRuntime(NodeReads, NodeWrites):
             await asyncio.wait_for(self._applied_changed.wait(), max(0.0, timeout_s))
         except TimeoutError:
             pass
-
-    async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
-        deadline_s = time.monotonic() + timeout_ms / 1000
-        while self._applied_version <= since_version and not self._closing:
-            remaining_s = deadline_s - time.monotonic()
-            if remaining_s <= 0:
-                break
-            await self._wait_applied_change(remaining_s)
-        return self._applied_version
 
     def is_ready(self) -> bool:
         """docs/compaction.md rule 7 (``RaftNode.is_real_state``), and not while this

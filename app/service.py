@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # The state machine's result records are the service's too (re-exported, not copied: the
 # write path builds them once per record). Front ends import them from here.
 __all__ = [
-    "ApplyResult", "ChangePage", "CompactReport", "Consistency", "Entry", "Event", "HistoryCompactedError",
+    "ApplyResult", "ChangePage", "ChangeWatch", "CompactReport", "Consistency", "Entry", "Event", "HistoryCompactedError",
     "IndeterminateError", "KVService", "KeyRead", "ListPage", "NodeHeaders", "NodeStatus", "NotLeaderError",
     "NotReadyError", "OpResult", "QuorumView", "ReplicaView", "ResignReport", "ServiceError", "SnapshotReport",
     "SnapshotStorageError", "VersionWaitTimeoutError", "WriteRejectedError", "WriteTooLargeError",
@@ -137,6 +137,25 @@ class ChangePage:
 
     version: int
     events: list[Event]
+
+
+class ChangeWatch(Protocol):
+    """A watch of one prefix from one version (``KVService.watch``); close it when done."""
+
+    @property
+    def stopped(self) -> bool:
+        """The node stopped serving watches (shutting down): ``next`` no longer waits."""
+        ...
+
+    async def next(self, deadline_s: float) -> ChangePage:
+        """The changes after those answered so far (up to about the watch's limit, all of
+        the last version's), waiting for one until ``deadline_s`` (time.monotonic()); with
+        none, the version every change under the prefix is known up to. Raises
+        HistoryCompactedError when the watch fell behind and the history horizon passed
+        what it answered."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class SnapshotIdView(TypedDict):
@@ -264,9 +283,10 @@ class KVService(Protocol):
         last version's). Raises HistoryCompactedError."""
         ...
 
-    async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
-        """Wait until the applied version exceeds ``since_version`` or the timeout passes;
-        return the applied version (watch long-polls loop on this and ``changes``)."""
+    def watch(self, prefix: str, since: int, limit: int) -> ChangeWatch:
+        """A watch of the changes under ``prefix`` newer than ``since``, about ``limit`` per
+        answer, fed by apply (it reads history only to catch up). Raises
+        HistoryCompactedError at once for a ``since`` below the horizon."""
         ...
 
     def is_ready(self) -> bool:

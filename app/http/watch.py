@@ -4,7 +4,6 @@ stream of Server-Sent Events (docs/http.md, GET /v1/watch)."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import AsyncIterator
@@ -17,31 +16,9 @@ from app.http.models import WatchResponse
 from app.http.problems import ProblemError, history_compacted_body, problem_body, problem_responses
 from app.http.render import render_event
 from app.http.settings import DEFAULT_WATCH_TIMEOUT_MS, MAX_VERSION, HttpSettings, clamp_ms
-from app.service import Event, HistoryCompactedError, KVService
+from app.service import ChangeWatch, Event, HistoryCompactedError, KVService
 
 VERSION_TEXT_PATTERN = re.compile(r"[0-9]{1,19}")
-WAIT_EARLY_RETURN_S = 0.005  # a change wait ending this long before its deadline was cut short
-
-
-async def changes_after(service: KVService, settings: HttpSettings, prefix: str, since: int,
-                        deadline_s: float) -> tuple[int, list[Event], bool]:
-    """Events under ``prefix`` newer than ``since``, waiting for one until the deadline.
-    The flag says the service stopped waiting well before the deadline without a new
-    version (the node is closing): callers answer instead of asking again in a busy loop.
-
-    A read that finds nothing under the prefix moves ``since`` up to the version it read
-    at: nothing under the prefix changed up to there, so the next read asks only for what
-    is newer. Otherwise a watch of a quiet prefix kept asking from its first version, and
-    was answered 410 as soon as the history horizon passed it while other keys changed."""
-    while True:
-        page = service.changes(prefix, since, settings.watch_events_max)
-        remaining_ms = math.ceil((deadline_s - time.monotonic()) * 1000)
-        if page.events or remaining_ms <= 0:
-            return page.version, list(page.events), False
-        since = max(page.version, since)
-        if await service.wait_for_change(since, remaining_ms) <= since:
-            stopped_early = deadline_s - time.monotonic() > WAIT_EARLY_RETURN_S
-            return page.version, [], stopped_early
 
 
 def _sse_events(events: list[Event], version: int) -> bytes:
@@ -59,44 +36,47 @@ def _sse_events(events: list[Event], version: int) -> bytes:
     return b"".join(parts)
 
 
-async def sse_stream(service: KVService, settings: HttpSettings, prefix: str, since: int,
-                     timeout_ms: int) -> AsyncIterator[bytes]:
+async def sse_stream(watch: ChangeWatch, settings: HttpSettings, since: int, timeout_ms: int) -> AsyncIterator[bytes]:
     """Events as Server-Sent Events; the id of the last event of each read is a version
     to resume from (Last-Event-ID or since=) without gaps, even when one version holds
     several events."""
-    stream_end_s = time.monotonic() + timeout_ms / 1000
-    keepalive_s = settings.sse_keepalive_ms / 1000
-    yield b"retry: 1000\n\n"
-    resume_id = since  # the Last-Event-ID the client holds
-    while time.monotonic() < stream_end_s:
-        deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
-        try:
-            version, events, stopped_early = await changes_after(service, settings, prefix, since, deadline_s)
-        except HistoryCompactedError as exc:
-            # The horizon passed ``since`` mid-stream: the status is sent already, so the
-            # 410 problem document travels as an event and the stream ends.
-            detail, extras = history_compacted_body(exc.oldest_version)
-            problem = problem_body(410, "version-compacted", "Version compacted", detail, extras)
-            yield b"event: error\ndata: " + problem + b"\n\n"
-            return
-        if stopped_early:
-            return  # the node stopped waiting (shutting down): end the stream, clients reconnect
-        if not events:
-            since = max(since, version)  # nothing under the prefix up to there
-            block = b""
-            if since > resume_id:
-                # An id without data moves the client's Last-Event-ID without an event
-                # (WHATWG SSE), so a reconnect resumes from here: from its old id a quiet
-                # prefix's watch would meet 410 once the horizon passed that id.
-                resume_id = since
-                block += f"id: {since}\n".encode()
-            if time.monotonic() < stream_end_s:
-                block += b": keepalive\n"
-            if block:
-                yield block + b"\n"
-            continue
-        yield _sse_events(events, version)
-        since = resume_id = version
+    try:
+        stream_end_s = time.monotonic() + timeout_ms / 1000
+        keepalive_s = settings.sse_keepalive_ms / 1000
+        yield b"retry: 1000\n\n"
+        resume_id = since  # the Last-Event-ID the client holds
+        while time.monotonic() < stream_end_s:
+            deadline_s = min(stream_end_s, time.monotonic() + keepalive_s)
+            try:
+                page = await watch.next(deadline_s)
+            except HistoryCompactedError as exc:
+                # The watch fell behind and the horizon passed what it sent: the status is
+                # sent already, so the 410 problem document travels as an event and the
+                # stream ends.
+                detail, extras = history_compacted_body(exc.oldest_version)
+                problem = problem_body(410, "version-compacted", "Version compacted", detail, extras)
+                yield b"event: error\ndata: " + problem + b"\n\n"
+                return
+            if not page.events:
+                if watch.stopped:
+                    return  # the node stopped waiting (shutting down): end the stream, clients reconnect
+                since = max(since, page.version)  # nothing under the prefix up to there
+                block = b""
+                if since > resume_id:
+                    # An id without data moves the client's Last-Event-ID without an event
+                    # (WHATWG SSE), so a reconnect resumes from here: from its old id a quiet
+                    # prefix's watch would meet 410 once the horizon passed that id.
+                    resume_id = since
+                    block += f"id: {since}\n".encode()
+                if time.monotonic() < stream_end_s:
+                    block += b": keepalive\n"
+                if block:
+                    yield block + b"\n"
+                continue
+            yield _sse_events(page.events, page.version)
+            since = resume_id = page.version
+    finally:
+        watch.close()
 
 
 def watch_router(service: KVService, settings: HttpSettings) -> APIRouter:
@@ -125,16 +105,17 @@ def watch_router(service: KVService, settings: HttpSettings) -> APIRouter:
                 raise ProblemError(400, "invalid-parameter", "Invalid Last-Event-ID",
                                    f"Last-Event-ID must be a version between 0 and {MAX_VERSION}")
             since = int(resume)
-        # Checked before answering so a stale since is a 410 status, not an error mid-stream.
-        page = service.changes(prefix, since, settings.watch_events_max)
+        # Opened (its first page read) before answering, so a stale since is a 410 status,
+        # not an error mid-stream.
+        watch = service.watch(prefix, since, settings.watch_events_max)
         if wants_sse:
-            return StreamingResponse(sse_stream(service, settings, prefix, since, timeout_ms),
+            return StreamingResponse(sse_stream(watch, settings, since, timeout_ms),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        version, events = page.version, page.events
-        if not events:
-            version, events, _ = await changes_after(service, settings, prefix, since,
-                                                     time.monotonic() + timeout_ms / 1000)
-        return JSONResponse({"version": version, "events": [render_event(e) for e in events]})
+        try:
+            page = await watch.next(time.monotonic() + timeout_ms / 1000)
+        finally:
+            watch.close()
+        return JSONResponse({"version": page.version, "events": [render_event(e) for e in page.events]})
 
     return router

@@ -6,6 +6,7 @@ own key prefix.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -172,25 +173,33 @@ def test_list_is_consistent_at_one_version_under_concurrent_writes(cluster: Clus
         writer.join(timeout=30)
 
 
+def _write_changes(cluster: Cluster, prefix: str, count: int, changes: list[tuple[str, str, int]]) -> None:
+    """``count`` writes to the leader under ``prefix`` (four keys in turn, every fifth a
+    delete), each followed by a write outside it; every change is appended to ``changes``
+    as (type, key, version) once acknowledged."""
+    noise_key = prefix.rstrip("/") + "-other/x"
+    with httpx.Client(timeout=10.0) as client:
+        leader = cluster.wait_for_leader()
+        for i in range(count):
+            key = f"{prefix}k{i % 4}"
+            if i % 5 == 4:
+                response = client.delete(f"{leader.url}/v1/kv/{key}", follow_redirects=True)
+                if response.json().get("deleted", True):
+                    changes.append(("delete", key, response.json()["version"]))
+            else:
+                response = client.put(f"{leader.url}/v1/kv/{key}", content=str(i).encode(),
+                                      follow_redirects=True)
+                changes.append(("put", key, response.json()["version"]))
+            client.put(f"{leader.url}/v1/kv/{noise_key}", content=b"noise", follow_redirects=True)
+
+
 def test_watch_delivers_every_change_in_order_across_reconnects(cluster: Cluster) -> None:
     start_version = cluster.put("watch-other/x", b"-").json()["version"]
     expected: list[tuple[str, str, int]] = []
     done = threading.Event()
 
     def writes() -> None:
-        with httpx.Client(timeout=10.0) as client:
-            leader = cluster.wait_for_leader()
-            for i in range(30):
-                key = f"watch/k{i % 4}"
-                if i % 5 == 4:
-                    response = client.delete(f"{leader.url}/v1/kv/{key}", follow_redirects=True)
-                    if response.json().get("deleted", True):
-                        expected.append(("delete", key, response.json()["version"]))
-                else:
-                    response = client.put(f"{leader.url}/v1/kv/{key}", content=str(i).encode(),
-                                          follow_redirects=True)
-                    expected.append(("put", key, response.json()["version"]))
-                client.put(f"{leader.url}/v1/kv/watch-other/x", content=b"noise", follow_redirects=True)
+        _write_changes(cluster, "watch/", 30, expected)
         done.set()
 
     writer = threading.Thread(target=writes, daemon=True)
@@ -214,6 +223,54 @@ def test_watch_delivers_every_change_in_order_across_reconnects(cluster: Cluster
     writer.join(timeout=30)
     assert seen == sorted(expected, key=lambda change: change[2])
     assert any(change[0] == "delete" for change in seen)
+
+
+def _sse_changes(url: str, prefix: str, since: int, until: threading.Event, expected: list[int]) -> list[tuple[str, str, int]]:
+    """An SSE client of ``url``: every event it gets, reconnecting with Last-Event-ID when
+    a stream ends, until ``until`` is set and it has at least ``expected[0]`` events."""
+    seen: list[tuple[str, str, int]] = []
+    last_id = str(since)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (until.is_set() and len(seen) >= expected[0]):
+        with httpx.stream("GET", f"{url}/v1/watch", params={"prefix": prefix, "timeout_ms": 2000}, timeout=10.0,
+                          headers={"accept": "text/event-stream", "last-event-id": last_id}) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("id: "):
+                    last_id = line[4:]
+                elif line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    assert "type" in event, event  # not an error document
+                    seen.append((event["type"], event["key"], event["mod_version"]))
+                if until.is_set() and len(seen) >= expected[0]:
+                    break
+    return seen
+
+
+def test_sse_watches_on_every_node_get_each_change_as_it_applies_it(cluster: Cluster) -> None:
+    """A watch is fed by its node's apply: the streams open on the followers and the
+    observer see every committed change under their prefix once, in commit order."""
+    start_version = cluster.put("sse-other/x", b"-").json()["version"]
+    committed: list[tuple[str, str, int]] = []
+    written = threading.Event()
+    count = [1 << 30]  # how many events each stream must see: known once the writes are done
+    results: dict[int, list[tuple[str, str, int]]] = {}
+
+    def stream(node_id: int, url: str) -> None:
+        results[node_id] = _sse_changes(url, "sse/", start_version, written, count)
+
+    streams = [threading.Thread(target=stream, args=(node.node_id, node.url), daemon=True)
+               for node in cluster.nodes.values()]
+    for thread in streams:
+        thread.start()
+    _write_changes(cluster, "sse/", 40, committed)
+    count[0] = len(committed)
+    written.set()
+    for thread in streams:
+        thread.join(timeout=90)
+    assert set(results) == set(cluster.nodes)
+    for node_id, seen in results.items():
+        assert seen == committed, node_id
 
 
 def test_random_bytes_on_raft_port_close_that_connection_only(cluster: Cluster) -> None:

@@ -31,6 +31,7 @@ from app.service import (
     SnapshotReport,
     VersionWaitTimeoutError,
 )
+from app.watch_hub import WATCH_QUEUE_EVENTS, WatchHub
 from raft.types import Batch
 from storage.commands import Command, encode_command
 from storage.state_machine import StateMachine
@@ -45,14 +46,16 @@ class InProcessService(NodeReads, NodeWrites):
     auth_tokens: AuthTokens | None = None
     compact: Callable[[], Awaitable[CompactReport]] | None = None  # this node does not compact
 
-    def __init__(self, db_path: str, snapshot_dir: str, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+    def __init__(self, db_path: str, snapshot_dir: str, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                 watch_queue_events: int = WATCH_QUEUE_EVENTS) -> None:
         self.state = StateMachine(db_path)
+        self.watch_hub = WatchHub(self.changes, self.state.applied_version, queue_events=watch_queue_events)
         self.snapshot_dir = snapshot_dir
         self.metrics = CollectorRegistry()
         self.max_value_bytes = max_value_bytes
         self.proposals = 0
-        self.waiting = 0  # requests parked in wait_readable / wait_for_change right now
-        self.waits_started = 0  # every park so far (a watcher that woke and parked again counts twice)
+        self._waiting = 0  # requests parked in wait_readable right now
+        self._waits_started = 0  # every such park so far
         self._changed: asyncio.Condition | None = None
 
     def _condition(self) -> asyncio.Condition:
@@ -64,11 +67,23 @@ class InProcessService(NodeReads, NodeWrites):
     def headers(self) -> NodeHeaders:
         return NodeHeaders(self.state.applied_version, self.node_id, self.node_id, self.epoch, 0)
 
+    @property
+    def waiting(self) -> int:
+        """Requests parked in wait_readable or in a watch right now."""
+        return self._waiting + self.watch_hub.waiting
+
+    @property
+    def waits_started(self) -> int:
+        """Every park so far (a watcher that woke and parked again counts twice)."""
+        return self._waits_started + self.watch_hub.waits_started
+
     def apply_now(self, command: Command) -> ApplyResult:
-        """Commit ``command`` as the next log record, outside any event loop (test setup)."""
+        """Commit ``command`` as the next log record and publish it to the watches, as the
+        runtime's apply does (also outside any event loop: test setup)."""
         batch = Batch(base_offset=self.state.applied_version, epoch=self.epoch,
                       timestamp_ms=int(time.time() * 1000), control=False, records=(encode_command(command),))
         [result] = self.state.apply([batch])
+        self.watch_hub.publish(self.state.applied_version, [result])
         return result
 
     async def propose(self, command: Command) -> ApplyResult:
@@ -81,8 +96,8 @@ class InProcessService(NodeReads, NodeWrites):
 
     async def _wait_until(self, predicate: Any, timeout_ms: int) -> bool:
         condition = self._condition()
-        self.waiting += 1
-        self.waits_started += 1
+        self._waiting += 1
+        self._waits_started += 1
         try:
             async with condition:
                 try:
@@ -91,7 +106,7 @@ class InProcessService(NodeReads, NodeWrites):
                     return predicate()
             return True
         finally:
-            self.waiting -= 1
+            self._waiting -= 1
 
     async def until_waiting(self, count: int = 1, max_steps: int = 10_000) -> None:
         """Tests: yield to the loop until ``count`` requests are parked (bounded by steps, not time)."""
@@ -114,10 +129,6 @@ class InProcessService(NodeReads, NodeWrites):
             return
         if not await self._wait_until(lambda: self.state.applied_version >= min_version, wait_ms):
             raise VersionWaitTimeoutError(self.state.applied_version)
-
-    async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
-        await self._wait_until(lambda: self.state.applied_version > since_version, timeout_ms)
-        return self.state.applied_version
 
     def is_ready(self) -> bool:
         return True

@@ -344,15 +344,11 @@ async def test_openapi_documents_every_route_status_and_problem_schema(faulty_cl
 
 
 class ClosingService(InProcessService):
-    """A node shutting down: wait_for_change returns at once without a new version."""
+    """A node shutting down: its watches no longer wait."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.change_waits = 0
-
-    async def wait_for_change(self, since_version: int, timeout_ms: int) -> int:
-        self.change_waits += 1
-        return self.state.applied_version
+        self.watch_hub.close()
 
 
 async def test_watch_answers_at_once_when_the_node_stops_waiting(tmp_path: Path) -> None:
@@ -362,7 +358,7 @@ async def test_watch_answers_at_once_when_the_node_stops_waiting(tmp_path: Path)
         async with httpx.AsyncClient(transport=transport, base_url="http://node1") as http:
             response = await http.get("/v1/watch", params={"since": 0, "timeout_ms": 2000})
         assert response.json() == {"version": 0, "events": []}
-        assert node.change_waits == 1
+        assert node.waits_started == 0
     finally:
         node.close()
 
@@ -378,7 +374,7 @@ async def test_sse_stream_ends_when_the_node_stops_waiting(tmp_path: Path) -> No
                                       headers={"accept": "text/event-stream"})
         assert response.status_code == 200
         assert "keepalive" not in response.text
-        assert node.change_waits == 1
+        assert node.waits_started == 0
     finally:
         node.close()
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 import pytest
 
+from app.http import create_app
 from storage.commands import put
 from tests.http.conftest import TEST_SETTINGS
 from tests.http.service_double import InProcessService
@@ -261,15 +263,12 @@ async def test_watch_below_horizon_is_410(client: httpx.AsyncClient, service: In
 
 
 async def _quiet_prefix_while_the_horizon_passes(client: httpx.AsyncClient, service: InProcessService) -> None:
-    """With a watch of ``quiet/`` from version 1 parked: other keys change (the watch wakes,
-    finds nothing, parks again), the history horizon passes version 1, more changes, then
-    one under ``quiet/`` at version 4."""
+    """With a watch of ``quiet/`` from version 1 parked: other keys change, the history
+    horizon passes version 1, more changes, then one under ``quiet/`` at version 4."""
     await service.until_waits_started(1)
-    await client.put("/v1/kv/busy", content=b"1")  # v2: the watch wakes, finds nothing under quiet/
-    await service.until_waits_started(2)
+    await client.put("/v1/kv/busy", content=b"1")  # v2
     service.state.prune_history(2)  # the cleaner moved the horizon past the watch's since
     await client.put("/v1/kv/busy", content=b"2")  # v3
-    await service.until_waits_started(3)
     await client.put("/v1/kv/quiet/a", content=b"x", headers={"content-type": "text/plain"})  # v4
 
 
@@ -283,6 +282,26 @@ async def test_a_watch_of_a_quiet_prefix_outlives_the_horizon_passing_its_since(
     response = await asyncio.wait_for(watcher, 10)
     assert response.status_code == 200, response.text
     assert [(e["key"], e["mod_version"]) for e in response.json()["events"]] == [("quiet/a", 4)]
+    assert service.waits_started == 1  # the changes of other keys never woke it
+
+
+async def test_changes_wake_only_the_watches_of_their_prefixes(client: httpx.AsyncClient,
+                                                              service: InProcessService) -> None:
+    """Apply hands each change to the watches whose prefix it falls under; the others stay
+    parked (each used to wake on every applied batch and query history again)."""
+    watches = {prefix: asyncio.create_task(client.get("/v1/watch", params={"prefix": prefix, "timeout_ms": 2000}))
+               for prefix in ("a/", "b/", "a/x")}
+    await service.until_waiting(3)
+    for index in range(5):
+        await client.put(f"/v1/kv/c/{index}", content=b"v")  # v1..v5: under no watched prefix
+    await client.put("/v1/kv/b/1", content=b"v")  # v6
+    answer = (await asyncio.wait_for(watches.pop("b/"), 10)).json()
+    assert answer == {"version": 6, "events": [{"type": "put", "key": "b/1", "mod_version": 6, "value": "dg==",
+                                                "encoding": "base64", "content_type": "application/octet-stream"}]}
+    assert service.waits_started == 3 and service.waiting == 2  # nobody else woke
+    await client.put("/v1/kv/a/xy", content=b"v")  # v7: under a/ and a/x
+    answers = [(await asyncio.wait_for(task, 10)).json() for task in watches.values()]
+    assert [[(e["key"], e["mod_version"]) for e in a["events"]] for a in answers] == [[("a/xy", 7)]] * 2
 
 
 async def test_an_sse_watch_of_a_quiet_prefix_outlives_the_horizon_passing_its_since(
@@ -314,9 +333,8 @@ async def test_an_sse_client_of_a_quiet_prefix_reconnects_without_410(
     stream = asyncio.create_task(client.get("/v1/watch", params={"prefix": "quiet/", "since": 1, "timeout_ms": 800},
                                             headers={"accept": "text/event-stream"}))
     await service.until_waits_started(1)
-    for index in range(3):  # other keys change while the stream is open: it finds nothing each time
+    for index in range(3):  # other keys change while the stream is open
         await client.put("/v1/kv/busy", content=b"%d" % index)  # v2..v4
-        await service.until_waits_started(2 + index)
     response = await asyncio.wait_for(stream, 10)
     assert parse_sse(response.text) == [], response.text  # no event: the prefix was quiet
     resume = _last_sse_id(response.text) or "1"  # what an EventSource sends back: its last id, else since
@@ -412,20 +430,46 @@ async def test_txn_content_type_must_be_a_media_type(client: httpx.AsyncClient, 
     assert service.proposals == 0
 
 
-async def test_sse_horizon_passing_since_mid_stream_ends_with_an_error_event(client: httpx.AsyncClient,
-                                                                            service: InProcessService) -> None:
-    """The stream fell behind the horizon: it read at version 1, then (before it could read
-    again) two versions came and the horizon passed them."""
-    await client.put("/v1/kv/e/0", content=b"v")
-    stream = asyncio.create_task(client.get("/v1/watch", params={"prefix": "e/", "since": 1, "timeout_ms": 2000},
-                                            headers={"accept": "text/event-stream"}))
-    await service.until_waiting()
-    service.apply_now(put("other", b"v"))  # no wake-up: the stream stays at 1
-    service.state.prune_history(2)
-    await client.put("/v1/kv/other", content=b"w")
-    response = await asyncio.wait_for(stream, 10)
-    assert response.status_code == 200
-    errors = [m for m in parse_sse(response.text) if m.get("event") == "error"]
-    assert errors, response.text
+async def _sse_with_a_queue_of_two(tmp_path: Path, writes: list[int], prune_to: int | None) -> str:
+    """An SSE watch of ``e/`` from version 1 on a node whose watches queue at most two
+    events; ``writes`` puts arrive together (each count in one go, then the stream runs),
+    the horizon then moved to ``prune_to``; the stream's text."""
+    node = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"), watch_queue_events=2)
+    try:
+        transport = httpx.ASGITransport(app=create_app(node, TEST_SETTINGS))
+        async with httpx.AsyncClient(transport=transport, base_url="http://node1") as client:
+            await client.put("/v1/kv/e/0", content=b"v")  # v1
+            stream = asyncio.create_task(client.get(
+                "/v1/watch", params={"prefix": "e/", "since": 1, "timeout_ms": 500},
+                headers={"accept": "text/event-stream"}))
+            parks = 0
+            for count in writes:
+                await node.until_waits_started(parks + 1)  # the stream sent all before and waits
+                parks = node.waits_started
+                for _ in range(count):  # no await between them: the stream cannot read meanwhile
+                    node.apply_now(put(f"e/{node.state.applied_version}", b"v"))
+                if prune_to is not None:
+                    node.state.prune_history(prune_to)
+            response = await asyncio.wait_for(stream, 10)
+            assert response.status_code == 200
+            return response.text
+    finally:
+        node.close()
+
+
+async def test_sse_watch_that_overflowed_catches_up_without_gaps(tmp_path: Path) -> None:
+    """More changes at once than a watch may queue: it drops them and catches up from the
+    history, then goes on live; the client sees every change once, in order."""
+    text = await _sse_with_a_queue_of_two(tmp_path, [5, 1, 3], prune_to=None)
+    versions = [json.loads(m["data"])["mod_version"] for m in parse_sse(text)]
+    assert versions == list(range(2, 11)), text
+
+
+async def test_sse_watch_that_fell_behind_the_horizon_ends_with_an_error_event(tmp_path: Path) -> None:
+    """A watch whose queue overflowed catches up from history; when the horizon passed what
+    it had sent (version 1) meanwhile, the 410 travels as an event and the stream ends."""
+    text = await _sse_with_a_queue_of_two(tmp_path, [3], prune_to=3)
+    errors = [m for m in parse_sse(text) if m.get("event") == "error"]
+    assert errors, text
     problem = json.loads(errors[-1]["data"])
-    assert problem["status"] == 410 and problem["oldest_version"] == 2
+    assert problem["status"] == 410 and problem["oldest_version"] == 3
