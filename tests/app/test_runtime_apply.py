@@ -9,6 +9,7 @@ epoch-2 leader cuts the other two and sends its own in their place.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,8 @@ async def _answer_until(runtime: NodeRuntime, leader_id: int, answer: Callable[[
     while not done():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        runtime._on_message(Envelope(leader_id, runtime.node_id, answer(runtime.log.end_offset())))
+        response = dataclasses.replace(answer(runtime.log.end_offset()), fetch_epoch=runtime.log.last_epoch())
+        runtime._on_message(Envelope(leader_id, runtime.node_id, response))
         await asyncio.sleep(0.02)
 
 
