@@ -53,43 +53,20 @@ from raft.types import Batch, SnapshotId
 from storage import compaction_policy as policy
 from storage.cleaning_run import run_cleaning
 from storage.commands import (
-    DEFAULT_CONTENT_TYPE,
     Command,
-    CommandDecodeError,
     Compare,
     CompareKind,
     Op,
     OpKind,
-    decode_command,
     encode_command,
 )
-from storage.evaluator import evaluate_commands
 from storage.state_types import Entry
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode
+from tests.sim.compaction_state import CommittedHistory, ModelState, rows_difference
 
 RUN_MS = 6_000  # simulated
 CATCH_UP_MS = 10_000  # after the plan, every replica catches up within this
 HOT_KEYS = 8  # most writes go to a few keys, so deletes meet live keys among hundreds
-
-State = dict[str, Entry | None]  # sparse: a key not in it is absent
-
-
-def _frozen(state: State) -> tuple[tuple[str, bytes, int, int], ...]:
-    return tuple(sorted((k, e.value, e.mod_version, e.create_version) for k, e in state.items() if e is not None))
-
-
-def _evaluate(offset: int, record: bytes, state: State) -> None:
-    """Apply one record to a sparse state (the evaluator wants every key it names present)."""
-    command: Command | str
-    try:
-        command = decode_command(record)
-    except CommandDecodeError as exc:
-        command = str(exc)
-    else:
-        for item in (*command.compare, *command.success, *command.failure):
-            state.setdefault(item.key, None)
-    evaluate_commands([(offset, command)], state)
-
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -123,9 +100,9 @@ class _Model:
 
     incarnation: int
     applied: int = 0
-    state: State = field(default_factory=dict)
+    state: ModelState = field(default_factory=ModelState)
     exposed: int = -1  # the last version checked as real
-    durable: tuple[int, State] | None = None  # (version, state) as of the last sync
+    durable: tuple[int, ModelState] | None = None  # (version, state) as of the last sync
 
 
 @dataclass
@@ -154,9 +131,9 @@ class CompactionSim:
             late.config = dataclasses.replace(late.config, tombstone_retention_records=plan.late_retention)
         self.models: dict[int, _Model] = {}
         self.digests: dict[tuple[int, int], tuple[int, str]] = {}  # (start, clean_end) -> (node, digest)
-        self.reference: list[tuple[tuple[str, bytes, int, int], ...]] = [()]  # version -> state
-        self._reference_state: State = {}
-        self.pending_checks: dict[int, tuple[int, tuple[tuple[str, bytes, int, int], ...]]] = {}
+        self.history = CommittedHistory()
+        # Versions exposed before the oracle learned they were committed: (node, state) each.
+        self.pending_checks: dict[int, tuple[int, ModelState]] = {}
         self.cluster.after_ready = self._after_ready
         for node in self.cluster.nodes.values():  # nodes started before the hook existed
             self._after_ready(node, Ready())
@@ -172,7 +149,7 @@ class CompactionSim:
             rebuildable = start == 0 or cleaned <= start
             if previous is not None and previous.durable is not None and not (
                     rebuildable and self.disk_rng.random() < 0.25):
-                model.applied, model.state = previous.durable[0], dict(previous.durable[1])
+                model.applied, model.state = previous.durable[0], previous.durable[1].copy()
                 model.durable = previous.durable
             self._recover(node, model)
             self.models[node.node_id] = model
@@ -184,7 +161,7 @@ class CompactionSim:
         start, cleaned = log.start_offset(), log.cleaner_end()
         step = policy.recovery_step(model.applied, start, log.end_offset(), cleaned)
         if step is policy.Recovery.START_OVER:  # the leader will send its whole cleaned log from 0
-            model.applied, model.state = 0, {}
+            model.applied, model.state = 0, ModelState()
             self.cluster.stats["sim_restarts_from_empty_log"] += 1
         if step is not policy.Recovery.LOAD_SNAPSHOT:
             return
@@ -200,7 +177,7 @@ class CompactionSim:
                 f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
                 f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
         if step is policy.Recovery.REBUILD_FROM_0:
-            model.applied, model.state = 0, {}
+            model.applied, model.state = 0, ModelState()
             self.cluster.stats["sim_rebuilds_from_0"] += 1
 
     def _clean_bound(self, model: _Model) -> int:
@@ -209,14 +186,14 @@ class CompactionSim:
 
     def _sync(self, model: _Model) -> int:
         """StateMachine.sync: the applied state becomes what a crash keeps."""
-        model.durable = (model.applied, dict(model.state))
+        model.durable = (model.applied, model.state.copy())
         return model.applied
 
     def _load(self, model: _Model, snapshot_id: SnapshotId, node: SimNode) -> None:
         applied, state = pickle.loads(node.snapshots.get(snapshot_id))
         if applied != snapshot_id.end_offset:
             raise InvariantViolation(f"snapshot {snapshot_id} holds version {applied}")
-        model.applied, model.state = applied, dict(state)
+        model.applied, model.state = applied, ModelState(dict(state))
 
     def _after_ready(self, node: SimNode, ready: Ready) -> None:
         core = node.core
@@ -248,16 +225,16 @@ class CompactionSim:
             core.snapshot_wanted_offset = 0
 
     def _apply(self, node: SimNode, model: _Model, high_watermark: int) -> None:
-        if model.applied >= high_watermark:
-            return
-        for batch in node.log.read(model.applied, 1 << 30):
-            if batch.base_offset >= high_watermark:
+        log = node.log
+        while model.applied < high_watermark:
+            found = log.read(model.applied, 1)  # the batch holding the next version
+            if not found or found[0].base_offset >= high_watermark:
                 break
-            for index, record in enumerate(batch.records):
-                offset = batch.base_offset + index
-                if offset < model.applied or offset >= high_watermark or batch.control:
-                    continue
-                _evaluate(offset, record, model.state)
+            batch = found[0]
+            if not batch.control:
+                state, base = model.state, batch.base_offset
+                for offset in range(max(model.applied, base), min(high_watermark, batch.next_offset)):
+                    state.apply(offset, batch.records[offset - base])
             model.applied = max(model.applied, min(high_watermark, batch.next_offset))
             if self.disk_rng.random() < 0.02:  # a checkpoint or an OS writeback
                 self._sync(model)
@@ -280,7 +257,7 @@ class CompactionSim:
         if epoch == 0 and node.log.latest_snapshot_id() is not None:
             epoch = node.log.latest_snapshot_id().epoch  # type: ignore[union-attr]
         snapshot_id = SnapshotId(end, epoch)
-        node.snapshots.put(snapshot_id, pickle.dumps((end, dict(model.state))))
+        node.snapshots.put(snapshot_id, pickle.dumps((end, model.state.entries)))
         node.log.record_snapshot(snapshot_id)
         self.cluster.stats["sim_snapshots"] += 1
         return True
@@ -288,13 +265,7 @@ class CompactionSim:
     # ------------------------------------------------------------------ invariants
 
     def _advance_reference(self) -> None:
-        committed = self.cluster.committed
-        while len(self.reference) - 1 in committed:
-            offset = len(self.reference) - 1
-            _epoch, control, record = committed[offset]
-            if not control:
-                _evaluate(offset, record, self._reference_state)
-            self.reference.append(_frozen(self._reference_state))
+        self.history.advance(self.cluster.committed)
 
     def _check_exposed(self, node: SimNode, model: _Model) -> None:
         core = node.core
@@ -305,22 +276,30 @@ class CompactionSim:
             return
         model.exposed = model.applied
         self.cluster.stats["sim_real_versions_checked"] += 1
-        self.pending_checks.setdefault(model.applied, (node.node_id, _frozen(model.state)))
-        first_node, first_state = self.pending_checks[model.applied]
-        if first_state != _frozen(model.state):
-            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first_node} and {node.node_id} expose "
-                                     f"different states at version {model.applied}")
         self._advance_reference()
-        for version in [v for v in self.pending_checks if v < len(self.reference)]:
+        self._compare_pending()
+        history = self.history
+        if model.applied <= history.version:
+            self._compare_with_history(node.node_id, model.applied, model.state)
+            return
+        # Committed on this replica before the oracle recorded it (the leader's own Ready):
+        # compared as soon as it is.
+        first = self.pending_checks.setdefault(model.applied, (node.node_id, model.state.copy()))
+        if first[1].digest != model.state.digest:
+            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first[0]} and {node.node_id} expose "
+                                     f"different states at version {model.applied}")
+
+    def _compare_pending(self) -> None:
+        """Compare the states exposed ahead of the oracle, once it has their versions."""
+        for version in [v for v in self.pending_checks if v <= self.history.version]:
             holder, state = self.pending_checks.pop(version)
-            expected = self.reference[version]
-            if state != expected:
-                present = {k for k, *_ in state} - {k for k, *_ in expected}
-                differ = sorted({k for k, *_ in set(state) ^ set(expected)} - present)
-                raise InvariantViolation(
-                    f"t={self.cluster.now_ms} node {holder} exposes at version {version} a state no committed "
-                    f"history produces" + (f"; deleted keys reappeared: {sorted(present)}" if present else "")
-                    + (f"; keys with other entries: {differ}" if differ else ""))
+            self._compare_with_history(holder, version, state)
+
+    def _compare_with_history(self, node_id: int, version: int, state: ModelState) -> None:
+        if state.digest != self.history.digests[version]:
+            raise InvariantViolation(
+                f"t={self.cluster.now_ms} node {node_id} exposes at version {version} a state no committed "
+                f"history produces" + rows_difference(state.rows(), self.history.rows_at(version)))
 
     # ------------------------------------------------------------------ the plan
 
@@ -361,11 +340,9 @@ class CompactionSim:
 
     def _committed_state_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
         self._advance_reference()
-        if version >= len(self.reference):
-            raise InvariantViolation(f"cleaner asked for version {version}, committed only {len(self.reference) - 1}")
-        rows = {key: Entry(key, value, DEFAULT_CONTENT_TYPE, mod_version, create_version)
-                for key, value, mod_version, create_version in self.reference[version]}
-        return {key: rows.get(key) for key in keys}
+        if version > self.history.version:
+            raise InvariantViolation(f"cleaner asked for version {version}, committed only {self.history.version}")
+        return self.history.entries_at(keys, version)
 
     def _key(self) -> str:
         return self.rng.choice(self.hot if self.rng.random() < 0.6 else self.plan.keys)
@@ -383,7 +360,7 @@ class CompactionSim:
             return Compare(key, CompareKind.EXISTS, rng.random() < 0.5)
         if roll < 0.8:
             return Compare(key, CompareKind.VALUE, b"v%d" % rng.randrange(20))
-        return Compare(key, CompareKind.MOD_VERSION, rng.choice((0, rng.randrange(1, 1 + len(self.reference)))))
+        return Compare(key, CompareKind.MOD_VERSION, rng.choice((0, rng.randrange(1, 2 + self.history.version))))
 
     def _command(self) -> Command:
         rng = self.rng
