@@ -294,8 +294,8 @@ QUICK: frozenset[str] = frozenset({
     "rule7_follower_hw_past_log_end",  # sim seed 1: high watermark past the log end
     "rule7_follower_acks_unflushed",  # sim seed 1: offset below the HW not durable on a majority
     "read_index_before_epoch_commit",  # sim seed 36: stale read
-    "rebootstrap_off",  # compaction seed 0: a state no committed history produces
-    "clean_past_durable_state",  # compaction seed 7: state behind its own cleaned prefix
+    "rebootstrap_off",  # compaction seed 2: a deleted key reappeared
+    "clean_past_durable_state",  # compaction seed 3: state behind its own cleaned prefix
     "rule3_follower_grants_prevote",  # sim seed 1: a rejoining follower raised the epoch
     "check_quorum_off",  # sim seed 1: a leader without a quorum still leads
     "check_quorum_one_fetch",  # sim seed 5: a leader without a quorum still leads
