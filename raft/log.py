@@ -140,9 +140,10 @@ class MemoryLog:
         if epoch >= self.last_epoch():
             return self.last_epoch(), self.end_offset()
         best: tuple[int, int] = (0, 0)
+        found = False  # an epoch <= ``epoch`` is held: the snapshot's, or a batch's
         if self._snapshot_id and self._snapshot_id.epoch <= epoch:
             best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)
-        found = False
+            found = True
         for batch in self._batches:
             if batch.epoch <= epoch:
                 best = (batch.epoch, batch.next_offset)

@@ -221,9 +221,11 @@ class SegmentLog:
             if epoch >= last_epoch:
                 return last_epoch, self._end_offset()
             best = (0, 0)
-            if self._snapshot_id is not None and self._snapshot_id.epoch <= epoch:
-                best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)
             entries = self._epoch_entries
+            if self._snapshot_id is not None and self._snapshot_id.epoch <= epoch:
+                # The snapshot's epoch lasts until the first epoch held after it (a cleaned
+                # copy may hold no record of the snapshot's own epoch).
+                best = (self._snapshot_id.epoch, entries[0][1] if entries else self._end_offset())
             for slot, (entry_epoch, _start) in enumerate(entries):
                 if entry_epoch > epoch:
                     break

@@ -84,3 +84,16 @@ def test_a_checkpoint_from_before_cleaner_end_reads_it_cautiously(tmp_path: Path
     reopened = SegmentLog(tmp_path / "log")
     assert (reopened.cleaned_end(), reopened.cleaner_end()) == (10, 10)
     reopened.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "segment"])
+def test_snapshot_epoch_ends_where_the_next_epoch_starts(tmp_path: Path, kind: str) -> None:
+    """A log reset to a snapshot of epoch 1 whose copied records of epoch 1 were all cleaned
+    away still ends epoch 1 where epoch 2 starts, not at the snapshot (found by the
+    compaction simulator, seed 42: a fetcher there would be told to truncate too far)."""
+    log = MemoryLog() if kind == "memory" else SegmentLog(tmp_path / "log")
+    log.reset_to_snapshot(SnapshotId(5, 1))
+    log.allow_gaps_below(10)
+    log.append(_batch(8, 2, 2))  # epoch 1 held [5, 8) in the leader's log: cleaned away
+    assert log.end_offset_for_epoch(1) == (1, 8)
+    assert log.end_offset_for_epoch(0) == (0, 0)

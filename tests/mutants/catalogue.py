@@ -30,6 +30,7 @@ FOLLOWER = "raft/follower.py"
 CLEANER = "storage/cleaner.py"
 POLICY = "storage/compaction_policy.py"
 CLEANING_RUN = "storage/cleaning_run.py"
+MEMORY_LOG = "raft/log.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ------------------------------------------------------------------ rule 1: epochs
@@ -245,6 +246,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "                control_records[base + index] = record",
            "                pass",
            "cleaner rule 4: control records (leader changes) are kept verbatim"),
+    Mutant("snapshot_epoch_ends_at_snapshot", MEMORY_LOG,
+           "            best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)\n            found = True",
+           "            best = (self._snapshot_id.epoch, self._snapshot_id.end_offset)\n            found = False",
+           "cleaner rule 4 (epoch lookups stay right on a cleaned log): a snapshot's epoch ends where "
+           "the next epoch held starts, also when cleaning left no record of its own epoch"),
     Mutant("cleaner_loses_range_end", CLEANER,
            "    if clean_end - 1 not in records_out:\n        records_out[clean_end - 1] = EMPTY_COMMAND",
            "    if False:\n        records_out[clean_end - 1] = EMPTY_COMMAND",
@@ -293,8 +299,8 @@ QUICK: frozenset[str] = frozenset({
     "rule7_follower_hw_past_log_end",  # sim seed 1: high watermark past the log end
     "rule7_follower_acks_unflushed",  # sim seed 1: offset below the HW not durable on a majority
     "read_index_before_epoch_commit",  # sim seed 36: stale read
-    "rebootstrap_off",  # compaction seed 0: a state no committed history produces
-    "clean_past_durable_state",  # compaction seed 7: state behind its own cleaned prefix
+    "rebootstrap_off",  # compaction seed 2: a deleted key reappeared
+    "clean_past_durable_state",  # compaction seed 3: state behind its own cleaned prefix
     "rule3_follower_grants_prevote",  # sim seed 1: a rejoining follower raised the epoch
     "check_quorum_off",  # sim seed 1: a leader without a quorum still leads
     "check_quorum_one_fetch",  # sim seed 5: a leader without a quorum still leads

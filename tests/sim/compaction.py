@@ -1,36 +1,46 @@
 """The simulator with compaction: every replica cleans its MemoryLog to the dirty offset and
 tombstone horizon it learned, at seeded times; leaders take snapshots (periodically and when
 a fetcher must re-bootstrap); every node applies to a pure key-value model of the state
-machine (storage.evaluator.evaluate_commands, the evaluator the real one uses).
+machine (tests/sim/compaction_state.py, over storage.evaluator: the evaluator apply uses).
 
 Each seed draws a plan: 50-500 keys (most writes on a few hot ones), multi-op transactions
 (compares, several ops per record, failure branches, a delete riding with a put: the records
-a cleaning shrinks without leaving an offset gap), several records per proposal, a small
-``max_batch_bytes`` (a copy of a cleaned prefix spans several Fetch responses), a tombstone
-retention of 1-40 records, an observer that returns lagging just around the re-bootstrap
-bound (min(tombstone horizon, cleaned end - retention)), and in some seeds a voter that
-starts late with an empty log and copies the cleaned log from 0, with another retention
-than the others in half of those (the core must refuse to follow a leader announcing
-another one, docs/compaction.md rule 3).
+a cleaning shrinks without leaving an offset gap), in a third of the seeds every record also
+writing a key of its own (cleaned logs then have no offset gap at all), several records per
+proposal, a small ``max_batch_bytes``, a tombstone retention of 1-40 records, and an
+observer that is away while tombstones are dropped: in half the seeds the delete of a key it
+holds lands exactly at (or one offset below) the leader's re-bootstrap bound
+min(tombstone horizon, cleaned end - retention) when it returns (compaction_faults.py),
+otherwise it returns lagging just around that bound, or wiped; later it is away once more
+(wiped, or crashed and back around the bound). A replica copying the cleaned log from 0
+restarts gracefully inside the copy in some seeds; in half a replica loses power right after
+a cleaning (on a log from 0 with state.db restored from an older copy); in some a voter starts late with an
+empty log and copies the cleaned log from 0, with another retention than the others in half
+of those (the core must refuse to follow a leader announcing another one, rule 3).
 
-Invariants, on top of tests/sim/cluster.py's (checked after every event):
+Invariants, on top of tests/sim/cluster.py's:
 
 - cleaned ranges are identical (same digest) on every replica that cleaned [log start, end)
   for one log start and end (logs that start at a snapshot clean too; unequal retentions
   would break it, so nodes must refuse to follow a leader with another one);
-- a state a replica exposes as real (docs/compaction.md rule 7, ``RaftNode.is_real_state``,
-  the rule the runtime's readiness uses) equals the state every committed
-  record up to that version produces, so no two replicas expose different states at one
-  version, and a key deleted at a committed version never reappears later.
+- every state a replica exposes as real (docs/compaction.md rule 7, ``RaftNode.is_real_state``,
+  the rule the runtime's readiness uses), at every version it passes through, equals the
+  state the committed records up to that version produce: no two replicas expose different
+  states at one version, and no deleted key reappears (checked after every applied batch);
+- epoch lookups stay right on cleaned and copied logs: ``end_offset_for_epoch`` of every
+  committed epoch ends it where the committed history starts the next (rule 2; divergence
+  checks rely on it);
+- a cleaned log from 0 replayed from the empty state produces the committed state at its
+  cleaned end (at the end of the run); no restart reaches a state the runtime refuses.
 
 The state machine's durability is modelled as the runtime has it (SQLite with relaxed sync):
 a crash keeps the state as of its last sync (taken before every cleaning, which cleans only
 below it, and at random applied batches), or, in a quarter of restarts, loses it entirely
 where the runtime could rebuild it (a log from offset 0, or one not cleaned past its start);
-a restart then reloads a snapshot if the log starts above the state, as the runtime does.
-What a replica cleans to, the cleaning itself, when a leader snapshots for a re-bootstrap and
-how a restart recovers its state are the runtime's own code (storage.compaction_policy,
-storage.cleaning_run), run without a clock or a throttle.
+a graceful restart keeps it whole; a restart then reloads a snapshot if the log starts
+above the state, as the runtime does. What a replica cleans to, the cleaning itself, when a
+leader snapshots for a re-bootstrap and how a restart recovers its state are the runtime's
+own code (storage.compaction_policy, storage.cleaning_run), run without a clock or a throttle.
 
 Run: ``python -m tests.sim.compaction --seeds N [--seed S]``.
 """
@@ -47,49 +57,28 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from raft.log import MemoryLog
-from raft.node import Ready, Role
+from raft.node import Proposal, Ready, Role
 from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch, SnapshotId
 from storage import compaction_policy as policy
 from storage.cleaning_run import run_cleaning
 from storage.commands import (
-    DEFAULT_CONTENT_TYPE,
     Command,
-    CommandDecodeError,
     Compare,
     CompareKind,
     Op,
     OpKind,
-    decode_command,
     encode_command,
 )
-from storage.evaluator import evaluate_commands
 from storage.state_types import Entry
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode
+from tests.sim.compaction_faults import MidCopyRestart, TombstoneAtBound, restart_after_cleaning
+from tests.sim.compaction_state import CommittedHistory, ModelState, decode, rows_difference
 
 RUN_MS = 6_000  # simulated
 CATCH_UP_MS = 10_000  # after the plan, every replica catches up within this
 HOT_KEYS = 8  # most writes go to a few keys, so deletes meet live keys among hundreds
-
-State = dict[str, Entry | None]  # sparse: a key not in it is absent
-
-
-def _frozen(state: State) -> tuple[tuple[str, bytes, int, int], ...]:
-    return tuple(sorted((k, e.value, e.mod_version, e.create_version) for k, e in state.items() if e is not None))
-
-
-def _evaluate(offset: int, record: bytes, state: State) -> None:
-    """Apply one record to a sparse state (the evaluator wants every key it names present)."""
-    command: Command | str
-    try:
-        command = decode_command(record)
-    except CommandDecodeError as exc:
-        command = str(exc)
-    else:
-        for item in (*command.compare, *command.success, *command.failure):
-            state.setdefault(item.key, None)
-    evaluate_commands([(offset, command)], state)
-
+SYNCED_KEPT = 4  # older synced states a replica keeps around (copies of state.db to restore)
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -102,6 +91,12 @@ class Plan:
     late_start_ms: int
     late_retention: int  # that voter's retention (equal to ``retention`` unless mismatched)
     lag_delta: int  # the observer returns this far above (+) or below (-) the re-bootstrap bound
+    bound_case: str  # "at", "below": the observer's first absence is TombstoneAtBound; "": another
+    gap_free: bool  # every record also writes a key of its own: cleanings leave no offset gap
+    again_fresh: bool  # the observer's second absence wipes its data (else a crash, back around the bound)
+    copy_restart: bool  # a replica copying the cleaned log from 0 restarts inside the copy
+    restart_after_cleaning_ms: int  # a replica loses power right after a cleaning then (0: never)
+    restart_on_snapshot_log: bool  # ... one whose log starts at a snapshot (waited for)
 
 
 def draw_plan(seed: int, voters: int) -> Plan:
@@ -114,7 +109,9 @@ def draw_plan(seed: int, voters: int) -> Plan:
         late_retention = retention + rng.choice((-1, 1)) * rng.randrange(1, 20)
         late_retention = late_retention if late_retention >= 0 else retention + 7
     return Plan(keys, retention, int(400 * 10 ** rng.random()), late_voter, rng.randrange(800, 2500), late_retention,
-                rng.randrange(-4, 5))
+                rng.randrange(-4, 5), rng.choice(("at", "below", "", "")), rng.random() < 0.35, rng.random() < 0.5,
+                rng.random() < 0.6,
+                rng.randrange(1500, 5000) if rng.random() < 0.5 else 0, rng.random() < 0.5)
 
 
 @dataclass
@@ -123,9 +120,10 @@ class _Model:
 
     incarnation: int
     applied: int = 0
-    state: State = field(default_factory=dict)
+    state: ModelState = field(default_factory=ModelState)
     exposed: int = -1  # the last version checked as real
-    durable: tuple[int, State] | None = None  # (version, state) as of the last sync
+    durable: tuple[int, ModelState] | None = None  # (version, state) as of the last sync
+    synced: list[tuple[int, ModelState]] = field(default_factory=list)  # the last few syncs, oldest first
 
 
 @dataclass
@@ -154,9 +152,20 @@ class CompactionSim:
             late.config = dataclasses.replace(late.config, tombstone_retention_records=plan.late_retention)
         self.models: dict[int, _Model] = {}
         self.digests: dict[tuple[int, int], tuple[int, str]] = {}  # (start, clean_end) -> (node, digest)
-        self.reference: list[tuple[tuple[str, bytes, int, int], ...]] = [()]  # version -> state
-        self._reference_state: State = {}
-        self.pending_checks: dict[int, tuple[int, tuple[tuple[str, bytes, int, int], ...]]] = {}
+        self.history = CommittedHistory()
+        # Versions exposed before the oracle learned they were committed: (node, state) each.
+        self.pending_checks: dict[int, tuple[int, ModelState]] = {}
+        # node -> (log start, cleaned end, epoch starts below its HW) when its epochs were checked
+        self.epochs_checked: dict[int, tuple[int, int, int]] = {}
+        # The plans' controls (tests/sim/compaction_faults.py): no proposals, proposals that
+        # stop at an offset, voters cleaning only when a plan says, restarts keeping the state.
+        self.proposals_held = False
+        self.boundary: int | None = None
+        self.voter_cleaning_held = False
+        self.last_proposal: Proposal | None = None
+        self.kept_states: set[int] = set()  # restarted gracefully: state.db as it was
+        self.restored: dict[int, tuple[int, ModelState]] = {}  # node -> an older copy of state.db
+        self.unique_keys = 0
         self.cluster.after_ready = self._after_ready
         for node in self.cluster.nodes.values():  # nodes started before the hook existed
             self._after_ready(node, Ready())
@@ -170,9 +179,17 @@ class CompactionSim:
             log = node.log
             start, cleaned = log.start_offset(), log.cleaner_end()  # what the runtime checks
             rebuildable = start == 0 or cleaned <= start
-            if previous is not None and previous.durable is not None and not (
-                    rebuildable and self.disk_rng.random() < 0.25):
-                model.applied, model.state = previous.durable[0], dict(previous.durable[1])
+            restored = self.restored.pop(node.node_id, None)
+            kept = node.node_id in self.kept_states
+            self.kept_states.discard(node.node_id)
+            if previous is not None:
+                model.synced = previous.synced
+            if restored is not None:
+                model.applied, model.state = restored[0], restored[1].copy()
+                model.durable = restored
+            elif previous is not None and previous.durable is not None and not (
+                    not kept and rebuildable and self.disk_rng.random() < 0.25):
+                model.applied, model.state = previous.durable[0], previous.durable[1].copy()
                 model.durable = previous.durable
             self._recover(node, model)
             self.models[node.node_id] = model
@@ -184,7 +201,7 @@ class CompactionSim:
         start, cleaned = log.start_offset(), log.cleaner_end()
         step = policy.recovery_step(model.applied, start, log.end_offset(), cleaned)
         if step is policy.Recovery.START_OVER:  # the leader will send its whole cleaned log from 0
-            model.applied, model.state = 0, {}
+            model.applied, model.state = 0, ModelState()
             self.cluster.stats["sim_restarts_from_empty_log"] += 1
         if step is not policy.Recovery.LOAD_SNAPSHOT:
             return
@@ -200,7 +217,7 @@ class CompactionSim:
                 f"t={self.cluster.now_ms} node {node.node_id}: state at version {model.applied} is "
                 f"behind the cleaned prefix [{start}, {cleaned}); the runtime would refuse to start")
         if step is policy.Recovery.REBUILD_FROM_0:
-            model.applied, model.state = 0, {}
+            model.applied, model.state = 0, ModelState()
             self.cluster.stats["sim_rebuilds_from_0"] += 1
 
     def _clean_bound(self, model: _Model) -> int:
@@ -209,14 +226,16 @@ class CompactionSim:
 
     def _sync(self, model: _Model) -> int:
         """StateMachine.sync: the applied state becomes what a crash keeps."""
-        model.durable = (model.applied, dict(model.state))
+        model.durable = (model.applied, model.state.copy())
+        model.synced.append(model.durable)
+        del model.synced[:-SYNCED_KEPT]
         return model.applied
 
     def _load(self, model: _Model, snapshot_id: SnapshotId, node: SimNode) -> None:
         applied, state = pickle.loads(node.snapshots.get(snapshot_id))
         if applied != snapshot_id.end_offset:
             raise InvariantViolation(f"snapshot {snapshot_id} holds version {applied}")
-        model.applied, model.state = applied, dict(state)
+        model.applied, model.state = applied, ModelState(dict(state))
 
     def _after_ready(self, node: SimNode, ready: Ready) -> None:
         core = node.core
@@ -230,6 +249,7 @@ class CompactionSim:
         if core.role == Role.LEADER:
             self._maybe_snapshot(node, model)
         self._check_exposed(node, model)
+        self._check_epochs(node)
 
     def _maybe_snapshot(self, node: SimNode, model: _Model) -> None:
         """The runtime's Maintenance.maybe_snapshot, through the same policy, for the
@@ -248,16 +268,16 @@ class CompactionSim:
             core.snapshot_wanted_offset = 0
 
     def _apply(self, node: SimNode, model: _Model, high_watermark: int) -> None:
-        if model.applied >= high_watermark:
-            return
-        for batch in node.log.read(model.applied, 1 << 30):
-            if batch.base_offset >= high_watermark:
+        log = node.log
+        while model.applied < high_watermark:
+            found = log.read(model.applied, 1)  # the batch holding the next version
+            if not found or found[0].base_offset >= high_watermark:
                 break
-            for index, record in enumerate(batch.records):
-                offset = batch.base_offset + index
-                if offset < model.applied or offset >= high_watermark or batch.control:
-                    continue
-                _evaluate(offset, record, model.state)
+            batch = found[0]
+            if not batch.control:
+                state, base = model.state, batch.base_offset
+                for offset in range(max(model.applied, base), min(high_watermark, batch.next_offset)):
+                    state.apply(offset, batch.records[offset - base])
             model.applied = max(model.applied, min(high_watermark, batch.next_offset))
             if self.disk_rng.random() < 0.02:  # a checkpoint or an OS writeback
                 self._sync(model)
@@ -280,7 +300,7 @@ class CompactionSim:
         if epoch == 0 and node.log.latest_snapshot_id() is not None:
             epoch = node.log.latest_snapshot_id().epoch  # type: ignore[union-attr]
         snapshot_id = SnapshotId(end, epoch)
-        node.snapshots.put(snapshot_id, pickle.dumps((end, dict(model.state))))
+        node.snapshots.put(snapshot_id, pickle.dumps((end, model.state.entries)))
         node.log.record_snapshot(snapshot_id)
         self.cluster.stats["sim_snapshots"] += 1
         return True
@@ -288,13 +308,7 @@ class CompactionSim:
     # ------------------------------------------------------------------ invariants
 
     def _advance_reference(self) -> None:
-        committed = self.cluster.committed
-        while len(self.reference) - 1 in committed:
-            offset = len(self.reference) - 1
-            _epoch, control, record = committed[offset]
-            if not control:
-                _evaluate(offset, record, self._reference_state)
-            self.reference.append(_frozen(self._reference_state))
+        self.history.advance(self.cluster.committed)
 
     def _check_exposed(self, node: SimNode, model: _Model) -> None:
         core = node.core
@@ -305,41 +319,104 @@ class CompactionSim:
             return
         model.exposed = model.applied
         self.cluster.stats["sim_real_versions_checked"] += 1
-        self.pending_checks.setdefault(model.applied, (node.node_id, _frozen(model.state)))
-        first_node, first_state = self.pending_checks[model.applied]
-        if first_state != _frozen(model.state):
-            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first_node} and {node.node_id} expose "
-                                     f"different states at version {model.applied}")
         self._advance_reference()
-        for version in [v for v in self.pending_checks if v < len(self.reference)]:
+        self._compare_pending()
+        history = self.history
+        if model.applied <= history.version:
+            self._compare_with_history(node.node_id, model.applied, model.state)
+            return
+        # Committed on this replica before the oracle recorded it (the leader's own Ready):
+        # compared as soon as it is.
+        first = self.pending_checks.setdefault(model.applied, (node.node_id, model.state.copy()))
+        if first[1].digest != model.state.digest:
+            raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first[0]} and {node.node_id} expose "
+                                     f"different states at version {model.applied}")
+
+    def _compare_pending(self) -> None:
+        """Compare the states exposed ahead of the oracle, once it has their versions."""
+        for version in [v for v in self.pending_checks if v <= self.history.version]:
             holder, state = self.pending_checks.pop(version)
-            expected = self.reference[version]
-            if state != expected:
-                present = {k for k, *_ in state} - {k for k, *_ in expected}
-                differ = sorted({k for k, *_ in set(state) ^ set(expected)} - present)
+            self._compare_with_history(holder, version, state)
+
+    def _compare_with_history(self, node_id: int, version: int, state: ModelState) -> None:
+        if state.digest != self.history.digests[version]:
+            raise InvariantViolation(
+                f"t={self.cluster.now_ms} node {node_id} exposes at version {version} a state no committed "
+                f"history produces" + rows_difference(state.rows(), self.history.rows_at(version)))
+
+    def _check_epochs(self, node: SimNode) -> None:
+        """Epoch lookups stay right on cleaned and copied logs (docs/compaction.md rule 2):
+        for every epoch boundary of the committed history inside this replica's committed
+        log, ``end_offset_for_epoch`` of the epoch before it answers that boundary, as
+        divergence checks and votes rely on. Checked when the cleaned range, the log start
+        or the epochs below the high watermark change."""
+        core, log = node.core, node.log
+        if core is None:
+            return
+        self._advance_reference()
+        starts = self.history.epoch_starts
+        high_watermark = min(core.high_watermark, self.history.version)
+        below = sum(1 for offset, _epoch in starts if offset < high_watermark)
+        key = (log.start_offset(), log.cleaned_end(), below)
+        if self.epochs_checked.get(node.node_id) == key:
+            return
+        self.epochs_checked[node.node_id] = key
+        for (_, epoch), (boundary, _) in zip(starts, starts[1:below], strict=False):
+            if boundary <= log.start_offset():
+                continue
+            found = log.end_offset_for_epoch(epoch)
+            if found != (epoch, boundary):
                 raise InvariantViolation(
-                    f"t={self.cluster.now_ms} node {holder} exposes at version {version} a state no committed "
-                    f"history produces" + (f"; deleted keys reappeared: {sorted(present)}" if present else "")
-                    + (f"; keys with other entries: {differ}" if differ else ""))
+                    f"t={self.cluster.now_ms} node {node.node_id}: its log says epoch {epoch} ends at "
+                    f"{found[1]} (largest epoch held {found[0]}); the committed history starts the next epoch "
+                    f"at {boundary} (cleaned end {log.cleaned_end()}, log start {log.start_offset()})")
+
+    def _check_cleaned_replay(self, node: SimNode) -> None:
+        """A cleaned log from 0 holds the whole state: replayed from the empty state up to its
+        cleaned end, it produces the committed state at that end. (A log that starts at a
+        snapshot does not: its cleanings drop tombstones of keys the snapshot holds, rule 9.)"""
+        log = node.log
+        end = log.cleaned_end()
+        self._advance_reference()
+        if log.start_offset() > 0 or end == 0 or end > self.history.version:
+            return
+        state = ModelState()
+        for batch in log.read(0, 1 << 30):
+            if batch.next_offset > end:
+                break
+            if not batch.control:
+                for index, record in enumerate(batch.records):
+                    state.apply(batch.base_offset + index, record)
+        if state.digest != self.history.digests[end]:
+            raise InvariantViolation(
+                f"node {node.node_id}: its cleaned log replayed from 0 to {end} "
+                f"is not the committed state at {end}" + rows_difference(state.rows(), self.history.rows_at(end)))
+
+    def history_record_is(self, offset: int, key: str) -> bool:
+        """Whether the committed record at ``offset`` names ``key`` only (a plan's victim)."""
+        entry = self.cluster.committed.get(offset)
+        return entry is not None and not entry[1] and decode(entry[2])[1] == (key,)
 
     # ------------------------------------------------------------------ the plan
 
-    def clean(self, node_id: int) -> None:
+    def clean(self, node_id: int, up_to: int | None = None) -> None:
         """Clean one replica's log from its start offset (0, or a snapshot's end) to the
-        dirty offset it learned; a log that starts at a snapshot takes its base state from
-        the committed history (the real runtime asks its state machine)."""
+        dirty offset it learned (``up_to``: no further, as min_compaction_lag_ms would
+        hold it back); a log that starts at a snapshot takes its base state from the
+        committed history (the real runtime asks its state machine)."""
         node = self.cluster.nodes[node_id]
         core = node.core
-        if core is None:
+        if core is None or (up_to is None and self.voter_cleaning_held and node_id in self.cluster.voter_ids):
             return
         model = self._model(node)
         log = node.log
+        target = policy.clean_target_offset(core.dirty_offset, model.applied, log.flushed_offset())
         # The runtime's Maintenance.clean and clean_blocking: what it cleans to, and the
         # same run (an admin compaction's: no dirty ratio, no lag), without a throttle or
         # a clock.
         run = run_cleaning(
             _CleanableMemoryLog(log), _ModelBase(self, model),
-            policy.clean_target_offset(core.dirty_offset, model.applied, log.flushed_offset()), core.tombstone_horizon,
+            target if up_to is None else min(target, up_to), core.tombstone_horizon,
             force=True, aged_end=None, min_dirty_ratio=0.0,
             tombstone_retention_records=node.config.tombstone_retention_records,
             new_pause=lambda: _no_pause, clock=_no_clock)
@@ -358,14 +435,13 @@ class CompactionSim:
         if start > 0:
             self.cluster.stats["sim_cleanings_from_snapshot"] += 1
         self.cluster.stats["sim_tombstones_dropped"] += result.tombstones_dropped
+        self._check_epochs(node)
 
     def _committed_state_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
         self._advance_reference()
-        if version >= len(self.reference):
-            raise InvariantViolation(f"cleaner asked for version {version}, committed only {len(self.reference) - 1}")
-        rows = {key: Entry(key, value, DEFAULT_CONTENT_TYPE, mod_version, create_version)
-                for key, value, mod_version, create_version in self.reference[version]}
-        return {key: rows.get(key) for key in keys}
+        if version > self.history.version:
+            raise InvariantViolation(f"cleaner asked for version {version}, committed only {self.history.version}")
+        return self.history.entries_at(keys, version)
 
     def _key(self) -> str:
         return self.rng.choice(self.hot if self.rng.random() < 0.6 else self.plan.keys)
@@ -383,9 +459,20 @@ class CompactionSim:
             return Compare(key, CompareKind.EXISTS, rng.random() < 0.5)
         if roll < 0.8:
             return Compare(key, CompareKind.VALUE, b"v%d" % rng.randrange(20))
-        return Compare(key, CompareKind.MOD_VERSION, rng.choice((0, rng.randrange(1, 1 + len(self.reference)))))
+        return Compare(key, CompareKind.MOD_VERSION, rng.choice((0, rng.randrange(1, 2 + self.history.version))))
 
     def _command(self) -> Command:
+        command = self._workload_command()
+        if not self.plan.gap_free:
+            return command
+        # A key written once, by this record only: the record outlives every cleaning (only
+        # its superseded ops go), so a cleaned log has no offset gap and a copy of it must be
+        # told apart from history without one (docs/compaction.md rule 5).
+        own = Op(OpKind.PUT, f"u{self.unique_keys}", b"")
+        self.unique_keys += 1
+        return Command(command.compare, (*command.success, own), (*command.failure, own))
+
+    def _workload_command(self) -> Command:
         rng = self.rng
         roll = rng.random()
         if roll < 0.25:
@@ -400,7 +487,38 @@ class CompactionSim:
 
     def propose(self) -> None:
         count = 1 if self.rng.random() < 0.7 else self.rng.randrange(2, 4)
-        self.cluster.propose(tuple(encode_command(self._command()) for _ in range(count)))
+        records = tuple(encode_command(self._command()) for _ in range(count))
+        if self.proposals_held:
+            return
+        if self.boundary is not None:  # a plan wants a batch to end exactly there
+            leader = self.cluster.leader()
+            if leader is None or leader.core is None:
+                return
+            last = self.last_proposal
+            next_offset = leader.log.end_offset()
+            if last is not None and last.epoch == leader.core.epoch:
+                next_offset = max(next_offset, last.last_offset + 1)
+            records = records[:max(0, self.boundary - next_offset)]
+            if not records:
+                return  # held until the leader's log reaches the boundary
+        self.propose_records(records)
+
+    def propose_records(self, records: tuple[bytes, ...]) -> Proposal | None:
+        proposal = self.cluster.propose(records)
+        if proposal is not None:
+            self.last_proposal = proposal
+        return proposal
+
+    def graceful_restart(self, node_id: int, down_ms: int) -> None:
+        """Stop a replica as SIGTERM does (log flushed, state.db closed with everything
+        applied) and start it again ``down_ms`` later."""
+        node = self.cluster.nodes[node_id]
+        if node.core is None:
+            return
+        self._sync(self._model(node))
+        self.kept_states.add(node_id)
+        self.cluster.shutdown(node_id)
+        self.cluster.at(self.cluster.now_ms + down_ms, lambda: self.cluster.restart(node_id))
 
     def run(self) -> CompactionRun:
         cluster, rng = self.cluster, self.rng
@@ -420,27 +538,46 @@ class CompactionSim:
         up_ms = down_ms + rng.randrange(1500, 3000)
         roll = rng.random()
         lag_mode = rng.random() < 0.6
-        if roll < 0.4:
+        plan = self.plan
+
+        def again(at_ms: int) -> None:
+            """... and is away once more after it returned: wiped (it copies the cleaned log
+            from 0), or crashed (its log may start at a snapshot now) and returning around
+            the bound again."""
+            back_ms = at_ms + rng.randrange(50, 300)
+            if plan.again_fresh:
+                cluster.at(at_ms, lambda: self._wipe(observer))
+                cluster.at(back_ms, lambda: cluster.restart(observer))
+                self._restart_mid_copy(observer, back_ms)
+                return
+            cluster.at(at_ms, lambda: cluster.crash(observer))
+            self._return_at(observer, at_ms + 20, back_ms, lambda: cluster.restart(observer), lag_mode=True)
+
+        if plan.bound_case:  # it misses a delete that lands exactly at the re-bootstrap bound
+            scenario = TombstoneAtBound(self, observer, plan.bound_case == "below", down_ms + 2500,
+                                        then=lambda: again(cluster.now_ms + rng.randrange(300, 1500)))
+            cluster.at(down_ms, scenario.start)
+        elif roll < 0.4:
             cluster.at(down_ms, lambda: cluster.partition({observer}, set(cluster.voter_ids)))
             self._return_at(observer, down_ms + 20, up_ms, cluster.heal, lag_mode)
         elif roll < 0.6:  # a fresh observer: its data is gone, it reads the cleaned log from 0
             cluster.at(down_ms, lambda: self._wipe(observer))
             cluster.at(up_ms, lambda: cluster.restart(observer))
+            self._restart_mid_copy(observer, up_ms)
         else:
             cluster.at(down_ms, lambda: cluster.crash(observer))
             self._return_at(observer, down_ms + 20, up_ms, lambda: cluster.restart(observer), lag_mode)
-        # ... and crashes once more after it returned (its log may start at a snapshot now),
-        # returning around the bound again.
-        again_ms = up_ms + rng.randrange(300, 1500)
-        cluster.at(again_ms, lambda: cluster.crash(observer))
-        self._return_at(observer, again_ms + 20, again_ms + rng.randrange(50, 300),
-                        lambda: cluster.restart(observer), lag_mode=True)
-        plan = self.plan
+        if not plan.bound_case:
+            again(up_ms + rng.randrange(300, 1500))
+        if plan.restart_after_cleaning_ms:  # power lost right after a cleaning
+            cluster.at(plan.restart_after_cleaning_ms,
+                       lambda: self._restart_after_cleaning(plan.restart_on_snapshot_log))
         if plan.late_voter is not None:
             # A voter with an empty log copies the cleaned log from 0, then the leader
             # crashes so that it may lead (and answer fetchers from that copy).
             late_ms = plan.late_start_ms
             cluster.at(late_ms, lambda v=plan.late_voter: cluster.restart(v))
+            self._restart_mid_copy(plan.late_voter, late_ms)
             handover_ms = late_ms + rng.randrange(300, 900)
             cluster.at(handover_ms, self._crash_leader)
             cluster.at(handover_ms + rng.randrange(150, 400), lambda: [cluster.restart(v) for v in cluster.voter_ids])
@@ -467,9 +604,32 @@ class CompactionSim:
         # A copy in small Fetch responses takes a while: liveness is catching up in time.
         if not cluster.run_until(lambda: self._lagging() is None, CATCH_UP_MS):
             raise InvariantViolation(f"seed {self.seed}: {self._lagging()} after {CATCH_UP_MS} ms")
+        self._advance_reference()
+        self._compare_pending()
+        for node in cluster.nodes.values():
+            if node.core is not None:
+                self._check_cleaned_replay(node)
         cluster.stats["sim_nodes_refusing_a_leader"] = sum(
             1 for node in cluster.nodes.values() if node.core is not None and node.core.refused_leader_reason)
         return CompactionRun(self.seed, cluster.events_processed, dict(cluster.stats))
+
+    def _restart_after_cleaning(self, on_snapshot_log: bool) -> None:
+        """Power lost right after a cleaning of a live replica; ``on_snapshot_log``: of one
+        whose log starts at a snapshot (there a state behind the cleaned prefix cannot be
+        rebuilt), waited for until the plan's end."""
+        cluster, rng = self.cluster, self.rng
+        live = sorted(node_id for node_id, node in cluster.nodes.items() if node.core is not None
+                      and (not on_snapshot_log or node.log.start_offset() > 0))
+        if live:
+            restart_after_cleaning(self, rng.choice(live), rng.randrange(20, 200))
+        elif cluster.now_ms < RUN_MS:
+            cluster.at(cluster.now_ms + 20, lambda: self._restart_after_cleaning(on_snapshot_log))
+
+    def _restart_mid_copy(self, node_id: int, from_ms: int) -> None:
+        """In some seeds a replica copying the cleaned log from 0 restarts gracefully halfway."""
+        if self.plan.copy_restart:
+            watch = MidCopyRestart(self, node_id, self.rng.randrange(1, 30), from_ms + 2000)
+            self.cluster.at(from_ms + 1, watch.watch)
 
     def _crash_leader(self) -> None:
         leader = self.cluster.leader()

@@ -1,31 +1,38 @@
 """The compaction simulation as a test (tests/sim/compaction.py): seeded runs with every
 replica cleaning to the announced dirty offset, multi-op transactions over 50-500 keys,
-copies spanning several small Fetch answers, fetchers returning around the re-bootstrap
-bound, a late voter copying the cleaned log from 0 (some with another retention),
-snapshots, an observer cut off or wiped while tombstones are dropped, voter crashes;
-invariants checked after every event."""
+gap-free cleaned logs, deletes landing exactly at the re-bootstrap bound of a returning
+observer, restarts inside a copy and right after a cleaning, a late voter copying the
+cleaned log from 0 (some with another retention), snapshots, voter crashes; invariants
+checked after every event.
+
+The self-tests break one rule each and check the simulation catches it. They pick their
+seeds by plan (``draw_plan`` draws a seed's plan without running it): the first seeds whose
+plan sets up the edge the rule guards, so a change of the plan's other draws moves them
+along instead of leaving a test on a seed that no longer reaches its edge.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
 
 from raft.messages import FetchResponse
 from tests.sim.cluster import InvariantViolation
-from tests.sim.compaction import run_compaction_seed
+from tests.sim.compaction import Plan, draw_plan, run_compaction_seed
 
-# Found with the plan of their time (it changed since, so they now run other scenarios):
-# 2003 and 2027: an observer copying a cleaned prefix took the states inside it, past the
-# last offset gap, for real versions. 82 and 2055: an observer restarted on a log that
-# starts at a snapshot rebuilt its state through its cleaned prefix (rule 9). 2207: an
-# observer restarted with a state older than a copied cleaned prefix.
-# With today's plan: 58 (242 before the fetch timeouts were jittered): a gap-free copy of
-# a cleaned prefix applied as history (a delete riding in a record that kept another op, so
-# no offset was missing). 7: a late voter with
-# another tombstone retention followed and cleaned to other bytes.
-REGRESSIONS = [7, 58, 82, 242, 2003, 2027, 2055, 2207]
+# Found with the plans of their time (they run other scenarios now): 2003 and 2027: an
+# observer copying a cleaned prefix took the states inside it, past the last offset gap, for
+# real versions. 82 and 2055: an observer restarted on a log that starts at a snapshot
+# rebuilt its state through its cleaned prefix (rule 9). 2207: an observer restarted with a
+# state older than a copied cleaned prefix. 58 and 242: a gap-free copy of a cleaned prefix
+# applied as history. 7: a late voter with another tombstone retention followed.
+# With today's plan: 42 and 72: a re-bootstrapped observer's cleaned log ended the
+# snapshot's epoch at the snapshot, not where the next epoch starts.
+REGRESSIONS = [7, 42, 58, 72, 82, 242, 2003, 2027, 2055, 2207]
 SEEDS = sorted({*range(45), *REGRESSIONS})
 
 
@@ -41,27 +48,29 @@ def test_compaction_seed(seed: int) -> None:
 
 
 def test_the_simulation_catches_a_resurrected_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the re-bootstrap rule (snapshot for a fetcher below the cleaned tombstones), a
-    replica that missed a dropped tombstone exposes a state no history produces."""
+    """Without the re-bootstrap rule (snapshot for a fetcher below the cleaned tombstones), the
+    observer that missed the delete one offset below the bound serves the deleted key."""
     from raft.node import RaftNode
 
     monkeypatch.setattr(RaftNode, "tombstone_unsafe_below", lambda self: 0)
-    assert _failures(range(4, 8), "no committed history produces") > 0
+    assert _failures(_seeds(lambda plan: plan.bound_case == "below", 3), "deleted keys reappeared") >= 2
 
 
 def test_the_simulation_catches_cleaning_past_the_durable_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without rule 9's bound (clean only below the version SQLite made durable), a crash
-    leaves a replica whose state is older than its cleaned prefix on a log that starts at a
-    snapshot: it could only rebuild by bringing deleted keys back."""
+    """Without rule 9's bound (clean only below the version SQLite made durable), power lost
+    right after a cleaning leaves a replica whose state is older than its cleaned prefix on
+    a log that starts at a snapshot: it could only rebuild by bringing deleted keys back."""
     from tests.sim.compaction import CompactionSim
 
     monkeypatch.setattr(CompactionSim, "_clean_bound", lambda self, model: model.applied)
-    assert _failures([1, 23], "behind the cleaned prefix") == 2
+    seeds = _seeds(lambda plan: plan.restart_after_cleaning_ms > 0 and plan.restart_on_snapshot_log, 4)
+    assert _failures(seeds, "behind the cleaned prefix") >= 2
 
 
 def test_the_simulation_catches_gap_free_copies_taken_for_history(monkeypatch: pytest.MonkeyPatch) -> None:
     """The copy rule before the leader announced its cleaned end: a copy only at an offset
-    gap or when continuing one (docs/compaction.md rule 5)."""
+    gap or when continuing one (docs/compaction.md rule 5). Gap-free cleaned logs, and an
+    observer returning at the bound of a retention window wide enough to hold superseded ops."""
     from raft.follower import FollowerHandlers
 
     original = FollowerHandlers._follower_append
@@ -78,7 +87,8 @@ def test_the_simulation_catches_gap_free_copies_taken_for_history(monkeypatch: p
         original(self, dataclasses.replace(response, cleaned_end=end if copying else 0))
 
     monkeypatch.setattr(FollowerHandlers, "_follower_append", gap_rule)
-    assert _failures([58], "no committed history produces") == 1
+    seeds = _seeds(lambda plan: plan.gap_free and plan.bound_case == "at" and plan.retention >= 13, 4)
+    assert _failures(seeds, "no committed history produces") >= 2
 
 
 def test_the_simulation_catches_unequal_retentions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,10 +103,16 @@ def test_the_simulation_catches_unequal_retentions(monkeypatch: pytest.MonkeyPat
         original(self, now_ms, src, dataclasses.replace(response, tombstone_retention_records=mine))
 
     monkeypatch.setitem(node._HANDLERS, FetchResponse, no_check)  # every answer looks equal
-    assert _failures([7], "to different bytes") == 1
+    seeds = _seeds(lambda plan: plan.late_voter is not None and plan.late_retention != plan.retention, 3)
+    assert _failures(seeds, "to different bytes") >= 2
 
 
-def _failures(seeds: Any, invariant: str) -> int:
+def _seeds(wanted: Callable[[Plan], bool], count: int) -> list[int]:
+    """The first ``count`` seeds whose plan is ``wanted``."""
+    return list(itertools.islice((seed for seed in itertools.count() if wanted(draw_plan(seed, voters=3))), count))
+
+
+def _failures(seeds: Iterable[int], invariant: str) -> int:
     failures = 0
     for seed in seeds:
         try:
