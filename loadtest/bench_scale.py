@@ -175,15 +175,20 @@ def measure_phases(run: Run, plan: ChurnPlan, live_keys: int, phase_s: float, fi
             return churn_closed(store, plan, phase_s)
         leader_before = store.leader_url
         before, started = probes.scrape(follower.url), time.monotonic()
-        result = churn_closed(store, plan, phase_s)
+        result = with_loop_lag(store, lambda: churn_closed(store, plan, phase_s))
         after, wall_s = probes.scrape(follower.url), time.monotonic() - started
         result["follower_apply"] = {"node_id": follower.node_id, **probes.apply_figures(before, after, wall_s)}
         result["leader_changed"] = run.metakv_leader().url != leader_before
         return result
 
+    def churn_at_fixed_rate(store: Store) -> dict[str, Any]:
+        if store.requests is not METAKV:
+            return churn_fixed_rate(store, plan, phase_s)
+        return with_loop_lag(store, lambda: churn_fixed_rate(store, plan, phase_s))
+
     phases: list[tuple[str, Callable[[Store], dict[str, Any]]]] = [
         ("churn_64_clients", churn_64),
-        ("churn_fixed_rate", lambda store: churn_fixed_rate(store, plan, phase_s)),
+        ("churn_fixed_rate", churn_at_fixed_rate),
         ("point_read_1_client", lambda store: point_reads(store, live_keys, phase_s, random.Random(seed))),
         ("list_prefix_1_client", lambda store: prefix_lists(store, live_keys, phase_s, random.Random(seed + 1))),
     ]
@@ -198,9 +203,19 @@ def measure_phases(run: Run, plan: ChurnPlan, live_keys: int, phase_s: float, fi
             else:
                 result = measure(run.stores[name])
             figures[name][phase] = result
+            lag = result.get("leader_loop_lag", {}).get("mean_ms")
             print(f"  {name:6s} {phase:22s} {result['per_s']:9.1f}/s  p50 {result['latency_ms_p50']:9.2f} ms  "
-                  f"p99 {result['latency_ms_p99']:9.2f} ms  errors {result['errors']}", flush=True)
+                  f"p99 {result['latency_ms_p99']:9.2f} ms  errors {result['errors']}"
+                  + (f"  leader loop lag mean {lag:.2f} ms" if lag is not None else ""), flush=True)
     return figures
+
+
+def with_loop_lag(store: Store, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``measure()`` and the metakv leader's event loop lag meanwhile (its /metrics)."""
+    before = probes.scrape(store.leader_url)
+    result = measure()
+    result["leader_loop_lag"] = probes.loop_lag_figures(before, probes.scrape(store.leader_url))
+    return result
 
 
 def profiled(run: Run, label: str, phase_s: float, measure: Callable[[Store], dict[str, Any]]) -> dict[str, Any]:
