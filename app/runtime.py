@@ -30,7 +30,7 @@ from app.config import NodeConfig
 from app.node_reads import NodeReads
 from app.node_writes import NodeWrites
 from app.runtime_maintenance import Maintenance
-from app.runtime_metrics import StateCollector
+from app.runtime_metrics import LoopLagProbe, StateCollector
 from app.service import (
     ApplyResult,
     CompactReport,
@@ -127,6 +127,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             "metakv_apply_latency_seconds", "Duration of one state machine apply call (one SQLite transaction)",
             registry=self.metrics, buckets=LATENCY_BUCKETS_S)
         self.metrics.register(StateCollector(self, monotonic_ms))
+        self._loop_lag = LoopLagProbe(self.metrics, LATENCY_BUCKETS_S)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drive_scheduled = False
         self._refusal_logged = ""  # the core's refused_leader_reason, logged once each
@@ -206,6 +207,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             self._close_storage()  # and the lock: a later start in this process may take it
             raise
         self._started = True
+        self._loop_lag.start(asyncio.get_running_loop())
         self.maintenance.schedule_cleaner()
         self._drive()
         logger.info("node %d started: log [%d, %d), applied version %d, epoch %d, raft port %d",
@@ -316,6 +318,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._loop_lag.stop()
         await self.maintenance.stop()
         await self.transport.stop()
         while self._flush_task is not None:
@@ -558,6 +561,7 @@ class NodeRuntime(NodeReads, NodeWrites):
     def _fatal(self, exc: BaseException) -> None:
         logger.critical("node %d: fatal error, stopping: %r", self.node_id, exc, exc_info=exc)
         self._closed = True
+        self._loop_lag.stop()
         self._on_fatal(exc)
 
     # ------------------------------------------------------------------ KVService

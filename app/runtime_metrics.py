@@ -1,10 +1,12 @@
-"""Prometheus gauges read from the live node at scrape time."""
+"""Prometheus gauges read from the live node at scrape time, and the event loop's lag."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,3 +50,36 @@ class StateCollector(Collector):
                     lag.add_metric([str(state.replica_id), kind],
                                    max(0, described.high_watermark - state.log_end_offset))
         yield lag
+
+
+LOOP_LAG_PROBE_S = 0.05  # how often the loop's lateness is sampled (20 timers a second)
+
+
+class LoopLagProbe:
+    """How late the event loop runs a timer: what a request, a fetch or a finished flush
+    that arrives at a random moment waits before the loop thread gets to it (a long
+    callback, another thread holding the GIL, or the OS running other processes)."""
+
+    def __init__(self, registry: CollectorRegistry, buckets: Sequence[float],
+                 interval_s: float = LOOP_LAG_PROBE_S) -> None:
+        self._lag = Histogram("metakv_event_loop_lag_seconds",
+                              "How late the event loop ran a timer, sampled every "
+                              f"{interval_s * 1000:g} ms", registry=registry, buckets=buckets)
+        self._interval_s = interval_s
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._schedule(loop)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        due = loop.time() + self._interval_s
+        self._timer = loop.call_at(due, self._fired, loop, due)
+
+    def _fired(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        self._lag.observe(max(0.0, loop.time() - due))
+        self._schedule(loop)

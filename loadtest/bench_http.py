@@ -452,23 +452,28 @@ def failover_trials(cluster: Cluster, trials: int) -> dict[str, Any]:
     }
 
 
-def start_profile(node: Node, duration_s: float, out_dir: Path, gil_only: bool = False) -> subprocess.Popen[bytes] | None:
+PROFILE_RATE_HZ = 250  # py-spy samples per second
+
+
+def start_profile(node: Node, duration_s: float, out_path: Path, gil_only: bool = False) -> subprocess.Popen[bytes] | None:
+    """py-spy on ``node`` for ``duration_s``, its collapsed stacks written to ``out_path``."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         print("py-spy not found; skipping the profile", flush=True)
         return None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [py_spy, "record", "--pid", str(node.pid), "--duration", str(int(duration_s)), "--rate", "250",
-         "--format", "raw", "--nonblocking", *(["--gil"] if gil_only else []),
-         "--output", str(out_dir / f"leader-node{node.node_id}.txt")],
+        [py_spy, "record", "--pid", str(node.pid), "--duration", str(max(1, int(duration_s))),
+         "--rate", str(PROFILE_RATE_HZ), "--format", "raw", "--nonblocking", *(["--gil"] if gil_only else []),
+         "--output", str(out_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 
 
 def summarise_profile(path: Path, requests: int, top: int = 25) -> dict[str, Any]:
     """Self time per function (leaf frame) and inclusive time of the main layers, from
-    py-spy's collapsed stacks; per request = samples / requests served meanwhile."""
+    py-spy's collapsed stacks; per request = samples / requests served meanwhile (in ms:
+    samples / PROFILE_RATE_HZ / requests)."""
     self_samples: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
@@ -491,10 +496,15 @@ def summarise_profile(path: Path, requests: int, top: int = 25) -> dict[str, Any
         for name, needle in layers.items():
             if any(needle in frame for frame in frames):
                 inclusive[name] += count
+    def ms_per_request(count: int) -> float | None:
+        return round(count * 1000 / PROFILE_RATE_HZ / requests, 4) if requests else None
+
     return {
         "samples": total,
         "requests_during_profile": requests,
-        "top_self": [{"frame": frame, "share": round(count / total, 4)} for frame, count in self_samples.most_common(top)],
+        "sampled_ms_per_request": ms_per_request(total),
+        "top_self": [{"frame": frame, "share": round(count / total, 4), "ms_per_request": ms_per_request(count)}
+                     for frame, count in self_samples.most_common(top)],
         "layers_inclusive_share": {name: round(count / total, 4) for name, count in inclusive.most_common()},
     }
 
@@ -734,7 +744,8 @@ def main(argv: list[str] | None = None) -> int:
         def profile_64_writers() -> Any:
             if args.profile_dir is None:
                 return None
-            profiler = start_profile(leader, args.duration_s, args.profile_dir, args.profile_gil)
+            profiler = start_profile(leader, args.duration_s, args.profile_dir / f"leader-node{leader.node_id}.txt",
+                                     args.profile_gil)
 
             def done(phase: dict[str, Any]) -> None:
                 if profiler is None:

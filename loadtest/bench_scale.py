@@ -4,6 +4,7 @@ writes JSON and one PNG of cost per operation against store size.
 
     python -m loadtest.bench_scale [--stages 10000,100000,1000000] [--phase-s 10] [--quick]
                                    [--out results/bench_scale.json] [--png results/bench_scale.png]
+                                   [--profile-dir results/scale-profile [--profile-gil]]
 
 One 3-voter metakv cluster and one 3-member etcd 3.4 cluster (Debian's etcd-server, fsync
 on, through its v3 JSON gateway, as ``bench_http --etcd`` runs it) run on this machine for
@@ -31,6 +32,10 @@ stopped since the first stage and so behind the cleaned log, is sent that snapsh
 RSS per node and bytes on disk. These run after the stage's latency phases (the cleaning
 prunes metakv's history).
 
+With ``--profile-dir``, py-spy samples metakv's leader and a follower during each of
+metakv's churn and list phases (PROFILED_PHASES): the collapsed stacks are written there,
+and where the time went (self time per function, per request) is printed and written.
+
 Ratios are metakv ÷ etcd of figures measured seconds apart in the same stage; a benchmark
 never fails on a figure, it reports. ``make bench-scale`` runs the default stages.
 """
@@ -54,7 +59,16 @@ from typing import Any
 
 from app.config import NodeConfig
 from loadtest import scale_probes as probes
-from loadtest.bench_http import FIXED_RATE_WRITES_PER_S, METAKV, VALUE_BYTES, Store, etcd_store
+from loadtest.bench_http import (
+    FIXED_RATE_WRITES_PER_S,
+    METAKV,
+    VALUE_BYTES,
+    WARMUP_S,
+    Store,
+    etcd_store,
+    start_profile,
+    summarise_profile,
+)
 from loadtest.clusters import LocalCluster, start_etcd
 from loadtest.local_cluster import Cluster, Node
 from loadtest.scale_load import (
@@ -83,6 +97,8 @@ STAGE_MIN_KEYS = 1_000
 # with the defaults).
 METAKV_RETENTION_SETTINGS = ("cleaner_interval_ms", "cleaner_min_dirty_ratio", "min_compaction_lag_ms",
                              "tombstone_retention_records", "snapshot_every_records")
+PROFILED_PHASES = ("churn_64_clients", "churn_fixed_rate", "list_prefix_1_client")
+PROFILE_TOP_PRINTED = 10
 
 
 def metakv_retention() -> dict[str, Any]:
@@ -109,6 +125,8 @@ class Run:
     etcd_cluster: LocalCluster
     observer: Node
     stores: dict[str, Store] = dataclasses.field(default_factory=dict)
+    profile_dir: Path | None = None  # py-spy on metakv's leader and a follower (PROFILED_PHASES)
+    profile_gil: bool = False
 
     def refresh(self) -> None:
         """Find each store's leader again (a metakv leader may change under load)."""
@@ -157,15 +175,20 @@ def measure_phases(run: Run, plan: ChurnPlan, live_keys: int, phase_s: float, fi
             return churn_closed(store, plan, phase_s)
         leader_before = store.leader_url
         before, started = probes.scrape(follower.url), time.monotonic()
-        result = churn_closed(store, plan, phase_s)
+        result = with_loop_lag(store, lambda: churn_closed(store, plan, phase_s))
         after, wall_s = probes.scrape(follower.url), time.monotonic() - started
         result["follower_apply"] = {"node_id": follower.node_id, **probes.apply_figures(before, after, wall_s)}
         result["leader_changed"] = run.metakv_leader().url != leader_before
         return result
 
+    def churn_at_fixed_rate(store: Store) -> dict[str, Any]:
+        if store.requests is not METAKV:
+            return churn_fixed_rate(store, plan, phase_s)
+        return with_loop_lag(store, lambda: churn_fixed_rate(store, plan, phase_s))
+
     phases: list[tuple[str, Callable[[Store], dict[str, Any]]]] = [
         ("churn_64_clients", churn_64),
-        ("churn_fixed_rate", lambda store: churn_fixed_rate(store, plan, phase_s)),
+        ("churn_fixed_rate", churn_at_fixed_rate),
         ("point_read_1_client", lambda store: point_reads(store, live_keys, phase_s, random.Random(seed))),
         ("list_prefix_1_client", lambda store: prefix_lists(store, live_keys, phase_s, random.Random(seed + 1))),
     ]
@@ -175,11 +198,51 @@ def measure_phases(run: Run, plan: ChurnPlan, live_keys: int, phase_s: float, fi
             for name, store in run.stores.items():
                 figures[name]["repair"] = repair(store, plan)
         for name in order if index % 2 == 0 else order[::-1]:
-            result = measure(run.stores[name])
+            if name == "metakv" and run.profile_dir is not None and phase in PROFILED_PHASES:
+                result = profiled(run, f"{live_keys}-{phase}", phase_s, measure)
+            else:
+                result = measure(run.stores[name])
             figures[name][phase] = result
+            lag = result.get("leader_loop_lag", {}).get("mean_ms")
             print(f"  {name:6s} {phase:22s} {result['per_s']:9.1f}/s  p50 {result['latency_ms_p50']:9.2f} ms  "
-                  f"p99 {result['latency_ms_p99']:9.2f} ms  errors {result['errors']}", flush=True)
+                  f"p99 {result['latency_ms_p99']:9.2f} ms  errors {result['errors']}"
+                  + (f"  leader loop lag mean {lag:.2f} ms" if lag is not None else ""), flush=True)
     return figures
+
+
+def with_loop_lag(store: Store, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``measure()`` and the metakv leader's event loop lag meanwhile (its /metrics)."""
+    before = probes.scrape(store.leader_url)
+    result = measure()
+    result["leader_loop_lag"] = probes.loop_lag_figures(before, probes.scrape(store.leader_url))
+    return result
+
+
+def profiled(run: Run, label: str, phase_s: float, measure: Callable[[Store], dict[str, Any]]) -> dict[str, Any]:
+    """``measure(metakv)`` with py-spy on metakv's leader and a follower meanwhile (its warm-up
+    included); each one's profile summary lands in the result under "profile"."""
+    assert run.profile_dir is not None
+    leader = run.metakv_leader()
+    follower = run.metakv_follower()
+    seconds = phase_s + WARMUP_S
+    roles = {"leader": leader, "follower": follower}
+    paths = {role: run.profile_dir / f"{label}-{role}-node{node.node_id}.txt" for role, node in roles.items()}
+    spies = {role: start_profile(node, seconds, paths[role], run.profile_gil) for role, node in roles.items()}
+    result = measure(run.stores["metakv"])
+    requests = result.get("requests_total", result.get("requests", 0))
+    result["profile"] = {}
+    for role, spy in spies.items():
+        if spy is None:
+            continue
+        spy.wait(timeout=seconds + 60)
+        if paths[role].exists():
+            summary = summarise_profile(paths[role], requests)
+            result["profile"][role] = summary
+            print(f"  profile {label} {role} (node {roles[role].node_id}): {summary['sampled_ms_per_request']} ms "
+                  f"sampled per request; self time per request:", flush=True)
+            for entry in summary["top_self"][:PROFILE_TOP_PRINTED]:
+                print(f"    {entry['ms_per_request']:8.4f} ms {entry['share'] * 100:5.1f}%  {entry['frame']}", flush=True)
+    return result
 
 
 def spot_check(run: Run, plan: ChurnPlan, live_keys: int, rng: random.Random) -> bool:
@@ -305,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/bench_scale.json"))
     parser.add_argument("--png", type=Path, default=Path("results/bench_scale.png"))
     parser.add_argument("--keep-data", action="store_true", help="keep the nodes' data directories")
+    parser.add_argument("--profile-dir", type=Path, default=None,
+                        help="run py-spy on metakv's leader and a follower during its churn and list phases")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="with --profile-dir: sample only the thread holding the GIL")
     args = parser.parse_args(argv)
     phase_s = args.phase_s if args.phase_s is not None else 1.0 if args.quick else 10.0
 
@@ -330,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     run = None
     try:
         run = start(root, extra)
+        run.profile_dir, run.profile_gil = args.profile_dir, args.profile_gil
         results["etcd"]["version"] = run.etcd_cluster.version()
         previous = 0
         for index, live_keys in enumerate(args.stages):

@@ -119,6 +119,18 @@ def apply_figures(before: dict[str, float], after: dict[str, float], wall_s: flo
     }
 
 
+def loop_lag_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """How late a node's event loop ran its probe timer between two scrapes
+    (``metakv_event_loop_lag_seconds``, sampled every 50 ms): the mean is what anything
+    arriving at a random moment waited before the loop thread got to it."""
+    name = "metakv_event_loop_lag_seconds"
+    if f"{name}_count" not in after or f"{name}_count" not in before:
+        return {"samples": 0, "mean_ms": None}
+    samples = after[f"{name}_count"] - before[f"{name}_count"]
+    lag_s = after[f"{name}_sum"] - before[f"{name}_sum"]
+    return {"samples": int(samples), "mean_ms": round(lag_s * 1000 / samples, 3) if samples > 0 else None}
+
+
 def applied_version(node: Node) -> int:
     status = get_json(node.url + "/v1/status")
     if status is None:

@@ -91,6 +91,10 @@ METRICS_ONE_SIDED: dict[str, tuple[str, Metric]] = {
     "follower_apply_records_per_apply_s": ("metakv", Metric(
         "follower apply: records per second of apply time", "rec/s", "higher",
         _path("churn_64_clients", "follower_apply", "records_per_apply_s"))),
+    **{f"leader_loop_lag_{name}_ms": ("metakv", Metric(f"leader event loop lag {during}: mean", "ms", "lower",
+                                                       _path(phase, "leader_loop_lag", "mean_ms")))
+       for name, during, phase in (("churn", "during churn, 64 clients", "churn_64_clients"),
+                                   ("fixed_rate", "at 500 req/s", "churn_fixed_rate"))},
     "state_db_mb_max": ("metakv", Metric("state.db (+ WAL), largest node", "MB", "lower",
                                          _largest("state_db_bytes"))),
     "log_mb_max": ("metakv", Metric("log, largest node", "MB", "lower", _largest("log_bytes"))),

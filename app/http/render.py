@@ -3,7 +3,8 @@ as strings for textual content types and base64 for the rest (docs/http.md, GET 
 
 from __future__ import annotations
 
-import base64
+import binascii
+import functools
 from typing import Any
 
 from app.service import DEFAULT_CONTENT_TYPE, Entry, Event, OpKind, OpResult
@@ -16,6 +17,11 @@ _TEXTUAL_TYPES = frozenset({
 })
 
 
+# A list page renders one value per entry, mostly of a few content types: parse each once.
+TEXTUAL_CACHE_SIZE = 256
+
+
+@functools.lru_cache(maxsize=TEXTUAL_CACHE_SIZE)
 def _is_textual(content_type: str) -> bool:
     media_type = content_type.split(";", 1)[0].strip().lower()
     return media_type.startswith("text/") or media_type in _TEXTUAL_TYPES or media_type.endswith(("+json", "+xml"))
@@ -28,7 +34,7 @@ def render_value(value: bytes, content_type: str) -> dict[str, Any]:
             return {"value": value.decode("utf-8")}
         except UnicodeDecodeError:
             pass
-    return {"value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
+    return {"value": binascii.b2a_base64(value, newline=False).decode("ascii"), "encoding": "base64"}
 
 
 def render_entry(entry: Entry, keys_only: bool = False) -> dict[str, Any]:

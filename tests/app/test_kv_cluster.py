@@ -335,7 +335,7 @@ def test_metrics_expose_role_progress_latencies_and_replica_lag(cluster: Cluster
     assert 'metakv_role{role="leader"} 1.0' in text
     for name in ("metakv_epoch", "metakv_high_watermark", "metakv_applied_version",
                  "metakv_commit_latency_seconds_count", "metakv_fsync_latency_seconds_count",
-                 "metakv_apply_latency_seconds_count"):
+                 "metakv_apply_latency_seconds_count", "metakv_event_loop_lag_seconds_count"):
         assert re.search(rf"^{name} [1-9]", text, re.MULTILINE), name
     for node in cluster.nodes.values():
         if node.node_id != leader.node_id:

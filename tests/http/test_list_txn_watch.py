@@ -42,6 +42,17 @@ async def test_list_renders_text_as_strings_and_binary_as_base64(client: httpx.A
     ]
 
 
+async def test_list_body_is_compact_utf8_json_with_non_ascii_unescaped(client: httpx.AsyncClient) -> None:
+    await client.put("/v1/kv/ü/ключ", content="значение \"q\"\n".encode(), headers={"content-type": "text/plain; charset=utf-8"})
+    await client.put("/v1/kv/ü/b", content=b"\x00\x01", headers={"content-type": "application/octet-stream"})
+    listed = await client.get("/v1/kv", params={"prefix": "ü/"})
+    assert listed.status_code == 200 and listed.headers["content-type"] == "application/json"
+    # The bytes a client gets: no whitespace, non-ASCII as UTF-8 (not \u escapes), as documented.
+    assert listed.content == json.dumps(listed.json(), ensure_ascii=False, separators=(",", ":")).encode()
+    assert "ключ".encode() in listed.content and "значение".encode() in listed.content
+    assert [item["key"] for item in listed.json()["items"]] == ["ü/b", "ü/ключ"]
+
+
 async def test_list_pages_with_after_and_next_at_one_version(client: httpx.AsyncClient) -> None:
     for index in range(5):
         await client.put(f"/v1/kv/p/{index}", content=str(index).encode(), headers={"content-type": "text/plain"})
