@@ -95,7 +95,7 @@ GROWTH_CHUNK_MIN = 2_000
 STAGE_MIN_KEYS = 1_000
 # metakv's settings that decide how much history it keeps (app/config.py; the cluster runs
 # with the defaults).
-METAKV_RETENTION_SETTINGS = ("cleaner_interval_ms", "cleaner_min_dirty_ratio", "min_compaction_lag_ms",
+RETENTION_SETTINGS_STATED = ("cleaner_interval_ms", "cleaner_min_dirty_ratio", "min_compaction_lag_ms",
                              "tombstone_retention_records", "snapshot_every_records")
 PROFILED_PHASES = ("churn_64_clients", "churn_fixed_rate", "list_prefix_1_client")
 PROFILE_TOP_PRINTED = 10
@@ -103,7 +103,7 @@ PROFILE_TOP_PRINTED = 10
 
 def metakv_retention() -> dict[str, Any]:
     defaults = {field.name: field.default for field in dataclasses.fields(NodeConfig)}
-    settings = {name: defaults[name] for name in METAKV_RETENTION_SETTINGS}
+    settings = {name: defaults[name] for name in RETENTION_SETTINGS_STATED}
     settings["statement"] = (
         f"history is kept until the cleaner runs (every {settings['cleaner_interval_ms'] / 1000:g} s, when at least "
         f"{settings['cleaner_min_dirty_ratio']:.0%} of the log is dirty), and at least "

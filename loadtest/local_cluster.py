@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -45,11 +46,35 @@ STOP_TIMEOUT_S = 15.0
 LOG_TAIL_BYTES = 4000
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free ports (held open together so they differ)."""
-    sockets = []
+LISTEN_PORTS_LOW = 15_000  # free_ports draws from here to below the ephemeral range
+
+
+def _ephemeral_low() -> int:
     try:
-        for _ in range(count):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports (held open together so they differ), drawn below the
+    kernel's ephemeral range: a port bound to 0 is ephemeral, and the outgoing connections
+    of servers started meanwhile (etcd's peers) may take it before our server binds it."""
+    sockets: list[socket.socket] = []
+    candidates = list(range(LISTEN_PORTS_LOW, max(LISTEN_PORTS_LOW + count, _ephemeral_low())))
+    random.SystemRandom().shuffle(candidates)
+    try:
+        for port in candidates:
+            if len(sockets) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        while len(sockets) < count:  # that range is taken: fall back to the kernel's choice
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind((host, 0))
             sockets.append(sock)

@@ -124,7 +124,8 @@ def test_an_answer_to_a_fetch_from_before_a_truncation_is_ignored() -> None:
     node.handle(10, Envelope(2, 1, FetchResponse(
         ErrorCode.NONE, 4, 2, "", 3, 1, 0, 0, 0, (), 1, 1, None, fetch_epoch=3)))  # new leader, epoch 4
     assert log.end_offset() == 1
-    [fetch] = [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)]
+    fetch = [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)][-1]
+    assert (fetch.fetch_offset, fetch.last_fetched_epoch) == (1, 1)
     refill = (Batch(1, 4, 0, True, (b"c4",)), Batch(2, 4, 0, False, (b"d",)))
     node.handle(20, Envelope(2, 1, FetchResponse(
         ErrorCode.NONE, 4, 2, "", fetch.fetch_offset, 3, 0, 0, 0, refill, NO_EPOCH, -1, None,
