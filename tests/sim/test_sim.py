@@ -33,7 +33,8 @@ def test_simulated_seeds(chunk: int) -> None:
         exercised.update(result.stats)
     # The faults really happened: a simulator that stopped injecting them would pass vacuously.
     for what in ("crashes", "became_leader", "became_resigned", "truncations", "reads_done", "reads_failed",
-                 "pauses", "long_delays", "slow_snapshot_chunks", "snapshot_installs",
+                 "pauses", "long_delays", "slow_snapshot_chunks", "snapshot_installs", "handovers",
+                 "shutdowns_in_pre_vote", "restarts_in_pre_vote", "stale_tail_pre_votes",
                  *(f"liveness_{kind}" for kind in LIVENESS_KINDS)):
         assert exercised[what] > 0, f"chunk {chunk} never exercised {what}: {dict(exercised)}"
 
