@@ -61,7 +61,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("rule3_leader_grants_prevote", NODE,
            "recent_leader = isinstance(state, LeaderState) or (",
            "recent_leader = isinstance(state, ResignedState) or (",
-           "rule 3: leaders refuse all pre-votes"),
+           "rule 3: leaders refuse all pre-votes, the resigned grant them. The leader half cannot show: "
+           "a leader's answer names it, so the asker follows it, grant or not; a resigned leader that "
+           "refuses leaves its successor without a majority when a voter is down (rule 11's handover)"),
     Mutant("rule3_prevote_ignores_log", NODE,
            "not self._persisted.log_lost\n                   and self._log_ok(request))",
            "not self._persisted.log_lost)",
@@ -294,4 +296,6 @@ QUICK: frozenset[str] = frozenset({
     "check_quorum_off",  # sim seed 1: a leader without a quorum still leads
     "check_quorum_one_fetch",  # sim seed 5: a leader without a quorum still leads
     "rule8_follows_resigned_leader",  # sim seed 14: a node follows a leader that resigned
+    "rule3_leader_grants_prevote",  # sim seed 1: no successor of a leader shutting down
+    "rule5_vote_ignores_log",  # sim seed 2: a new leader lacks a committed record
 })
