@@ -75,6 +75,7 @@ class FollowerHandlers(NodeBase):
         state.phase = FetchPhase.IN_FLIGHT
         state.fetch_offset_in_flight = log.end_offset()
         state.fetch_sent_ms = now_ms
+        state.fetch_epoch_in_flight = log.last_epoch()
 
     def _send_fetch(self, now_ms: int, dst: int, epoch: int) -> None:
         log = self._log
@@ -114,6 +115,8 @@ class FollowerHandlers(NodeBase):
             return
         if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
             return  # stale or duplicated answer
+        if response.last_fetched_epoch not in (NO_EPOCH, state.fetch_epoch_in_flight):
+            return  # an answer to a Fetch from before a truncation, at the same offset
         if response.tombstone_retention_records != self.config.tombstone_retention_records:
             self._follower_refuse(now_ms, state, response)
             return

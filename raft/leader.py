@@ -273,7 +273,7 @@ class LeaderHandlers(NodeBase):
             ErrorCode.NONE, state.epoch, self._id, self.config.endpoint, request.fetch_offset,
             self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
             records, diverging_epoch, diverging_end, snapshot_id, state.read_nonce,
-            self._log.cleaned_end(), self.config.tombstone_retention_records,
+            self._log.cleaned_end(), self.config.tombstone_retention_records, request.last_fetched_epoch,
         )
 
     def _error_fetch_response(
@@ -286,6 +286,7 @@ class LeaderHandlers(NodeBase):
             error, self.epoch, leader_id, endpoint, request.fetch_offset,
             self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
             (), NO_EPOCH, -1, None, 0, self._log.cleaned_end(), self.config.tombstone_retention_records,
+            request.last_fetched_epoch,
         )
 
     def _leader_wake_parked(self, now_ms: int, state: LeaderState) -> None:

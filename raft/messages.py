@@ -107,6 +107,9 @@ class FetchResponse:
     # The leader's setting; a fetcher with another one refuses the answer (it must be
     # equal on every node: docs/compaction.md rule 3).
     tombstone_retention_records: int = 0
+    # Echoes the request's: a log truncated and grown back to the same offset has another
+    # last epoch, so an answer to the Fetch sent before is told apart (NO_EPOCH: not echoed).
+    last_fetched_epoch: int = NO_EPOCH
 
 
 @dataclass(frozen=True, slots=True)

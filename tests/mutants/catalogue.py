@@ -268,6 +268,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "        elif not persisted.log_lost and self._log.end_offset() == 0:",
            "        elif False:",
            "rule 12: a log truncated to empty while running is no sign of a lost disk"),
+    Mutant("fetch_answer_before_truncation_applied", FOLLOWER,
+           "        if response.last_fetched_epoch not in (NO_EPOCH, state.fetch_epoch_in_flight):\n            return",
+           "        if False:\n            return",
+           "rule 7: a follower applies only the answer to its in-flight Fetch; one to a Fetch sent before "
+           "a truncation, at the offset the log grew back to, is stale (found by the simulator, seed 1747)"),
     Mutant("dirty_offset_past_voters", LEADER,
            "self.dirty_offset = max(self.dirty_offset, min(self.high_watermark, lowest))",
            "self.dirty_offset = max(self.dirty_offset, self.high_watermark)",

@@ -21,6 +21,12 @@ promise it keeps; tests/sim/election_checks.py's invariants watch every event me
   out and pre-votes with its longer log of an older epoch; the paused voters resume, grant
   it, and then commit the new leader's record. The old leader's real vote requests must
   carry its true log, and those voters must refuse them (rules 4, 5; leader completeness).
+- ``observer_tail`` (seeds with observers): the leader, cut off from the other voters,
+  appends one record only the observers get; the others elect a new leader, whose vote
+  request deposes the old one, so the observers learn the new epoch but not its leader and
+  probe; only the new leader is reachable. Its answer to a probe makes an observer follow it
+  and fetch again at the same offset; the answer to that Fetch, a divergence about the log
+  before the truncation, must not cut the log grown back to that offset (rule 7).
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ SCENARIO_SEED_SALT = 48_271  # the scenario's own random stream: other draws sta
 def run_election_scenario(cluster: Cluster, seed: int, log: Callable[[str], None]) -> str:
     """Run the seed's election scenario on a settled cluster; returns its name."""
     rng = random.Random(seed * SCENARIO_SEED_SALT + len(cluster.voter_ids))
-    name = rng.choice(sorted(SCENARIOS))
+    has_observers = len(cluster.nodes) > len(cluster.voter_ids)
+    name = rng.choice([name for name in sorted(SCENARIOS) if has_observers or name != "observer_tail"])
     leader = _settled_leader(cluster)
     cluster.stats[f"election_scenario_{name}"] += 1
     SCENARIOS[name](cluster, rng, log, leader)
@@ -184,9 +191,48 @@ def stale_tail(cluster: Cluster, rng: random.Random, log: Callable[[str], None],
     cluster.run_for(3 * ELECTION_TIMEOUT_MS)
 
 
+def observer_tail(cluster: Cluster, rng: random.Random, log: Callable[[str], None], leader: SimNode) -> None:
+    """Rule 7: a Fetch answer about the log before a truncation never applies to the log
+    grown back to the same offset."""
+    old = leader
+    voters = cluster.voter_ids - {old.node_id}
+    observers = [node for node in cluster.nodes.values() if node.node_id not in cluster.voter_ids]
+    log(f"cut leader {old.node_id} from the voters; it appends a record only the observers get")
+    cluster.partition({old.node_id}, voters)
+    _propose(cluster, old, 1, f"observer-tail-{cluster.now_ms}")
+    end = old.log.end_offset()
+    old_epoch = old.core.epoch if old.core is not None else 0
+
+    def candidate() -> SimNode | None:
+        return next((cluster.nodes[v] for v in sorted(voters) if _role(cluster.nodes[v]) == Role.CANDIDATE), None)
+    if not cluster.run_until(lambda: candidate() is not None
+                             and all(o.log.end_offset() == end for o in observers), 6 * FETCH_TIMEOUT_MS):
+        return
+    new = candidate()
+    assert new is not None
+    log(f"{new.node_id} stands; its vote request deposes {old.node_id}, then {old.node_id} is cut off again")
+    cluster.heal()
+    cluster.partition({old.node_id}, voters - {new.node_id})
+    if not cluster.run_until(lambda: old.core is None or old.core.epoch > old_epoch, 2 * ELECTION_TIMEOUT_MS):
+        return
+    cluster.partition({old.node_id}, voters)  # it must not learn who leads
+    cluster.partition({old.node_id}, voters - {new.node_id})
+
+    def probing() -> bool:
+        return all(o.core is not None and o.core.role == Role.UNATTACHED and o.core.epoch > old_epoch
+                   for o in observers)
+    if not cluster.run_until(probing, 2 * FETCH_TIMEOUT_MS):
+        return
+    log(f"observers probe; only {new.node_id} is reachable")
+    cluster.partition({o.node_id for o in observers}, set(cluster.voter_ids) - {new.node_id})
+    cluster.stats["observer_tail_probes"] += 1
+    cluster.run_for(3 * ELECTION_TIMEOUT_MS)
+
+
 SCENARIOS: dict[str, Callable[[Cluster, random.Random, Callable[[str], None], SimNode], None]] = {
     "handover": handover,
     "shutdown_in_pre_vote": shutdown_in_pre_vote,
     "restart_in_pre_vote": restart_in_pre_vote,
     "stale_tail": stale_tail,
+    "observer_tail": observer_tail,
 }
