@@ -301,6 +301,7 @@ QUICK: frozenset[str] = frozenset({
     "check_quorum_off",  # sim seed 1: a leader without a quorum still leads
     "check_quorum_one_fetch",  # sim seed 5: a leader without a quorum still leads
     "rule8_follows_resigned_leader",  # sim seed 14: a node follows a leader that resigned
-    "rule3_leader_grants_prevote",  # sim seed 1: no successor of a leader shutting down
-    "rule5_vote_ignores_log",  # sim seed 2: a new leader lacks a committed record
+    "rule3_leader_grants_prevote",  # sim seed 5: no successor of a leader shutting down
+    "rule5_vote_ignores_log",  # sim seed 1: a new leader lacks a committed record
+    "fetch_answer_before_truncation_applied",  # sim seed 4: truncation below the high watermark
 })
