@@ -46,7 +46,9 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
    the vote) → Prospective (voters) or Unattached (observers). A diverging epoch
    in the response truncates the log; a cut below the high watermark would drop
    committed records and is a broken invariant (``check``), never ignored; a snapshot id
-   starts a FetchSnapshot download. High watermark = max(old, min(local end, leader's)).
+   starts a FetchSnapshot download. Only the answer to the Fetch in flight counts (it
+   echoes fetch offset and last fetched epoch). High watermark = max(old, min(local end,
+   leader's)).
 8. Resigned: a leader that shut down gracefully, lost check-quorum, or restarted as
    leader. It serves nothing, re-sends EndQuorumEpoch (successors ordered by replicated
    offset, best first) until acknowledged, and after an election timeout goes
@@ -265,7 +267,7 @@ class FollowerState:
     fetched_ms: int = -1  # last successful Fetch response from the leader (-1: none yet)
     phase: FetchPhase = FetchPhase.IDLE
     fetch_offset_in_flight: int = -1
-    fetch_epoch_in_flight: int = -1
+    fetch_epoch_in_flight: int = -1  # the in-flight Fetch's last_fetched_epoch
     fetch_sent_ms: int = 0
     next_fetch_ms: int = 0
     read_nonce: int = 0  # latest read nonce the leader sent us, echoed in each Fetch

@@ -99,6 +99,7 @@ class SimNode:
     pause_token: int = 0  # which pause a scheduled resume belongs to
     resumed_ms: int = -1  # when the last pause ended: its held inputs all arrive then
     resigned_leader: tuple[int, int] | None = None  # (epoch, leader) of the last EndQuorumEpoch handled
+    shutting_down: bool = False  # begin_shutdown ran on this incarnation
     held: list[_Event] = field(default_factory=list)
 
 
@@ -163,6 +164,10 @@ class Cluster:
         self.lost_disk_held: dict[int, int] = {}
         self.stable_leader: tuple[int, int] | None = None  # (leader, epoch) of a fault-free window
         self.quorum_watch: dict[int, QuorumWatch] = {}  # leader id -> who it heard from (check-quorum)
+        # More checks of each performed Ready (tests/sim/election_checks.py), and observers
+        # of a lost disk, called after the crash and before the log is wiped.
+        self.ready_checks: list[Callable[[SimNode, Ready], None]] = []
+        self.disk_loss_observers: list[Callable[[SimNode], None]] = []
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
             node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
@@ -178,6 +183,7 @@ class Cluster:
         node.paused = False
         node.held.clear()
         node.resigned_leader = None  # rule 8 keeps a resignation in memory only
+        node.shutting_down = False
         node.core = RaftNode(node.config, node.log, node.durable_state,
                              random.Random(self.rng.getrandbits(64)), node.snapshots, self.now_ms)
         node.last_high_watermark = node.core.high_watermark
@@ -234,6 +240,8 @@ class Cluster:
         if node.next_tick_ms < 0 or deadline < node.next_tick_ms or node.next_tick_ms <= self.now_ms:
             node.next_tick_ms = max(deadline, self.now_ms)
             self._push(node.next_tick_ms, "tick", node)
+        for ready_check in self.ready_checks:
+            ready_check(node, ready)
         self.check_invariants(node)
 
     def _keep_stale_fetch(self, node: SimNode, stale: Envelope | None) -> None:
@@ -382,6 +390,7 @@ class Cluster:
         between SIGTERM and exit."""
         node = self.nodes[node_id]
         if node.core is not None:
+            node.shutting_down = True
             node.core.begin_shutdown(self.now_ms)
             self._after_input(node)
 
@@ -403,6 +412,8 @@ class Cluster:
         durable_end = node.log.end_offset()  # crash() left only the flushed prefix
         if node_id in self.voter_ids:
             self.lost_disk_held[node_id] = max(self.lost_disk_held.get(node_id, 0), durable_end)
+        for observe in self.disk_loss_observers:
+            observe(node)
         node.log = MemoryLog()
         node.snapshots = MemorySnapshotStore()
         node.last_end_offset = 0

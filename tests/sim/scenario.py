@@ -5,7 +5,7 @@ Phases:
    against whoever leads, while the plan crashes, shuts down, restarts, partitions and
    pauses nodes, delays a few messages past an election timeout and takes snapshots (large
    and slowly transferred in half the seeds). Invariants are checked after every event
-   (tests/sim/cluster.py).
+   (tests/sim/cluster.py, tests/sim/election_checks.py).
 2. Liveness: stop losing messages, heal the network and restart every node; with 3 or 5
    voters the seed may then keep a minority of voters down for good (``LIVENESS_KINDS``).
    Within ``LIVENESS_BOUND_MS`` a leader must commit a new proposal, within
@@ -14,7 +14,8 @@ Phases:
    A minority kept down then comes back and catches up.
 3. With 3 or 5 voters: a follower cut off alone for a few election timeouts comes back
    without deposing the leader or raising the epoch (KIP-996), and a leader shut down
-   gracefully has a successor committing within ``FAILOVER_BOUND_MS``.
+   gracefully has a successor committing within ``FAILOVER_BOUND_MS``. Then the seed's
+   election scenario (tests/sim/election_scenarios.py), and everything heals and catches up.
 4. End: every replica holds the same committed records (checked against the oracle of
    everything ever committed).
 """
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from raft.node import NotLeaderError, ProposalRejectedError, Role
 from raft.types import ProtocolInvariantError, SnapshotId
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode, sim_config
+from tests.sim.election_checks import ElectionChecks
+from tests.sim.election_scenarios import run_election_scenario
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
@@ -129,6 +132,7 @@ class _Scenario:
         self.liveness_kind = rng.choice(LIVENESS_KINDS) if voters >= 3 else "heal_all"
         self.plan: list[str] = []
         self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None)
+        ElectionChecks(self.cluster)
         self.all_ids = sorted(self.cluster.nodes)
         self.fault_phase_ms = rng.randint(1_500, 3_000)
         self.load = _Load(self.cluster, rng)
@@ -271,6 +275,10 @@ class _Scenario:
         if self.voters >= 3:
             self._rejoin_window()
             self._graceful_failover()
+            name = run_election_scenario(cluster, self.seed, self.log)
+            self._heal_everything()
+            self._await_commit(f"healing everything after election scenario {name}")
+            target = self._await_catch_up(set(self.all_ids))
         cluster.check_replicas_agree()
         _check_identical_committed_logs(cluster, target)
         if self.verbose:

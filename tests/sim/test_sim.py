@@ -33,7 +33,8 @@ def test_simulated_seeds(chunk: int) -> None:
         exercised.update(result.stats)
     # The faults really happened: a simulator that stopped injecting them would pass vacuously.
     for what in ("crashes", "became_leader", "became_resigned", "truncations", "reads_done", "reads_failed",
-                 "pauses", "long_delays", "slow_snapshot_chunks", "snapshot_installs",
+                 "pauses", "long_delays", "slow_snapshot_chunks", "snapshot_installs", "handovers",
+                 "shutdowns_in_pre_vote", "restarts_in_pre_vote", "stale_tail_pre_votes",
                  *(f"liveness_{kind}" for kind in LIVENESS_KINDS)):
         assert exercised[what] > 0, f"chunk {chunk} never exercised {what}: {dict(exercised)}"
 
@@ -81,3 +82,14 @@ def test_a_voter_truncated_to_an_empty_log_is_not_taken_for_a_lost_disk() -> Non
     good no leader could be elected."""
     result = run_seed(323, 5)
     assert result.liveness_ms < 3000
+
+
+def test_an_answer_to_an_older_fetch_never_truncates_a_log_grown_back() -> None:
+    """Found at seed 1747 (then restart_in_pre_vote); seed 4 runs the observer_tail scenario
+    built after it. An observer holding a record the new leader lacks took the answer to its
+    probe for the answer to the Fetch it had just sent as a follower; the real answer (a
+    divergence, about its old log) came once its log was truncated and had grown back to the
+    same offset, and cut it below its high watermark: the node stopped
+    (ProtocolInvariantError). Fetch answers now echo last_fetched_epoch."""
+    result = run_seed(4, 3)
+    assert result.stats["observer_tail_probes"] == 1 and result.stats["truncations"] > 0
