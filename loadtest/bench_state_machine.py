@@ -16,16 +16,15 @@ thread (WAL checkpoints run on a background thread). Apply cost depends on key l
 (SQLite writes whole 4 KiB pages per commit), so three key patterns are measured:
 ``new_keys`` (every record creates the next key, metadata churn), ``hot_updates`` (puts over
 1,000 keys) and ``uniform_updates`` (puts spread uniformly over 50,000 keys: a page of
-``key_heads`` per record, were it written in every call; it is written a step of
-HEADS_FLUSH_STEP_VERSIONS once it lags by HEADS_FLUSH_RECORDS, which shows in the p99 call
-time). The history rows are
-appended in version order.
+``key_heads`` per record, were it written in every call; once it lags by
+HEADS_FLUSH_RECORDS, each call writes the changed heads of a slice of the keys in key
+order, storage/state_heads_sweep.py). The history rows are appended in version order.
 
 Next to each apply case, ``sqlite_floor`` measures what SQLite alone costs for the same
 rows: per batch, one transaction that inserts its history rows (values and links to each
 key's previous change) and updates the meta row, and once ``key_heads`` lags by
-HEADS_FLUSH_RECORDS records, brings it along a step as apply does, with the statement apply
-uses (storage/state_schema.py KEY_HEADS_STEP_SQL); executemany over precomputed parameters
+HEADS_FLUSH_RECORDS records, writes the heads apply's sweep writes, with the statement apply
+uses (storage/state_schema.py KEY_HEADS_UPSERT_SQL); executemany over precomputed parameters
 (no decode, no evaluation, no in-memory index), on the same schema with the same pragmas and a
 background checkpoint thread like the state machine's. Apply cannot beat it; the gap
 between the two is the state machine's own work.
@@ -67,16 +66,17 @@ from typing import Any
 from raft.types import Batch
 from storage.cleaning_run import PRUNE_STEP_VERSIONS
 from storage.commands import delete, encode_command, put
+from storage.key_index import Head, HeadIndex
+from storage.state_heads_sweep import HeadsSweep
 from storage.state_machine import (
     CHECKPOINT_EVERY_RECORDS,
     HEADS_FLUSH_RECORDS,
-    HEADS_FLUSH_STEP_VERSIONS,
     SQLITE_CACHE_KIB,
     WAL_BACKSTOP_PAGES,
     StateMachine,
     decode_compact,
 )
-from storage.state_schema import KEY_HEADS_STEP_SQL
+from storage.state_schema import KEY_HEADS_UPSERT_SQL
 
 VALUE_BYTES = 256
 APPLY_BATCH_SIZES = (100, 1000)
@@ -144,21 +144,37 @@ def bench_apply(directory: str, pattern: str, batch_records: int, total_records:
     }
 
 
-def _floor_rows(records: list[bytes], batch_records: int) -> list[list[tuple[Any, ...]]]:
-    """Per batch: its history rows linked to each key's previous change, as apply writes them."""
-    batches = []
-    create_versions: dict[str, int] = {}
-    heads: dict[str, tuple[int | None, int | None]] = {}
+# Per batch of the SQL-only floor: its history rows, the key_heads rows apply's sweep writes
+# in its call, and the heads_version after it.
+FloorBatch = tuple[list[tuple[Any, ...]], list[tuple[str, int, int]], int]
+
+
+def _floor_rows(records: list[bytes], batch_records: int) -> list[FloorBatch]:
+    """Per batch: its history rows linked to each key's previous change, and the key_heads
+    rows, as apply writes them (the sweep run on an index of the same heads)."""
+    batches: list[FloorBatch] = []
+    index = HeadIndex()
+    sweep = HeadsSweep()
+    heads_version = 0
     for start in range(0, len(records), batch_records):
         history_rows = []
+        new_heads: dict[str, Head] = {}
         for offset in range(start, min(start + batch_records, len(records))):
             _compares, ((_kind, key, value, content_type, _create),), _failure = decode_compact(records[offset])
             version = offset + 1
-            create_version = create_versions.setdefault(key, version)
+            previous = new_heads.get(key) or index.heads.get(key)
+            create_version = previous[0] if previous else version
             history_rows.append((version, 0, key, 1, value, content_type, create_version,
-                                 *heads.get(key, (None, None))))
-            heads[key] = (version, 0)
-        batches.append(history_rows)
+                                 *(previous[1:] if previous else (None, None))))
+            new_heads[key] = (create_version, version, 0)
+        end_version = history_rows[-1][0]
+        step = None
+        if end_version - heads_version >= HEADS_FLUSH_RECORDS:
+            step = sweep.step(index, new_heads, len(history_rows), start, end_version)
+            heads_version = step.heads_version if step.heads_version is not None else heads_version
+        sweep.commit(step, new_heads)
+        index.update(new_heads)
+        batches.append((history_rows, step.rows if step else [], heads_version))
     return batches
 
 
@@ -191,18 +207,15 @@ def bench_sqlite_floor(directory: str, pattern: str, batch_records: int, total_r
     insert_history = ("INSERT INTO history (version, seq, key, op, value, content_type, create_version, "
                       "prev_version, prev_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
     since_checkpoint = 0
-    heads_version = 0
     try:
         started = time.perf_counter()
         cpu_started = time.process_time()
-        for history_rows in batches:
+        for history_rows, heads_rows, heads_version in batches:
             end_version = history_rows[-1][0]
             writer.execute("BEGIN IMMEDIATE")
             writer.executemany(insert_history, history_rows)
-            if end_version - heads_version >= HEADS_FLUSH_RECORDS:
-                step_end = min(end_version, heads_version + max(HEADS_FLUSH_STEP_VERSIONS, 2 * len(history_rows)))
-                writer.execute(KEY_HEADS_STEP_SQL, (heads_version, step_end))
-                heads_version = step_end
+            if heads_rows:
+                writer.executemany(KEY_HEADS_UPSERT_SQL, heads_rows)
             writer.execute("UPDATE meta SET applied_version = ?, heads_version = ? WHERE id = 1",
                            (end_version, heads_version))
             writer.execute("COMMIT")
