@@ -65,7 +65,7 @@ UNREAD_VALUE = b""
 UNREAD_VALUE_TYPE = ""
 # Versions one retention prune in apply moves the horizon by, at most (as the runtime's
 # prune after a cleaning steps, storage/cleaning_run.py PRUNE_STEP_VERSIONS).
-APPLY_PRUNE_STEP_VERSIONS = 500
+APPLY_PRUNE_STEP_VERSIONS = 100
 
 
 class StateWrites(StateDatabase):
