@@ -42,8 +42,10 @@ deletes and creates), a point read, a list page of 100, a watch read (``changes`
 newest 100 changes) and ``get(at_version=)``, each next to its ratio to the first stage;
 the longest single apply call and prune step (history pruned as the runtime does, in
 steps of PRUNE_STEP_VERSIONS, down to ``--retain`` versions), and the snapshot copy time.
-The last stage also measures what the key index holds per key (tracemalloc over opening
-the store, which loads it).
+The last stage also measures the open's CPU time as a kill leaves the store (key_heads
+behind) and as a close does, and what the key index holds per key (tracemalloc over
+opening the store, which loads it). The store freezes the garbage collector's objects when
+created, as a node does once started.
 """
 
 from __future__ import annotations
@@ -309,6 +311,10 @@ class _ScaleStore:
         self.next_key = 0
         self.value = b"v" * VALUE_BYTES
         self.cpu_ms: list[float] = []
+        # As a node does once started (app/cli.py): what exists now is out of the collector's
+        # reach, so a full collection walks only what the store grew since (as on a node).
+        gc.collect()
+        gc.freeze()
 
     def apply(self, records: list[bytes]) -> float:
         """Apply one call; its wall time in ms (its CPU time goes to ``cpu_ms``)."""
@@ -432,6 +438,39 @@ def key_index_bytes_per_key(store: _ScaleStore) -> dict[str, Any]:
             "rss_bytes_per_key": round((rss_after - rss_before) / keys, 1)}
 
 
+def cold_open_seconds(store: _ScaleStore) -> dict[str, Any]:
+    """CPU seconds of opening the store as a kill leaves it (key_heads behind: the open
+    reads the history above heads_version back) and as a close leaves it (key_heads
+    complete). The killed copy is taken with SQLite's backup, between two apply calls."""
+    killed_path = store.path + ".killed"
+    source = sqlite3.connect(store.path)
+    target = sqlite3.connect(killed_path)
+    try:
+        source.backup(target)
+        applied, heads = target.execute("SELECT applied_version, heads_version FROM meta").fetchone()
+    finally:
+        source.close()
+        target.close()
+    figures: dict[str, Any] = {"tail_versions_after_kill": applied - heads}
+    for name, path in (("after_kill", killed_path), ("after_close", None)):
+        if path is None:
+            store.state.close()
+            path = store.path
+        cpu_started = time.process_time()
+        started = time.perf_counter()
+        state = StateMachine(path, heads_flush_records=store.heads_flush_records)
+        figures[f"open_{name}_cpu_s"] = round(time.process_time() - cpu_started, 2)
+        figures[f"open_{name}_s"] = round(time.perf_counter() - started, 2)
+        if path == killed_path:
+            state.close()
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(killed_path + suffix):
+                    os.unlink(killed_path + suffix)
+        else:
+            store.state = state
+    return figures
+
+
 def _count_rows(db_path: str, table: str) -> int:
     connection = sqlite3.connect(db_path)
     try:
@@ -461,12 +500,16 @@ def bench_scale(directory: str, key_counts: list[int], args: argparse.Namespace)
                                              for name in SCALE_RATIO_FIELDS}
             stages.append(figures)
             _print_scale_stage(figures)
+        opens = cold_open_seconds(store)
+        print(f"open at {stages[-1]['keys']:,} keys: after a kill {opens['open_after_kill_cpu_s']} CPU-s"
+              f" ({opens['tail_versions_after_kill']:,} versions of history read back),"
+              f" after a close {opens['open_after_close_cpu_s']} CPU-s")
         memory = key_index_bytes_per_key(store)
         print(f"key index at {memory['keys']:,} keys: {memory['traced_bytes_per_key']} bytes/key (tracemalloc),"
               f" {memory['rss_bytes_per_key']} bytes/key (RSS growth over the open)")
     finally:
         store.state.close()
-    return {"stages": stages, "key_index": memory, "retain_versions": args.retain,
+    return {"stages": stages, "key_index": memory, "open": opens, "retain_versions": args.retain,
             "heads_flush_records": args.heads_flush_records,
             "records_per_stage": args.scale_records, "batch_records": SCALE_BATCH_RECORDS}
 
