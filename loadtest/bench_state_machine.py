@@ -16,16 +16,15 @@ thread (WAL checkpoints run on a background thread). Apply cost depends on key l
 (SQLite writes whole 4 KiB pages per commit), so three key patterns are measured:
 ``new_keys`` (every record creates the next key, metadata churn), ``hot_updates`` (puts over
 1,000 keys) and ``uniform_updates`` (puts spread uniformly over 50,000 keys: a page of
-``key_heads`` per record, were it written in every call; it is written a step of
-HEADS_FLUSH_STEP_VERSIONS once it lags by HEADS_FLUSH_RECORDS, which shows in the p99 call
-time). The history rows are
-appended in version order.
+``key_heads`` per record, were it written in every call; once it lags by
+HEADS_FLUSH_RECORDS, each call writes the changed heads of a slice of the keys in key
+order, storage/state_heads_sweep.py). The history rows are appended in version order.
 
 Next to each apply case, ``sqlite_floor`` measures what SQLite alone costs for the same
 rows: per batch, one transaction that inserts its history rows (values and links to each
 key's previous change) and updates the meta row, and once ``key_heads`` lags by
-HEADS_FLUSH_RECORDS records, brings it along a step as apply does, with the statement apply
-uses (storage/state_schema.py KEY_HEADS_STEP_SQL); executemany over precomputed parameters
+HEADS_FLUSH_RECORDS records, writes the heads apply's sweep writes, with the statement apply
+uses (storage/state_schema.py KEY_HEADS_UPSERT_SQL); executemany over precomputed parameters
 (no decode, no evaluation, no in-memory index), on the same schema with the same pragmas and a
 background checkpoint thread like the state machine's. Apply cannot beat it; the gap
 between the two is the state machine's own work.
@@ -43,8 +42,10 @@ deletes and creates), a point read, a list page of 100, a watch read (``changes`
 newest 100 changes) and ``get(at_version=)``, each next to its ratio to the first stage;
 the longest single apply call and prune step (history pruned as the runtime does, in
 steps of PRUNE_STEP_VERSIONS, down to ``--retain`` versions), and the snapshot copy time.
-The last stage also measures what the key index holds per key (tracemalloc over opening
-the store, which loads it).
+The last stage also measures the open's CPU time as a kill leaves the store (key_heads
+behind) and as a close does, and what the key index holds per key (tracemalloc over
+opening the store, which loads it). The store freezes the garbage collector's objects when
+created, as a node does once started.
 """
 
 from __future__ import annotations
@@ -67,16 +68,17 @@ from typing import Any
 from raft.types import Batch
 from storage.cleaning_run import PRUNE_STEP_VERSIONS
 from storage.commands import delete, encode_command, put
+from storage.key_index import Head, HeadIndex
+from storage.state_heads_sweep import HeadsSweep
 from storage.state_machine import (
     CHECKPOINT_EVERY_RECORDS,
     HEADS_FLUSH_RECORDS,
-    HEADS_FLUSH_STEP_VERSIONS,
     SQLITE_CACHE_KIB,
     WAL_BACKSTOP_PAGES,
     StateMachine,
     decode_compact,
 )
-from storage.state_schema import KEY_HEADS_STEP_SQL
+from storage.state_schema import KEY_HEADS_UPSERT_SQL
 
 VALUE_BYTES = 256
 APPLY_BATCH_SIZES = (100, 1000)
@@ -144,21 +146,37 @@ def bench_apply(directory: str, pattern: str, batch_records: int, total_records:
     }
 
 
-def _floor_rows(records: list[bytes], batch_records: int) -> list[list[tuple[Any, ...]]]:
-    """Per batch: its history rows linked to each key's previous change, as apply writes them."""
-    batches = []
-    create_versions: dict[str, int] = {}
-    heads: dict[str, tuple[int | None, int | None]] = {}
+# Per batch of the SQL-only floor: its history rows, the key_heads rows apply's sweep writes
+# in its call, and the heads_version after it.
+FloorBatch = tuple[list[tuple[Any, ...]], list[tuple[str, int, int]], int]
+
+
+def _floor_rows(records: list[bytes], batch_records: int) -> list[FloorBatch]:
+    """Per batch: its history rows linked to each key's previous change, and the key_heads
+    rows, as apply writes them (the sweep run on an index of the same heads)."""
+    batches: list[FloorBatch] = []
+    index = HeadIndex()
+    sweep = HeadsSweep()
+    heads_version = 0
     for start in range(0, len(records), batch_records):
         history_rows = []
+        new_heads: dict[str, Head] = {}
         for offset in range(start, min(start + batch_records, len(records))):
             _compares, ((_kind, key, value, content_type, _create),), _failure = decode_compact(records[offset])
             version = offset + 1
-            create_version = create_versions.setdefault(key, version)
+            previous = new_heads.get(key) or index.heads.get(key)
+            create_version = previous[0] if previous else version
             history_rows.append((version, 0, key, 1, value, content_type, create_version,
-                                 *heads.get(key, (None, None))))
-            heads[key] = (version, 0)
-        batches.append(history_rows)
+                                 *(previous[1:] if previous else (None, None))))
+            new_heads[key] = (create_version, version, 0)
+        end_version = history_rows[-1][0]
+        step = None
+        if end_version - heads_version >= HEADS_FLUSH_RECORDS:
+            step = sweep.step(index, new_heads, len(history_rows), start, end_version)
+            heads_version = step.heads_version if step.heads_version is not None else heads_version
+        sweep.commit(step, new_heads)
+        index.update(new_heads)
+        batches.append((history_rows, step.rows if step else [], heads_version))
     return batches
 
 
@@ -191,18 +209,15 @@ def bench_sqlite_floor(directory: str, pattern: str, batch_records: int, total_r
     insert_history = ("INSERT INTO history (version, seq, key, op, value, content_type, create_version, "
                       "prev_version, prev_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
     since_checkpoint = 0
-    heads_version = 0
     try:
         started = time.perf_counter()
         cpu_started = time.process_time()
-        for history_rows in batches:
+        for history_rows, heads_rows, heads_version in batches:
             end_version = history_rows[-1][0]
             writer.execute("BEGIN IMMEDIATE")
             writer.executemany(insert_history, history_rows)
-            if end_version - heads_version >= HEADS_FLUSH_RECORDS:
-                step_end = min(end_version, heads_version + max(HEADS_FLUSH_STEP_VERSIONS, 2 * len(history_rows)))
-                writer.execute(KEY_HEADS_STEP_SQL, (heads_version, step_end))
-                heads_version = step_end
+            if heads_rows:
+                writer.executemany(KEY_HEADS_UPSERT_SQL, heads_rows)
             writer.execute("UPDATE meta SET applied_version = ?, heads_version = ? WHERE id = 1",
                            (end_version, heads_version))
             writer.execute("COMMIT")
@@ -296,6 +311,10 @@ class _ScaleStore:
         self.next_key = 0
         self.value = b"v" * VALUE_BYTES
         self.cpu_ms: list[float] = []
+        # As a node does once started (app/cli.py): what exists now is out of the collector's
+        # reach, so a full collection walks only what the store grew since (as on a node).
+        gc.collect()
+        gc.freeze()
 
     def apply(self, records: list[bytes]) -> float:
         """Apply one call; its wall time in ms (its CPU time goes to ``cpu_ms``)."""
@@ -419,6 +438,39 @@ def key_index_bytes_per_key(store: _ScaleStore) -> dict[str, Any]:
             "rss_bytes_per_key": round((rss_after - rss_before) / keys, 1)}
 
 
+def cold_open_seconds(store: _ScaleStore) -> dict[str, Any]:
+    """CPU seconds of opening the store as a kill leaves it (key_heads behind: the open
+    reads the history above heads_version back) and as a close leaves it (key_heads
+    complete). The killed copy is taken with SQLite's backup, between two apply calls."""
+    killed_path = store.path + ".killed"
+    source = sqlite3.connect(store.path)
+    target = sqlite3.connect(killed_path)
+    try:
+        source.backup(target)
+        applied, heads = target.execute("SELECT applied_version, heads_version FROM meta").fetchone()
+    finally:
+        source.close()
+        target.close()
+    figures: dict[str, Any] = {"tail_versions_after_kill": applied - heads}
+    for name, path in (("after_kill", killed_path), ("after_close", None)):
+        if path is None:
+            store.state.close()
+            path = store.path
+        cpu_started = time.process_time()
+        started = time.perf_counter()
+        state = StateMachine(path, heads_flush_records=store.heads_flush_records)
+        figures[f"open_{name}_cpu_s"] = round(time.process_time() - cpu_started, 2)
+        figures[f"open_{name}_s"] = round(time.perf_counter() - started, 2)
+        if path == killed_path:
+            state.close()
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(killed_path + suffix):
+                    os.unlink(killed_path + suffix)
+        else:
+            store.state = state
+    return figures
+
+
 def _count_rows(db_path: str, table: str) -> int:
     connection = sqlite3.connect(db_path)
     try:
@@ -448,12 +500,16 @@ def bench_scale(directory: str, key_counts: list[int], args: argparse.Namespace)
                                              for name in SCALE_RATIO_FIELDS}
             stages.append(figures)
             _print_scale_stage(figures)
+        opens = cold_open_seconds(store)
+        print(f"open at {stages[-1]['keys']:,} keys: after a kill {opens['open_after_kill_cpu_s']} CPU-s"
+              f" ({opens['tail_versions_after_kill']:,} versions of history read back),"
+              f" after a close {opens['open_after_close_cpu_s']} CPU-s")
         memory = key_index_bytes_per_key(store)
         print(f"key index at {memory['keys']:,} keys: {memory['traced_bytes_per_key']} bytes/key (tracemalloc),"
               f" {memory['rss_bytes_per_key']} bytes/key (RSS growth over the open)")
     finally:
         store.state.close()
-    return {"stages": stages, "key_index": memory, "retain_versions": args.retain,
+    return {"stages": stages, "key_index": memory, "open": opens, "retain_versions": args.retain,
             "heads_flush_records": args.heads_flush_records,
             "records_per_stage": args.scale_records, "batch_records": SCALE_BATCH_RECORDS}
 

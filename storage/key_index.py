@@ -6,6 +6,7 @@ heads here and writes ``key_heads`` on disk behind apply (docs/state-machine.md,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from sortedcontainers import SortedList
@@ -75,6 +76,13 @@ class HeadIndex:
             if heads.get(key) == (0, version, seq):
                 del heads[key]
                 self.keys.remove(key)
+
+    def keys_after(self, after: str | None, count: int) -> list[str]:
+        """Up to ``count`` keys above ``after`` (from the first key when None), in key order."""
+        # By key, not by position: a position needs SortedList's positional index, which
+        # it rebuilds after every split of a sublist.
+        keys = self.keys.irange() if after is None else self.keys.irange(after, inclusive=(False, False))
+        return list(itertools.islice(keys, count))
 
     def range(self, prefix: str, after: str | None) -> Iterator[tuple[str, Head]]:
         """(key, head) for the keys starting with ``prefix`` and above ``after``, in key

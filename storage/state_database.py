@@ -8,7 +8,8 @@ StateDatabase is the base the write path (storage/state_writes.py), the read pat
   ``meta`` row holding ``applied_version`` is written in the same transaction as the changes
   it covers, so after a crash the runtime re-applies from ``applied_version``.
 - Every key's head (its newest change) is kept in memory (storage/key_index.py); at open
-  the index is loaded from ``key_heads`` and the history rows above ``meta.heads_version``.
+  the index is loaded from ``key_heads`` and the history rows above ``meta.heads_version``,
+  and apply writes the changed heads back behind itself (storage/state_heads_sweep.py).
 - Two locks: the write lock (one writer call at a time) and the publish lock, which the
   writer holds only to publish a committed call and readers hold to take the version and
   the heads they answer at.
@@ -39,10 +40,12 @@ from sqlalchemy.pool import NullPool
 from raft.types import check
 from storage.durable_files import fsync_directory
 from storage.key_index import Head, HeadIndex
+from storage.state_heads_sweep import HeadsSweep
 from storage.state_schema import (
+    COMPLETE_HEADS_VERSION_SQL,
     HISTORY_OP_PUT,
+    KEY_HEADS_UPSERT_SQL,
     SCHEMA_VERSION,
-    complete_key_heads,
     create_entries_view_sql,
     history,
     key_heads,
@@ -58,10 +61,10 @@ logger = logging.getLogger(__name__)
 KEY_LOOKUP_CHUNK_KEYS = 500
 SQLITE_CACHE_KIB = 32 * 1024
 SQLITE_BUSY_TIMEOUT_MS = 10_000
-# key_heads is brought up to date in the apply call that reaches this many records since it
-# last was (one statement over the history rows since: each changed page written once for
-# many updates). Larger means fewer page writes per record, a longer such call and more
-# history rows to read at open after a kill.
+# Apply's sweep writes key_heads only while it lags this many records or more behind the
+# applied version (storage/state_heads_sweep.py): a small store's pass is short, and letting
+# its heads gather first writes each key fewer times. Larger means more history rows to
+# read at open after a kill.
 HEADS_FLUSH_RECORDS = 10_000
 # Checkpoints (copying WAL pages back into the database, with an fsync) run on a background
 # thread so that apply never waits for them; the thread is woken after this many records.
@@ -129,6 +132,7 @@ class StateDatabase:
             f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES if background_checkpoint else 1000}")
         self._records_since_checkpoint = 0
         self._index = HeadIndex()
+        self._sweep = HeadsSweep()
         try:
             self._build_index()
         except BaseException:
@@ -305,14 +309,19 @@ class StateDatabase:
 
     def _build_index(self) -> None:
         """Load every key's head into the index (at open and after a snapshot load): the
-        heads in key_heads, then the changes above ``heads_version`` in version order."""
+        heads in key_heads, then the changes above ``heads_version`` in version order; the
+        keys whose head that changed are the sweep's to write."""
         heads: dict[str, Head] = {}
         cursor = self._writer_cursor
         for key, version, seq, op, create_version in cursor.execute(self._sql_all_heads):
             heads[key] = (create_version if op == HISTORY_OP_PUT else 0, version, seq)
+        in_table: dict[str, Head | None] = {}  # the row key_heads has, for the keys changed since
         for key, version, seq, op, create_version in cursor.execute(
                 self._sql_heads_tail, (self._heads_version,)):
+            if key not in in_table:
+                in_table[key] = heads.get(key)
             heads[key] = (create_version if op == HISTORY_OP_PUT else 0, version, seq)
+        self._sweep.reset({key: heads[key] for key, head in in_table.items() if heads[key] != head})
         with self._publish_lock:
             self._index.load(heads)
 
@@ -351,11 +360,14 @@ class StateDatabase:
                 self._dispose()
 
     def _flush_on_close(self) -> None:
-        """Bring key_heads up to date, so the next open reads no history rows for it. A
-        failure (a full disk) costs only that read: the database stays consistent."""
+        """Bring key_heads up to date (the heads the sweep has not written, in key order),
+        so the next open reads no history rows for it. A failure (a full disk) costs only
+        that read: the database stays consistent."""
         try:
-            complete_key_heads(self._writer_dbapi)
-        except sqlite3.Error as exc:
+            with self._write_transaction():
+                self._writer_cursor.executemany(KEY_HEADS_UPSERT_SQL, self._sweep.drain())
+                self._writer_cursor.execute(COMPLETE_HEADS_VERSION_SQL)
+        except (sqlite3.Error, sa.exc.DBAPIError) as exc:
             logger.warning("%s: key_heads not brought up to date at close (%s); the next open"
                            " reads them from the history rows", self.db_path, exc)
 

@@ -9,6 +9,7 @@ imports; its parts live in one module per concern:
 - storage/state_reads.py: get, list, entries_at and changes;
 - storage/state_snapshots.py: create_snapshot and load_snapshot;
 - storage/key_index.py: every key's head in memory, in key order;
+- storage/state_heads_sweep.py: which heads apply writes behind it into key_heads;
 - storage/evaluator.py: records decoded and evaluated without a database (shared with the
   cleaner and the replay pipeline);
 - storage/state_types.py: the result types and errors.
@@ -27,6 +28,7 @@ from storage.state_database import (
     SQLITE_CACHE_KIB,
     WAL_BACKSTOP_PAGES,
 )
+from storage.state_heads_sweep import HEADS_SWEEP_KEYS_PER_RECORD
 from storage.state_reads import StateReads
 from storage.state_snapshots import StateSnapshots
 from storage.state_types import (
@@ -39,13 +41,13 @@ from storage.state_types import (
     VersionCompactedError,
     VersionNotAppliedError,
 )
-from storage.state_writes import HEADS_FLUSH_STEP_VERSIONS, PutResults, StateWrites
+from storage.state_writes import PutResults, StateWrites
 
 # The names app/, loadtest/ and pipeline/ import from here.
 __all__ = [
     "CHECKPOINT_EVERY_RECORDS",
     "HEADS_FLUSH_RECORDS",
-    "HEADS_FLUSH_STEP_VERSIONS",
+    "HEADS_SWEEP_KEYS_PER_RECORD",
     "SQLITE_CACHE_KIB",
     "WAL_BACKSTOP_PAGES",
     "ApplyResult",

@@ -20,7 +20,7 @@ from sqlalchemy.pool import NullPool
 # 2: values live only in ``history``; ``key_heads`` points at each key's newest change and
 # every history row at the key's previous one (schema 1 had an ``entries`` table holding the
 # values again and a (key, version) index on history: two random B-tree writes per update).
-# 3: ``key_heads`` is written behind apply, a batch of heads at a time; ``meta.heads_version``
+# 3: ``key_heads`` is written behind apply, a slice of keys at a time; ``meta.heads_version``
 # says up to which version it is complete (the heads of later changes are in memory, and in
 # their history rows). Schema 2 is upgraded in place (its ``key_heads`` is always complete).
 SCHEMA_VERSION = 3
@@ -29,12 +29,12 @@ HISTORY_OP_DELETE = 2
 
 metadata = sa.MetaData()
 
-# Each key's newest change (a put, or a delete kept until it falls below the horizon) as of
-# ``meta.heads_version``: the only table written at random places, so apply does not write
-# it per call; the state machine keeps every key's head in memory and writes the heads that
-# changed every HEADS_FLUSH_RECORDS records (one write of each page for many updates), at a
-# prune and when it closes. A snapshot's copy is completed before it is published, so in a
-# snapshot (and in a closed database) it holds every head.
+# Each key's newest change (a put, or a delete kept until it falls below the horizon), every
+# change above ``meta.heads_version`` aside: the only table keyed at random, so apply does
+# not write it per change; the state machine keeps every key's head in memory and writes
+# the changed ones behind apply in key order (storage/state_heads_sweep.py) and when it
+# closes. A snapshot's copy is completed before it is published, so in a snapshot (and in
+# a closed database) it holds every head.
 key_heads = sa.Table(
     "key_heads",
     metadata,
@@ -70,8 +70,8 @@ meta = sa.Table(
     sa.Column("applied_version", sa.Integer, nullable=False),
     sa.Column("applied_epoch", sa.Integer, nullable=False),
     sa.Column("oldest_version", sa.Integer, nullable=False),
-    # key_heads holds the head of every change up to this version (changes above it: see
-    # complete_key_heads).
+    # key_heads lacks no change up to this version (it may hold newer heads too; see
+    # storage/state_heads_sweep.py and complete_key_heads).
     sa.Column("heads_version", sa.Integer, nullable=False, server_default="0"),
     sa.CheckConstraint("id = 1", name="meta_single_row"),
 )
@@ -105,18 +105,17 @@ def create_entries_view_sql(dialect: sa.Dialect) -> str:
     return f"CREATE VIEW IF NOT EXISTS {entries.name} AS {query}"
 
 
-# The heads of the changes above meta.heads_version, written into key_heads in (version,
-# seq) order so each key ends at its newest change; then key_heads is complete.
-def _key_heads_upsert_sql(versions: str) -> str:
-    return ("INSERT INTO key_heads (key, mod_version, mod_seq)"
-            f" SELECT key, version, seq FROM history WHERE {versions} ORDER BY version, seq"
-            " ON CONFLICT (key) DO UPDATE SET mod_version = excluded.mod_version, mod_seq = excluded.mod_seq")
-
-
-COMPLETE_KEY_HEADS_SQL = _key_heads_upsert_sql("version > (SELECT heads_version FROM meta WHERE id = 1)")
-# The same for the changes in versions (?, ?] only: apply brings key_heads up to date a
-# bounded step at a time (storage/state_writes.py HEADS_FLUSH_STEP_VERSIONS).
-KEY_HEADS_STEP_SQL = _key_heads_upsert_sql("version > ? AND version <= ?")
+# Set a key's row of key_heads (the rows apply's sweep writes, in key order).
+_KEY_HEADS_ON_CONFLICT = (" ON CONFLICT (key) DO UPDATE SET mod_version = excluded.mod_version,"
+                          " mod_seq = excluded.mod_seq")
+KEY_HEADS_UPSERT_SQL = "INSERT INTO key_heads (key, mod_version, mod_seq) VALUES (?, ?, ?)" + _KEY_HEADS_ON_CONFLICT
+# The heads of the changes above meta.heads_version, in key order (neighbouring rows share
+# pages) and per key in (version, seq) order, so each key ends at its newest change; then
+# key_heads is complete.
+COMPLETE_KEY_HEADS_SQL = (
+    "INSERT INTO key_heads (key, mod_version, mod_seq) SELECT key, version, seq FROM history"
+    " WHERE version > (SELECT heads_version FROM meta WHERE id = 1) ORDER BY key, version, seq"
+    + _KEY_HEADS_ON_CONFLICT)
 COMPLETE_HEADS_VERSION_SQL = "UPDATE meta SET heads_version = applied_version WHERE id = 1"
 
 

@@ -12,14 +12,14 @@
   skips the command tuples and the evaluator: one loop, _apply_puts, gives the same
   results and rows.
 - A value is stored once, in its history row, appended in version order. ``key_heads`` on
-  disk is written behind apply, so an update costs no random B-tree write of its own
+  disk is written behind apply, a slice of the keys in key order per call (see
+  storage/state_heads_sweep.py), so an update costs no random B-tree write of its own
   (schema 3, see storage/state_schema.py); the new heads go into the in-memory index after
   the COMMIT.
-- No call does unbounded work for the store's size: once ``key_heads`` lags by
-  HEADS_FLUSH_RECORDS, a call writes the heads of its oldest HEADS_FLUSH_STEP_VERSIONS
-  versions (or twice its own, if more), and a retention prune moves the horizon by at most
-  APPLY_PRUNE_STEP_VERSIONS (or twice the call's versions). In one go, at a million keys,
-  either stalled one call for tens of milliseconds.
+- No call does work that grows with the store: the sweep's slice is proportional to the
+  call's records, and a retention prune moves the horizon by at most
+  APPLY_PRUNE_STEP_VERSIONS (or twice the call's versions): at a million keys each pruned
+  version deletes a row on a page of its own.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from storage.evaluator import (
 )
 from storage.key_index import Head
 from storage.state_database import CHECKPOINT_EVERY_RECORDS, StateDatabase, compile_sql
+from storage.state_heads_sweep import SweepStep
 from storage.state_schema import (
     HISTORY_OP_DELETE,
     HISTORY_OP_PUT,
-    KEY_HEADS_STEP_SQL,
+    KEY_HEADS_UPSERT_SQL,
     history,
     key_heads,
     meta,
@@ -62,12 +63,9 @@ HISTORY_ROWS_PER_STATEMENT = 100
 # The value of an entry apply did not read (see _load_entries); never seen outside apply.
 UNREAD_VALUE = b""
 UNREAD_VALUE_TYPE = ""
-# Versions of heads one call writes into key_heads once it lags (see the module doc): at a
-# million keys each head is a random B-tree page, ~1000 pages a few milliseconds.
-HEADS_FLUSH_STEP_VERSIONS = 1_000
 # Versions one retention prune in apply moves the horizon by, at most (as the runtime's
 # prune after a cleaning steps, storage/cleaning_run.py PRUNE_STEP_VERSIONS).
-APPLY_PRUNE_STEP_VERSIONS = 500
+APPLY_PRUNE_STEP_VERSIONS = 100
 
 
 class StateWrites(StateDatabase):
@@ -111,14 +109,13 @@ class StateWrites(StateDatabase):
         deletes = (*in_range, history.c.op == sa.literal_column(str(HISTORY_OP_DELETE)))
         self._sql_prune_deletes = compile_sql(
             sa.select(history.c.key, history.c.version, history.c.seq).where(*deletes), dialect)
-        self._sql_prune_delete_heads = compile_sql(key_heads.delete().where(
-            key_heads.c.key == sa.bindparam("key"), key_heads.c.mod_version == sa.bindparam("version"),
-            key_heads.c.mod_seq == sa.bindparam("seq")), dialect)
+        self._sql_prune_delete_heads = compile_sql(
+            key_heads.delete().where(key_heads.c.key == sa.bindparam("key")), dialect)
         self._sql_prune_delete_rows = compile_sql(history.delete().where(*deletes), dialect)
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([self._sql_history.count("?"), self._sql_meta.count("?"), self._sql_prune_superseded.count("?"),
                self._sql_prune_deletes.count("?"), self._sql_prune_delete_heads.count("?"),
-               self._sql_prune_delete_rows.count("?")] == [9, 4, 2, 2, 3, 2],
+               self._sql_prune_delete_rows.count("?")] == [9, 4, 2, 2, 1, 2],
               "unexpected compiled statement shape")
 
     def clear(self) -> None:
@@ -134,6 +131,7 @@ class StateWrites(StateDatabase):
                     connection.execute(meta.update().values(
                         applied_version=0, applied_epoch=0, oldest_version=0, heads_version=0))
                 self._index.clear()
+                self._sweep.reset({})
                 self._applied_version = self._applied_epoch = self._oldest_version = 0
                 self._heads_version = 0
             self._durable_version = 0
@@ -181,15 +179,18 @@ class StateWrites(StateDatabase):
                     self._insert_history(writer_cursor, linked_rows)
                 oldest = self._oldest_version
                 call_versions = end_version - applied_before
-                horizon = self._retention_horizon(end_version, call_versions)
                 heads_version = self._heads_version
-                heads_to = self._heads_step_end(end_version, call_versions, horizon)
-                if heads_to > heads_version:
-                    writer_cursor.execute(KEY_HEADS_STEP_SQL, (heads_version, heads_to))
-                    heads_version = heads_to
-                pruned_deletes: list[tuple[str, int, int]] = []
+                sweep: SweepStep | None = None
+                if end_version - heads_version >= self.heads_flush_records:
+                    sweep = self._sweep.step(index, new_heads, call_versions, applied_before, end_version)
+                    if sweep.rows:
+                        writer_cursor.executemany(KEY_HEADS_UPSERT_SQL, sweep.rows)
+                    if sweep.heads_version is not None:
+                        heads_version = sweep.heads_version
+                horizon = self._retention_horizon(end_version, call_versions)
+                forgotten: list[tuple[str, int, int]] = []
                 if horizon is not None:
-                    pruned_deletes = self._prune(writer_cursor, oldest, horizon)
+                    forgotten = self._prune(writer_cursor, oldest, horizon, new_heads)
                     oldest = horizon
                 writer_cursor.execute(self._sql_meta, (end_version, end_epoch, oldest, heads_version))
                 if horizon is not None:  # the prune removes rows: see _publish_lock
@@ -205,11 +206,14 @@ class StateWrites(StateDatabase):
                 if self._writer_dbapi.in_transaction:
                     writer_cursor.execute("ROLLBACK")
                 raise
+            self._sweep.commit(sweep, new_heads)
+            if forgotten:
+                self._sweep.forget(key for key, _version, _seq in forgotten)
             try:
                 with self._publish_lock:
                     index.update(new_heads)
-                    if pruned_deletes:
-                        index.forget_deletes(pruned_deletes)  # the heads the prune dropped
+                    if forgotten:
+                        index.forget_deletes(forgotten)  # the heads the prune dropped
                     self._applied_version = end_version
                     self._applied_epoch = end_epoch
                     self._oldest_version = oldest
@@ -228,23 +232,6 @@ class StateWrites(StateDatabase):
         if self._checkpointer is not None and self._records_since_checkpoint >= CHECKPOINT_EVERY_RECORDS:
             self._records_since_checkpoint = 0
             self._checkpointer.wake()
-
-    def _heads_step_end(self, end_version: int, call_versions: int, horizon: int | None) -> int:
-        """The version through which this call brings key_heads (``heads_version``: none).
-
-        Nothing while key_heads lags by less than ``heads_flush_records``; then its oldest
-        versions, a bounded step (module doc), upserted in version order by one statement
-        (KEY_HEADS_STEP_SQL); building the rows in Python instead (the changed keys' heads
-        from the index, sorted by key) cost ~1.5x as much per record in uniform updates.
-        At least through ``horizon``: a prune drops the key_heads rows of the deletes it
-        drops, so they must be there."""
-        heads_version = self._heads_version
-        step_end = heads_version
-        if end_version - heads_version >= self.heads_flush_records:
-            step_end = min(end_version, heads_version + max(HEADS_FLUSH_STEP_VERSIONS, 2 * call_versions))
-        if horizon is not None:
-            step_end = max(step_end, horizon)
-        return step_end
 
     def _plan(self, batches: Sequence[Batch]) -> tuple[list[tuple[Batch, int]], int, int]:
         """Which batches (and from which record) to apply.
@@ -333,25 +320,20 @@ class StateWrites(StateDatabase):
             horizon = min(below_version, self._applied_version)
             if horizon <= self._oldest_version:
                 return
-            # key_heads complete through the horizon first: the prune drops the rows of the
-            # deletes it drops; and a step further, as apply writes it (bounded, module doc).
-            heads_version = max(horizon, min(self._applied_version,
-                                             self._heads_version + HEADS_FLUSH_STEP_VERSIONS))
             cursor = self._writer_cursor
             with self._publish_lock, self._write_transaction():
-                if heads_version > self._heads_version:
-                    cursor.execute(KEY_HEADS_STEP_SQL, (self._heads_version, heads_version))
-                pruned_deletes = self._prune(cursor, self._oldest_version, horizon)
+                forgotten = self._prune(cursor, self._oldest_version, horizon, {})
                 cursor.execute(self._sql_meta, (self._applied_version, self._applied_epoch,
-                                                horizon, heads_version))
+                                                horizon, self._heads_version))
+            self._sweep.forget(key for key, _version, _seq in forgotten)
             with self._publish_lock:
-                self._index.forget_deletes(pruned_deletes)  # the heads the prune dropped
+                self._index.forget_deletes(forgotten)  # the heads the prune dropped
                 pruned_versions = horizon - self._oldest_version
                 self._oldest_version = horizon
-                self._heads_version = heads_version
             self._count_for_checkpoint(pruned_versions)
 
-    def _prune(self, cursor: sqlite3.Cursor, oldest_version: int, horizon: int) -> list[tuple[str, int, int]]:
+    def _prune(self, cursor: sqlite3.Cursor, oldest_version: int, horizon: int,
+               new_heads: dict[str, Head]) -> list[tuple[str, int, int]]:
         """Move the horizon from ``oldest_version`` up to ``horizon``.
 
         Below the old horizon only each key's newest put at or below it is left (earlier
@@ -359,16 +341,22 @@ class StateWrites(StateDatabase):
         at the horizon exactly when a change of the same key in (oldest_version, horizon]
         names it as its previous one, so those go; then the deletes in that range, which
         are now each key's newest change at or below the horizon (a delete answers "absent"
-        as well as no row does), and with them the heads that point at them. Only rows in
-        that range are scanned, by version. Returns those deletes (key, version, seq).
+        as well as no row does); a key whose head (``new_heads``, a call's not yet in the
+        index, else the index's) is such a delete is forgotten, its key_heads row with it.
+        Only rows in that range are scanned, by version. Returns the forgotten keys' heads
+        (key, version, seq).
         """
         in_range = (oldest_version, horizon)
         cursor.execute(self._sql_prune_superseded, in_range)
         deleted: list[tuple[str, int, int]] = cursor.execute(self._sql_prune_deletes, in_range).fetchall()
-        if deleted:
-            cursor.executemany(self._sql_prune_delete_heads, deleted)
-            cursor.execute(self._sql_prune_delete_rows, in_range)
-        return deleted
+        if not deleted:
+            return []
+        heads = self._index.heads
+        forgotten = [(key, version, seq) for key, version, seq in deleted
+                     if new_heads.get(key, heads.get(key)) == (0, version, seq)]
+        cursor.executemany(self._sql_prune_delete_heads, [(key,) for key, _version, _seq in forgotten])
+        cursor.execute(self._sql_prune_delete_rows, in_range)
+        return forgotten
 
 
 class PutResults(Sequence[ApplyResult]):

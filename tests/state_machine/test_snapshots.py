@@ -50,7 +50,8 @@ def _transfer(source: SnapshotStore, target: SnapshotStore, snapshot_id: Snapsho
 
 @pytest.fixture()
 def source(tmp_path):
-    state = StateMachine(str(tmp_path / "source.db"))
+    # key_heads written every call: the tests compare the live tables with a snapshot's.
+    state = StateMachine(str(tmp_path / "source.db"), heads_flush_records=1)
     _fill(state)
     state.prune_history(10)
     yield state
