@@ -82,6 +82,11 @@ STAGES ?= 10000,100000,1000000
 bench-scale: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_scale --stages $(STAGES)
 
+# Watch fan-out against etcd in the same run: 100 watchers on distinct prefixes + 10 on a hot one.
+.PHONY: bench-watch
+bench-watch: $(STAMP) system-etcd
+	$(PY) -m loadtest.bench_watch --distinct 100 --hot 10 --rate 200 --writers 32 --duration-s 10 --etcd --json results/bench_watch.json
+
 # Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
 SEED ?= 1
 DURATION ?= 300
