@@ -159,6 +159,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "        state.fetch_offset_in_flight = log.end_offset()\n        state.fetch_sent_ms = now_ms",
            "        state.fetch_offset_in_flight = log.end_offset()\n        state.fetch_sent_ms = state.last_contact_ms = now_ms",
            "rule 7: no successful Fetch response for fetch_timeout_ms -> Prospective (voters)"),
+    Mutant("stale_fetch_acknowledges_lost_log", LEADER,
+           "if progress is not None and acknowledges:",
+           "if progress is not None:",
+           "rule 7: a Fetch a voter sent before its log was lost (arriving after one from its new "
+           "log) acknowledges nothing"),
     Mutant("rule7_ack_never_falls", LEADER,
            "progress.end_offset = request.fetch_offset",
            "progress.end_offset = max(progress.end_offset, request.fetch_offset)",
