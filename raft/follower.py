@@ -114,6 +114,10 @@ class FollowerHandlers(NodeBase):
             return
         if state.phase != FetchPhase.IN_FLIGHT or state.fetch_offset_in_flight != response.fetch_offset:
             return  # stale or duplicated answer
+        if response.diverging_epoch != NO_EPOCH and state.last_batch_from_leader:
+            # Rule 7: a Fetch from records this leader sent cannot diverge: this answers an
+            # older Fetch at the same offset (a duplicate), and would cut acknowledged records.
+            return
         if response.tombstone_retention_records != self.config.tombstone_retention_records:
             self._follower_refuse(now_ms, state, response)
             return
@@ -134,8 +138,11 @@ class FollowerHandlers(NodeBase):
             return
         if response.diverging_epoch != NO_EPOCH:
             self._follower_truncate(response)
+            state.last_batch_from_leader = False
         else:
+            end = self._log.end_offset()
             self._follower_append(response)
+            state.last_batch_from_leader = state.last_batch_from_leader or self._log.end_offset() > end
         self._follower_fetch_if_ready(now_ms, state)
 
     def _follower_backoff(self, now_ms: int, state: FollowerState) -> None:
@@ -248,6 +255,7 @@ class FollowerHandlers(NodeBase):
             self._follower_abandon_snapshot(now_ms, state)
             return
         self._log.reset_to_snapshot(snapshot_id)
+        state.last_batch_from_leader = False
         self.high_watermark = max(self.high_watermark, snapshot_id.end_offset)
         self._ready.snapshot_to_install = snapshot_id
         state.snapshot_id = None

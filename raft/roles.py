@@ -47,7 +47,9 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
    timeout (fetch_timeout_ms plus a random share of election_timeout_ms, drawn when it
    starts following, so an idle leader's followers do not time out together and split
    the vote) → Prospective (voters) or Unattached (observers). A diverging epoch
-   in the response truncates the log; a cut below the high watermark would drop
+   in the response truncates the log (unless the log's last batch came from this leader:
+   such a Fetch cannot diverge, the answer is to an older duplicate Fetch at the same
+   offset, and would cut acknowledged records); a cut below the high watermark would drop
    committed records and is a broken invariant (``check``), never ignored; a snapshot id
    starts a FetchSnapshot download. High watermark = max(old, min(local end, leader's)).
 8. Resigned: a leader that shut down gracefully, lost check-quorum, or restarted as
@@ -273,6 +275,9 @@ class FollowerState:
     fetch_sent_ms: int = 0
     next_fetch_ms: int = 0
     read_nonce: int = 0  # latest read nonce the leader sent us, echoed in each Fetch
+    # The log's last batch came from this leader (since the last truncation or snapshot):
+    # a Fetch from its end cannot diverge, so a diverging answer is stale (rule 7).
+    last_batch_from_leader: bool = False
     snapshot_id: SnapshotId | None = None
     snapshot_position: int = 0
     snapshot_size: int = -1

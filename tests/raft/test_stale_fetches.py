@@ -1,18 +1,22 @@
-"""Rule 7 and stale Fetch traffic, found by the simulator (tests/sim):
+"""Rule 7 and stale Fetch traffic, both found by the simulator (tests/sim):
 
 - seed 1772 (5 voters): a Fetch a voter sent before its disk was lost arrived after its
   first Fetch from its empty log; the leader took it as an acknowledgement and committed
-  an offset only two of five voters held."""
+  an offset only two of five voters held.
+- seed 1336 (3 voters): a duplicated Fetch's diverging answer reached a follower after it
+  had truncated, appended the leader's records and fetched again from the same offset; it
+  truncated those records, which it had acknowledged, and the leader committed an offset
+  only it held."""
 
 from __future__ import annotations
 
 import random
 
-from raft.log import MemoryLog
-from raft.messages import Envelope, FetchRequest, FetchResponse, VoteResponse
+from raft.log import MemoryLog, QuorumStateRecord
+from raft.messages import NO_EPOCH, Envelope, FetchRequest, FetchResponse, VoteResponse
 from raft.node import RaftNode, Role
 from raft.snapshots import MemorySnapshotStore
-from raft.types import ErrorCode
+from raft.types import CONTROL_LEADER_CHANGE, Batch, ErrorCode, encode_control_record
 from tests.sim.cluster import sim_config
 
 VOTERS = frozenset({1, 2, 3})
@@ -57,3 +61,31 @@ def test_a_fetch_sent_before_the_log_was_lost_does_not_count() -> None:
     _fetch(leader, 10_030, 11, 1, answer.read_nonce)
     assert leader.high_watermark == 11
 
+
+def _answer(fetch_offset: int, records: tuple[Batch, ...] = (), diverging: tuple[int, int] = (NO_EPOCH, -1)) -> Envelope:
+    return Envelope(1, 2, FetchResponse(ErrorCode.NONE, 5, 1, "", fetch_offset, 0, 0, 0, 0, records,
+                                        diverging[0], diverging[1], None, 0, 0, 0))
+
+
+def _fetches(node: RaftNode) -> list[FetchRequest]:
+    return [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)]
+
+
+def test_a_diverging_answer_to_an_older_duplicate_fetch_cuts_nothing() -> None:
+    log = MemoryLog()
+    log.append(Batch(0, 3, 0, False, tuple(b"r%d" % i for i in range(150))))
+    log.flush()
+    follower = RaftNode(sim_config(2, VOTERS), log, QuorumStateRecord(5, -1, 1), random.Random(2),
+                        MemorySnapshotStore(), 0)
+    assert [(f.fetch_offset, f.last_fetched_epoch) for f in _fetches(follower)] == [(150, 3)]
+    stale = _answer(150, diverging=(3, 148))  # the leader's epoch 3 ends at 148
+    follower.handle(1, stale)
+    assert log.end_offset() == 148
+    assert [(f.fetch_offset, f.last_fetched_epoch) for f in _fetches(follower)] == [(148, 3)]
+    leader_change = encode_control_record(CONTROL_LEADER_CHANGE, leader_id=1, epoch=5, voters=sorted(VOTERS))
+    follower.handle(2, _answer(148, (Batch(148, 5, 2, True, (leader_change,)), Batch(149, 5, 2, False, (b"x",)))))
+    log.flush()
+    follower.on_flushed(3)
+    assert [(f.fetch_offset, f.last_fetched_epoch) for f in _fetches(follower)] == [(150, 5)]  # acknowledges 148..149
+    follower.handle(4, stale)  # a duplicate of the first answer, late
+    assert log.end_offset() == 150 and log.last_epoch() == 5
