@@ -238,12 +238,14 @@ class LeaderHandlers(NodeBase):
         or below what it acknowledged, may have lost its log (a lost disk), and a Fetch it
         sent before, still on its way, must not acknowledge records it no longer holds. So
         the leader raises the read nonce and takes its later Fetches as acknowledgements
-        only once they echo it (sent after it heard from this leader since)."""
+        only once they echo it (sent after it heard from this leader since). A lower
+        acknowledgement is always taken: a restarted voter echoes no nonce yet."""
         progress = state.voters.get(request.replica_id) if request.replica_id == src else None
         if progress is None:
             return True
-        acknowledges = request.read_nonce >= progress.ack_nonce
-        if request.fetch_offset == 0 or request.fetch_offset < progress.end_offset:
+        falls = request.fetch_offset < progress.end_offset
+        acknowledges = falls or request.read_nonce >= progress.ack_nonce
+        if falls or request.fetch_offset == 0:
             state.read_nonce += 1
             progress.ack_nonce = state.read_nonce
         return acknowledges
