@@ -299,4 +299,7 @@ QUICK: frozenset[str] = frozenset({
     "check_quorum_off",  # sim seed 1: a leader without a quorum still leads
     "check_quorum_one_fetch",  # sim seed 5: a leader without a quorum still leads
     "rule8_follows_resigned_leader",  # sim seed 14: a node follows a leader that resigned
+    "rule6_hw_commits_old_epoch",  # sim seed 1: figure 8, a committed record about to be cut
+    "rule7_ack_never_falls",  # sim seed 2: offset below the HW not durable on a majority (lost disk)
+    "read_index_stale_fetch_confirms",  # sim seed 20: stale read from a deposed leader
 })
