@@ -185,6 +185,7 @@ class LeaderHandlers(NodeBase):
                 self.peer_endpoints[request.replica_id] = request.replica_endpoint
         state.parked.pop(src, None)
         self._leader_heard_from(now_ms, state, src, request.replica_id)
+        acknowledges = self._leader_takes_ack(state, src, request)
         if request.fetch_offset < log.start_offset():
             self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
             return
@@ -212,7 +213,7 @@ class LeaderHandlers(NodeBase):
         # The fetch position is consistent with our log: the fetcher holds (durably) every
         # offset below fetch_offset.
         progress = self._leader_progress(state, request)
-        if progress is not None:
+        if progress is not None and acknowledges:
             progress.end_offset = request.fetch_offset
             progress.last_fetch_ms = now_ms
             _record_caught_up(progress, request.fetch_offset, log.end_offset(), now_ms)
@@ -231,6 +232,23 @@ class LeaderHandlers(NodeBase):
             state.parked[src] = ParkedFetch(src, request, now_ms + wait_ms)
             return
         self._leader_answer_fetch(src, request, state)
+
+    def _leader_takes_ack(self, state: LeaderState, src: int, request: FetchRequest) -> bool:
+        """May this Fetch acknowledge its offset? Rule 7: a voter fetching from an empty log,
+        or below what it acknowledged, may have lost its log (a lost disk), and a Fetch it
+        sent before, still on its way, must not acknowledge records it no longer holds. So
+        the leader raises the read nonce and takes its later Fetches as acknowledgements
+        only once they echo it (sent after it heard from this leader since). A lower
+        acknowledgement is always taken: a restarted voter echoes no nonce yet."""
+        progress = state.voters.get(request.replica_id) if request.replica_id == src else None
+        if progress is None:
+            return True
+        falls = request.fetch_offset < progress.end_offset
+        acknowledges = falls or request.read_nonce >= progress.ack_nonce
+        if falls or request.fetch_offset == 0:
+            state.read_nonce += 1
+            progress.ack_nonce = state.read_nonce
+        return acknowledges
 
     def _leader_progress(self, state: LeaderState, request: FetchRequest) -> ReplicaProgress | None:
         replica_id = request.replica_id
@@ -253,6 +271,8 @@ class LeaderHandlers(NodeBase):
             return False
         if voter is not None and request.read_nonce < state.read_nonce and state.reads:
             return False  # it must learn the read nonce now, to confirm the pending reads
+        if voter is not None and request.read_nonce < state.voters[voter].ack_nonce:
+            return False  # it must learn the read nonce now, to acknowledge again
         return True
 
     def _leader_answer_fetch(self, src: int, request: FetchRequest, state: LeaderState) -> None:

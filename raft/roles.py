@@ -40,7 +40,10 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
    entry of the leader's own epoch is committed) and never moves back. Without a Fetch or
    FetchSnapshot from a majority for 1.5 × fetch_timeout_ms the leader resigns (check-quorum).
 7. Follower: fetches from the leader; acknowledges an offset only by fetching from it,
-   and fetches only what it has flushed. No successful Fetch response for its fetch
+   and fetches only what it has flushed; a voter fetching from an empty log or below its
+   last acknowledgement may have lost its log, so the leader counts its Fetches again only
+   once they echo a read nonce raised then (a Fetch sent before the loss may still be on its
+   way). No successful Fetch response for its fetch
    timeout (fetch_timeout_ms plus a random share of election_timeout_ms, drawn when it
    starts following, so an idle leader's followers do not time out together and split
    the vote) → Prospective (voters) or Unattached (observers). A diverging epoch
@@ -195,6 +198,8 @@ class ReplicaProgress:
     # that end shows the replica was caught up then (Kafka's rule for last caught up).
     previous_fetch_leader_end: int = -1
     previous_fetch_ms: int = -1
+    # Its log may have been reset (rule 7): only a Fetch echoing this read nonce acknowledges.
+    ack_nonce: int = 0
 
 
 @dataclass(slots=True)

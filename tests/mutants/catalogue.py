@@ -162,6 +162,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "        state.fetch_offset_in_flight = log.end_offset()\n        state.fetch_sent_ms = now_ms",
            "        state.fetch_offset_in_flight = log.end_offset()\n        state.fetch_sent_ms = state.last_contact_ms = now_ms",
            "rule 7: no successful Fetch response for fetch_timeout_ms -> Prospective (voters)"),
+    Mutant("stale_fetch_acknowledges_lost_log", LEADER,
+           "if progress is not None and acknowledges:",
+           "if progress is not None:",
+           "rule 7: a Fetch a voter sent before its log was lost (arriving after one from its new "
+           "log) acknowledges nothing"),
     Mutant("rule7_ack_never_falls", LEADER,
            "progress.end_offset = request.fetch_offset",
            "progress.end_offset = max(progress.end_offset, request.fetch_offset)",
@@ -311,4 +316,7 @@ QUICK: frozenset[str] = frozenset({
     "rule3_leader_grants_prevote",  # sim seed 5: no successor of a leader shutting down
     "rule5_vote_ignores_log",  # sim seed 1: a new leader lacks a committed record
     "stale_fetch_answer_taken",  # sim seed 4: truncation below the high watermark
+    "rule6_hw_commits_old_epoch",  # sim seed 1: figure 8, a committed record about to be cut
+    "rule7_ack_never_falls",  # sim seed 2: offset below the HW not durable on a majority (lost disk)
+    "read_index_stale_fetch_confirms",  # sim seed 20: stale read from a deposed leader
 })

@@ -146,6 +146,9 @@ class Cluster:
         self._sequence = 0
         self.events_processed = 0
         self.blocked: set[tuple[int, int]] = set()  # (src, dst) pairs whose messages are lost
+        self.stalled_links: set[tuple[int, int]] = set()  # (src, dst) pairs whose messages wait for heal()
+        self.stalled: list[_Event] = []  # what they hold, in the order it was due
+        self.slow_links: dict[tuple[int, int], int] = {}  # (src, dst) -> extra delay of what is sent now
         self.leaders_by_epoch: dict[int, int] = {}
         self.committed: dict[int, tuple[int, bool, bytes]] = {}  # offset -> (epoch, control, record)
         self.max_high_watermark = 0
@@ -160,7 +163,8 @@ class Cluster:
         # Offsets below this were cleaned on some replica: a replica may receive them in
         # cleaned form (the compaction simulation checks them with a state model instead).
         self.compacted_below = 0
-        # Voter -> the durable log end it had when its disk was lost (see lose_disk).
+        # Voter -> the durable log end it had when its disk was lost (see lose_disk), lowered
+        # to the highest high watermark once a leader took an acknowledgement from its new log.
         self.lost_disk_held: dict[int, int] = {}
         self.stable_leader: tuple[int, int] | None = None  # (leader, epoch) of a fault-free window
         self.quorum_watch: dict[int, QuorumWatch] = {}  # leader id -> who it heard from (check-quorum)
@@ -294,6 +298,8 @@ class Cluster:
         if faults.snapshot_chunk_delay_ms and isinstance(envelope.message, FetchSnapshotResponse):
             delay_ms += faults.snapshot_chunk_delay_ms
             self.stats["slow_snapshot_chunks"] += 1
+        if self.slow_links:
+            delay_ms += self.slow_links.get((envelope.src, envelope.dst), 0)
         return delay_ms
 
     def step(self) -> bool:
@@ -313,6 +319,8 @@ class Cluster:
             return True
         if event.kind == "deliver" and self._blocked(event):
             return True
+        if event.kind == "deliver" and self.stalled_links and self._stalled(event):
+            return True
         if node.paused:
             self._hold(node, event)
             return True
@@ -321,6 +329,8 @@ class Cluster:
             if self.trace:
                 self.trace(f"{self.now_ms:>6} {envelope.src}->{envelope.dst} {describe_message(envelope.message)}")
             self._note_fetch_to_leader(node, envelope)
+            if self.lost_disk_held:
+                self._note_fetch_from_lost_disk(node, envelope)
             self._note_resignation(node, envelope)
             following = (core.role, core.epoch, core.leader_id)
             core.handle(self.now_ms, envelope)
@@ -422,14 +432,27 @@ class Cluster:
 
     def _still_counted_after_disk_loss(self, voter: int, offset: int) -> bool:
         """A leader may still count what a voter acknowledged before its disk was lost,
-        until that voter fetches again: it counts as holding that, until it holds it again."""
+        until it takes a Fetch from the new log: below the high watermark reached by then the
+        voter counts as holding what it held, until it holds that again."""
         held = self.lost_disk_held.get(voter)
-        if held is None:
+        if held is None or held < offset:
             return False
         if self.nodes[voter].log.flushed_offset() >= held:
             del self.lost_disk_held[voter]
             return False
-        return held >= offset
+        return True
+
+    def _note_fetch_from_lost_disk(self, node: SimNode, envelope: Envelope) -> None:
+        """A leader takes a Fetch from a voter whose disk was lost, at an offset its new log
+        holds: from now on the leader counts that voter for its new log only, so it may count
+        for what it held before only below what was committed until now."""
+        message, core = envelope.message, node.core
+        held = self.lost_disk_held.get(envelope.src)
+        if (held is not None and isinstance(message, FetchRequest) and core is not None
+                and core.role == Role.LEADER and message.epoch == core.epoch
+                and message.replica_id == envelope.src
+                and node.log.start_offset() <= message.fetch_offset <= self.nodes[envelope.src].log.flushed_offset()):
+            self.lost_disk_held[envelope.src] = min(held, self.max_high_watermark)
 
     def partition(self, side_a: set[int], side_b: set[int], one_way: bool = False) -> None:
         for a in side_a:
@@ -438,8 +461,20 @@ class Cluster:
                 if not one_way:
                     self.blocked.add((b, a))
 
+    def stall(self, side_a: set[int], side_b: set[int]) -> None:
+        """Like a partition, but the links keep what is sent over them (a stalled TCP
+        connection) and deliver it all on ``heal``: stale messages from an old epoch."""
+        for a in side_a:
+            for b in side_b:
+                self.stalled_links.update(((a, b), (b, a)))
+
     def heal(self) -> None:
         self.blocked.clear()
+        self.stalled_links.clear()
+        for event in self.stalled:
+            self._sequence += 1
+            heapq.heappush(self._queue, (self.now_ms, self._sequence, event))
+        self.stalled.clear()
 
     # ------------------------------------------------------------------ faults: process pauses
 
@@ -470,6 +505,13 @@ class Cluster:
     def _blocked(self, event: _Event) -> bool:
         envelope: Envelope = event.payload  # type: ignore[assignment]
         return (envelope.src, envelope.dst) in self.blocked
+
+    def _stalled(self, event: _Event) -> bool:
+        envelope: Envelope = event.payload  # type: ignore[assignment]
+        if (envelope.src, envelope.dst) not in self.stalled_links:
+            return False
+        self.stalled.append(event)
+        return True
 
     def _hold(self, node: SimNode, event: _Event) -> None:
         """A paused node's input waits; a message that reached it already got past the network."""

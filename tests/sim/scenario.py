@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from raft.node import NotLeaderError, ProposalRejectedError, Role
 from raft.types import ProtocolInvariantError, SnapshotId
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode, sim_config
+from tests.sim.commit_faults import plan_disk_loss, plan_figure_8
 from tests.sim.election_checks import ElectionChecks
 from tests.sim.election_scenarios import run_election_scenario
+from tests.sim.reads import plan_stale_leader_reads
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
@@ -157,11 +159,13 @@ class _Scenario:
         self.schedule_load(0, self.fault_phase_ms)
         for _ in range(self.rng.randint(2, MAX_FAULT_ACTIONS)):
             self._schedule_fault()
-        if _plan_disk_loss(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log):
+        if plan_disk_loss(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log):
             # A lost voter votes for nobody until it caught up: with another voter down for
             # good, no majority could elect a leader, so every node comes back.
             self.liveness_kind = "heal_all"
+        plan_stale_leader_reads(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log, self.load.read)
         self._hostile_elections()
+        plan_figure_8(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log)
         self.cluster.run_for(self.fault_phase_ms)
 
     def _schedule_fault(self) -> None:
@@ -431,10 +435,11 @@ class _Load:
         leaders = self.cluster.leaders()
         return self.rng.choice(leaders) if leaders else None
 
-    def read(self) -> None:
+    def read(self, leader: SimNode | None = None) -> None:
+        """A linearizable read at ``leader`` (default: any node that believes it leads)."""
         cluster = self.cluster
-        leader = self._some_leader()
-        if leader is None or leader.core is None:
+        leader = leader or self._some_leader()
+        if leader is None or leader.core is None or leader.paused:
             return
         try:
             token = leader.core.read_index(cluster.now_ms)
@@ -459,25 +464,6 @@ class _Load:
             self.liveness_proposal = cluster.propose((b"liveness",))
             return False
         return cluster.is_committed(self.liveness_proposal)
-
-
-DISK_LOSS_PROBABILITY = 0.15  # of the seeds with 3 or 5 voters
-
-
-def _plan_disk_loss(cluster: Cluster, seed: int, voters: int, fault_phase_ms: int, log) -> bool:  # type: ignore[no-untyped-def]
-    """Sometimes one voter loses its disk (log and snapshots; quorum-state kept) and comes
-    back empty. At most one per run and never a lone voter: losing more than the quorum
-    tolerates loses data whatever the protocol does. Its own random stream, so the plans
-    of the other seeds stay as they were."""
-    disk_rng = random.Random(seed * 104_729 + 17)
-    if voters < 3 or disk_rng.random() >= DISK_LOSS_PROBABILITY:
-        return False
-    victim = disk_rng.choice(sorted(cluster.voter_ids))
-    at_ms = disk_rng.randint(100, fault_phase_ms)
-    back_ms = at_ms + disk_rng.randint(20, 800)
-    cluster.at(at_ms, lambda: (log(f"lose disk of {victim}"), cluster.lose_disk(victim)))
-    cluster.at(back_ms, lambda: (log(f"restart {victim}"), cluster.restart(victim)))
-    return True
 
 
 def _roles(cluster: Cluster) -> dict[int, tuple[str, int]]:
