@@ -167,6 +167,9 @@ class Cluster:
         # to the highest high watermark once a leader took an acknowledgement from its new log.
         self.lost_disk_held: dict[int, int] = {}
         self.stable_leader: tuple[int, int] | None = None  # (leader, epoch) of a fault-free window
+        # Each node's epoch when the window began: a node cut off for good may already be
+        # in a later epoch (an election its side began before), which others may learn.
+        self.window_epochs: dict[int, int] = {}
         self.quorum_watch: dict[int, QuorumWatch] = {}  # leader id -> who it heard from (check-quorum)
         # More checks of each performed Ready (tests/sim/election_checks.py), and observers
         # of a lost disk, called after the crash and before the log is wiped.
@@ -671,11 +674,14 @@ class Cluster:
     # ------------------------------------------------------------------ invariants: fault-free windows
 
     def expect_stable_leader(self, leader_id: int) -> None:
-        """Until ``end_stable_window``, nothing fails: the leader must keep leading and no node
-        may raise its epoch (checked after every event)."""
+        """Until ``end_stable_window``, nothing fails: the leader must keep leading, no node
+        may start an election and no epoch past every node's may appear (checked after every
+        event)."""
         core = self.nodes[leader_id].core
         assert core is not None and core.role == Role.LEADER
         self.stable_leader = (leader_id, core.epoch)
+        self.window_epochs = {node.node_id: node.core.epoch for node in self.nodes.values()
+                              if node.core is not None}
 
     def end_stable_window(self) -> None:
         self.stable_leader = None
@@ -684,7 +690,10 @@ class Cluster:
         assert self.stable_leader is not None and changed.core is not None
         leader_id, epoch = self.stable_leader
         core = changed.core
-        if core.epoch > epoch:
+        known_epoch = max(self.window_epochs.values(), default=epoch)
+        own_epoch = self.window_epochs.get(changed.node_id, epoch)
+        if core.epoch > epoch and (core.epoch > known_epoch
+                                   or (core.role == Role.CANDIDATE and core.epoch > own_epoch)):
             raise InvariantViolation(f"t={self.now_ms} fault-free window: node {changed.node_id} raised the epoch "
                                      f"{epoch} -> {core.epoch} under healthy leader {leader_id}")
         if changed.node_id == leader_id and core.role != Role.LEADER:
