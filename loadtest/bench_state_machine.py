@@ -164,7 +164,7 @@ def _floor_rows(records: list[bytes], batch_records: int) -> list[FloorBatch]:
         for offset in range(start, min(start + batch_records, len(records))):
             _compares, ((_kind, key, value, content_type, _create),), _failure = decode_compact(records[offset])
             version = offset + 1
-            previous = new_heads.get(key) or index.heads.get(key)
+            previous = new_heads.get(key) or index.get(key)
             create_version = previous[0] if previous else version
             history_rows.append((version, 0, key, 1, value, content_type, create_version,
                                  *(previous[1:] if previous else (None, None))))

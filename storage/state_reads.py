@@ -107,7 +107,7 @@ class StateReads(StateDatabase):
         None for a row pruned since the head was taken)."""
         with self._publish_lock:
             version = self._applied_version
-            head = self._index.heads.get(key)
+            head = self._index.get(key)
         if head is None or not head[0]:
             return version, None, None
         return version, head, cursor.execute(self._sql_row, head[1:]).fetchone()
@@ -121,7 +121,7 @@ class StateReads(StateDatabase):
         cursor = self._reader_cursor()
         with self._publish_lock:
             _check_version(version, self._applied_version, self._oldest_version)
-            heads = [(key, self._index.heads.get(key)) for key in keys]
+            heads = [(key, self._index.get(key)) for key in keys]
         cursor.execute("BEGIN")
         try:
             found = {key: self._entry_at(cursor, key, head, version) for key, head in heads}

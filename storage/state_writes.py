@@ -162,7 +162,7 @@ class StateWrites(StateDatabase):
             try:
                 if commands is None:
                     # Every record a plain PUT (the common call): one loop, see _apply_puts.
-                    get = index.heads.get
+                    get = index.get
                     known = {key: head for key in dict.fromkeys([put[1] for put in puts])
                              if (head := get(key)) is not None}
                     results, linked_rows = _apply_puts(puts, known)
@@ -276,10 +276,10 @@ class StateWrites(StateDatabase):
         that are only written or compared by version."""
         found: dict[str, Entry | None] = dict.fromkeys(keys)
         heads: dict[str, tuple[int, int]] = {}
-        index_heads = self._index.heads
+        index_get = self._index.get
         puts: list[tuple[str, Head]] = []
         for key in found:
-            head = index_heads.get(key)
+            head = index_get(key)
             if head is not None:
                 heads[key] = (head[1], head[2])
                 if head[0]:
@@ -351,9 +351,9 @@ class StateWrites(StateDatabase):
         deleted: list[tuple[str, int, int]] = cursor.execute(self._sql_prune_deletes, in_range).fetchall()
         if not deleted:
             return []
-        heads = self._index.heads
+        index_get = self._index.get
         forgotten = [(key, version, seq) for key, version, seq in deleted
-                     if new_heads.get(key, heads.get(key)) == (0, version, seq)]
+                     if (new_heads.get(key) or index_get(key)) == (0, version, seq)]
         cursor.executemany(self._sql_prune_delete_heads, [(key,) for key, _version, _seq in forgotten])
         cursor.execute(self._sql_prune_delete_rows, in_range)
         return forgotten

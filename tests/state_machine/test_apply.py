@@ -394,7 +394,7 @@ def test_key_heads_written_behind_apply_gives_what_writing_it_every_call_gives(t
                 results = [machine.apply([data_batch(offset, step)]) for machine in machines.values()]
                 assert results[0] == results[1] == results[2]
                 offset += len(step)
-            heads = [dict(machine._index.heads) for machine in machines.values()]
+            heads = [machine._index.as_dict() for machine in machines.values()]
             assert heads[0] == heads[1] == heads[2]
             # Written every call, key_heads holds exactly the heads kept in memory.
             assert heads[0] == _heads_in_database(machines["every_call"])
@@ -407,7 +407,7 @@ def test_key_heads_written_behind_apply_gives_what_writing_it_every_call_gives(t
         for machine in machines.values():
             machine.close()
             with StateMachine(machine.db_path) as reopened:
-                assert dict(reopened._index.heads) == heads[0]
+                assert reopened._index.as_dict() == heads[0]
         dumps = [dump_tables(machine.db_path) for machine in machines.values()]
         assert dumps[0] == dumps[1] == dumps[2]
     finally:
@@ -444,7 +444,7 @@ def test_a_reopened_state_machine_links_updates_to_the_heads_key_heads_lacked(tm
             assert machine.get("b", at_version=2)[1].value == b"1"
             assert machine.get("b", at_version=3) == (3, None)
         with StateMachine(path) as machine:  # closed: key_heads is complete
-            assert _heads_in_database(machine) == dict(machine._index.heads)
+            assert _heads_in_database(machine) == machine._index.as_dict()
             assert [e.key for e in machine.list("")[1]] == ["a", "b", "c", "new"]
     finally:
         killed.close()
@@ -467,8 +467,8 @@ def test_pruning_during_apply_with_key_heads_written_behind(tmp_path):
             for machine in machines:
                 machine.apply([data_batch(offset, [command])])
         assert machines[0].oldest_version > 0
-        assert dict(machines[0]._index.heads) == dict(machines[1]._index.heads)
-        assert dict(machines[0]._index.heads) == _heads_in_database(machines[0])
+        assert machines[0]._index.as_dict() == machines[1]._index.as_dict()
+        assert machines[0]._index.as_dict() == _heads_in_database(machines[0])
     finally:
         for machine in machines:
             machine.close()
@@ -568,7 +568,7 @@ def test_plain_put_calls_write_what_the_general_path_writes(tmp_path, monkeypatc
                 histories = {name: dump_tables(machine.db_path)["history"] for name, machine in machines.items()}
                 assert (histories["fast"] == histories["general"] == histories["every_call"]
                         == histories["one_by_one"])
-                heads = {name: dict(machine._index.heads) for name, machine in machines.items()}
+                heads = {name: machine._index.as_dict() for name, machine in machines.items()}
                 assert heads["fast"] == heads["general"] == heads["every_call"] == heads["one_by_one"]
                 assert heads["every_call"] == _heads_in_database(machines["every_call"])
         finally:

@@ -97,9 +97,9 @@ def test_a_store_killed_at_any_call_opens_to_the_same_heads(tmp_path):
                 shutil.copy(path, copy)
                 shutil.copy(path + "-wal", copy + "-wal")
                 with StateMachine(copy) as reopened:
-                    assert dict(reopened._index.heads) == dict(state._index.heads)
+                    assert reopened._index.as_dict() == state._index.as_dict()
                     assert reopened.list("", limit=10_000) == state.list("", limit=10_000)
-        live_heads = dict(state._index.heads)
+        live_heads = state._index.as_dict()
         assert named - set(live_heads)  # prunes forgot deleted keys
     finally:
         state.close()
@@ -138,7 +138,7 @@ def test_prune_history_deletes_the_rows_of_the_keys_it_forgets(tmp_path):
     state.prune_history(8)
     assert _meta(path)[1:] == (8, 6)
     assert {key for key, _version, _seq in _key_heads(path)} == {"c", "d"}
-    assert sorted(state._index.heads) == ["c", "d"]
+    assert sorted(state._index.as_dict()) == ["c", "d"]
     state.close()
     with StateMachine(path) as reopened:
         assert [(entry.key, entry.value) for entry in reopened.list("")[1]] == [("c", b"2"), ("d", b"1")]
