@@ -167,6 +167,7 @@ class Cluster:
         # to the highest high watermark once a leader took an acknowledgement from its new log.
         self.lost_disk_held: dict[int, int] = {}
         self.stable_leader: tuple[int, int] | None = None  # (leader, epoch) of a fault-free window
+        self._action_generation = 0  # actions scheduled before cancel_scheduled_actions are dropped
         # Each node's epoch when the window began: a node cut off for good may already be
         # in a later epoch (an election its side began before), which others may learn.
         self.window_epochs: dict[int, int] = {}
@@ -314,8 +315,9 @@ class Cluster:
         self.events_processed += 1
         node = self.nodes[event.node_id]
         if event.kind == "action":
-            action: Callable[[], None] = event.payload  # type: ignore[assignment]
-            action()
+            generation, action = event.payload  # type: ignore[misc]
+            if generation == self._action_generation:
+                action()
             return True
         core = node.core
         if core is None:
@@ -369,7 +371,12 @@ class Cluster:
 
     def at(self, time_ms: int, action: Callable[[], None]) -> None:
         """Schedule ``action`` (a fault, a proposal) at simulated time ``time_ms``."""
-        self._push(time_ms, "action", self.nodes[min(self.nodes)], action)
+        self._push(time_ms, "action", self.nodes[min(self.nodes)], (self._action_generation, action))
+
+    def cancel_scheduled_actions(self) -> None:
+        """Drop every action scheduled so far: a phase's late heals and restarts must not
+        undo the next phase's faults (a partition "for good" healed by a leftover timer)."""
+        self._action_generation += 1
 
     # ------------------------------------------------------------------ faults
 

@@ -666,6 +666,7 @@ class CompactionSim:
         self.cluster.crash(node_id)
         node = self.cluster.nodes[node_id]
         node.log, node.snapshots, node.durable_state = MemoryLog(), MemorySnapshotStore(), None
+        node.highest_epoch_persisted = 0  # a new observer: it may learn an older epoch first
         self.models.pop(node_id, None)
         node.checked_offset = node.last_high_watermark = node.last_end_offset = 0
 

@@ -257,6 +257,7 @@ class _Scenario:
         must keep its leader; at the end all replicas hold the same committed records."""
         cluster = self.cluster
         cluster.on_elected = None
+        cluster.cancel_scheduled_actions()  # the fault phase's late heals and restarts
         cluster.stats[f"liveness_{self.liveness_kind}"] += 1
         self._heal_everything()
         if self.liveness_kind == "heal_all":
