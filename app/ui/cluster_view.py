@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+import orjson
 
 from app.service import KVService, NodeStatus, NotLeaderError, QuorumView
 
@@ -32,13 +33,15 @@ class ClusterView:
 
     def __init__(self, service: KVService) -> None:
         self.service = service
-        self._snapshot: dict[str, Any] | None = None
+        self._snapshot: bytes | None = None  # encoded once, answered to every tab as is
         self._taken_s = 0.0
-        self._gathering: asyncio.Future[dict[str, Any]] | None = None
-        self._endpoints: dict[int, str] = {}  # the last quorum's node URLs, for when no leader is known
+        self._gathering: asyncio.Future[bytes] | None = None
+        # Every node URL a quorum view named: a new leader lists an observer only once it
+        # fetched, and without a leader there is no quorum view at all.
+        self._endpoints: dict[int, str] = {}
 
-    async def snapshot(self, authorization: str | None) -> dict[str, Any]:
-        """The current snapshot: cached, or gathered once for every caller waiting on it."""
+    async def snapshot(self, authorization: str | None) -> bytes:
+        """The current snapshot as JSON: cached, or gathered once for every caller waiting on it."""
         if self._snapshot is not None and time.monotonic() - self._taken_s < SNAPSHOT_TTL_S:
             return self._snapshot
         if self._gathering is None:
@@ -46,20 +49,20 @@ class ClusterView:
             self._gathering.add_done_callback(self._gathered)
         return await asyncio.shield(self._gathering)
 
-    def _gathered(self, done: asyncio.Future[dict[str, Any]]) -> None:
+    def _gathered(self, done: asyncio.Future[bytes]) -> None:
         self._gathering = None
         if not done.cancelled() and done.exception() is None:
             self._snapshot = done.result()
             self._taken_s = time.monotonic()
 
-    async def _gather(self, authorization: str | None) -> dict[str, Any]:
+    async def _gather(self, authorization: str | None) -> bytes:
         headers = {"Authorization": authorization} if authorization else {}
         local = self.service.status()
         async with httpx.AsyncClient(timeout=PEER_TIMEOUT_S, headers=headers) as client:
             quorum = await self._quorum(client, local)
             if quorum is not None:
-                self._endpoints = {replica["node_id"]: replica["endpoint"]
-                                   for replica in [*quorum["voters"], *quorum["observers"]] if replica["endpoint"]}
+                self._endpoints.update({replica["node_id"]: replica["endpoint"]
+                                        for replica in [*quorum["voters"], *quorum["observers"]] if replica["endpoint"]})
             others = {node_id: url for node_id, url in self._endpoints.items() if node_id != local["node_id"]}
             answers = await asyncio.gather(*(_fetch_json(client, f"{url}/v1/status") for url in others.values()))
             statuses: dict[int, NodeStatus | None] = {local["node_id"]: local}
@@ -70,7 +73,7 @@ class ClusterView:
                 newer = statuses.get(leader_id)
                 quorum = await _fetch_json(client, f"{newer['advertise_http']}/v1/quorum") if newer and newer.get(
                     "advertise_http") else None
-        return describe(local["node_id"], statuses, quorum, leader_id, epoch, int(time.time() * 1000))
+        return orjson.dumps(describe(local["node_id"], statuses, quorum, leader_id, epoch, int(time.time() * 1000)))
 
     async def _quorum(self, client: httpx.AsyncClient, local: NodeStatus) -> QuorumView | None:
         if local["role"] == "leader":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 
 from app.auth import Access
 from app.service import KVService
@@ -22,13 +23,17 @@ def data_router(service: KVService, mode: UiMode) -> APIRouter:
     cluster_view = ClusterView(service)
     history = MetricsHistory(service.metrics)
 
+    # Bytes encoded once and shared by every tab: many open dashboards must not load the
+    # node they watch. Pages poll these rather than hold a stream: a browser opens at most
+    # six HTTP/1.1 connections to one host, so streaming tabs would starve every other tab.
     @router.get("/ui/api/cluster")
-    async def cluster(request: Request) -> dict[str, Any]:
-        return await cluster_view.snapshot(request.headers.get("authorization"))
+    async def cluster(request: Request) -> Response:
+        return Response(await cluster_view.snapshot(request.headers.get("authorization")),
+                        media_type="application/json")
 
     @router.get("/ui/api/metrics")
-    async def metrics() -> dict[str, Any]:
-        return {"node_id": service.node_id, "points": history.points()}
+    async def metrics() -> Response:
+        return Response(history.encoded(service.node_id), media_type="application/json")
 
     @router.get("/ui/api/access")
     async def access(request: Request, key: Annotated[str, Query(max_length=4096)] = "") -> dict[str, Any]:

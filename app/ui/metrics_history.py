@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry
 
 SAMPLE_INTERVAL_S = 2.0
@@ -40,13 +41,21 @@ class MetricsHistory:
         self.registry = registry
         self._clock = clock
         self._samples: deque[Sample] = deque(maxlen=HISTORY_SAMPLES)
+        self._encoded = b""
 
-    def points(self) -> list[dict[str, Any]]:
-        """Take a sample if the last one is old enough, then every interval between two
-        consecutive samples as one point (None where nothing was measured)."""
+    def encoded(self, node_id: int) -> bytes:
+        """``{"node_id", "points"}`` as JSON, encoded again only after a new sample."""
         now_s = self._clock()
         if not self._samples or now_s - self._samples[-1].monotonic_s >= SAMPLE_INTERVAL_S:
             self._samples.append(self._sample(now_s))
+            self._encoded = b""
+        if not self._encoded:
+            self._encoded = orjson.dumps({"node_id": node_id, "points": self.points()})
+        return self._encoded
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every interval between two consecutive samples as one point (None where nothing
+        was measured)."""
         samples = list(self._samples)
         points = []
         for before, after in zip(samples, samples[1:], strict=False):

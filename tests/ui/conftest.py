@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, BrowserType, Page, Playwright, expect, sync_playwright
 
 from app.auth import hash_token
 from tests.cluster import REPO_ROOT, Cluster, Node
@@ -32,6 +32,38 @@ BROWSER_WAIT_MS = 30_000  # generous: the machine may be shared
 def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run `make system-chromium` (apt-get install chromium)"
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": ["--no-sandbox"]}
+
+
+# pytest-playwright's playwright, browser_type and browser fixtures, scoped to the module
+# instead of the session: playwright's sync API keeps an event loop running in this thread
+# while it lives, and every asyncio test after it in the run would fail to start its own.
+@pytest.fixture(scope="module")
+def playwright(_pw_api_request_contexts: Any) -> Iterator[Playwright]:
+    started = sync_playwright().start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def browser_type(playwright: Playwright, browser_name: str) -> BrowserType:
+    return getattr(playwright, browser_name)
+
+
+@pytest.fixture(scope="module")
+def browser(browser_type: BrowserType, browser_type_launch_args: dict[str, Any]) -> Iterator[Browser]:
+    launched = browser_type.launch(**browser_type_launch_args)
+    try:
+        yield launched
+    finally:
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def browser_context_args() -> dict[str, Any]:
+    """Playwright's own defaults (the plugin's version reads the session-scoped playwright)."""
+    return {}
 
 
 @pytest.fixture(scope="module")

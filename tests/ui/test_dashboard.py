@@ -95,17 +95,50 @@ def test_a_put_made_with_curl_appears_in_the_watch_feed_and_history_shows_earlie
     assert row_texts(page, "#feed tbody tr td:nth-child(4)") == [str(v) for v in reversed(versions)]
     assert [text.strip() for text in page.locator("#feed tbody tr td:nth-child(5)").all_inner_texts()] == [
         "blue", "green", "red"]
+    cluster.kill(observer)  # the stream breaks; the feed resumes after the last version it saw
+    expect(page.locator("#watch-status")).to_have_attribute("data-state", "reconnecting")
+    versions.append(api_put(cluster, "feed/color", b"violet"))  # made while the page is cut off
+    observer.start()
+    expect(page.locator("#feed tbody tr")).to_have_count(4, timeout=BROWSER_WAIT_MS)
+    assert row_texts(page, "#feed tbody tr td:nth-child(4)") == [str(v) for v in reversed(versions)]
     page.screenshot(path=str(screenshot_dir / "ui-watch.png"), full_page=True)
 
     page.goto(key_url(observer, "feed/color"))  # same origin: the token is remembered
-    expect(page.locator("#history tbody tr")).to_have_count(3)
+    expect(page.locator("#history tbody tr")).to_have_count(4)
     assert row_texts(page, "#history tbody tr") == [
-        f"{versions[2]} (current) blue", f"{versions[1]} green", f"{versions[0]} red"]
+        f"{versions[3]} (current) violet", f"{versions[2]} blue", f"{versions[1]} green", f"{versions[0]} red"]
     expect(page.locator("#history-note")).to_contain_text(f"version {versions[0]} created it")
 
     page.goto(f"{observer.url}/ui/keys?prefix=")
     expect(page.locator("#listing tbody tr.directory a", has_text="feed/")).to_be_visible()
     page.screenshot(path=str(screenshot_dir / "ui-keys.png"), full_page=True)
+    assert dialogs == []
+
+
+def test_the_key_browser_shows_a_tree_a_flat_list_and_bounded_pages(cluster: Cluster, page: Page,
+                                                                   dialogs: list[str]) -> None:
+    leader = cluster.wait_for_leader()
+    keys = [f"pages/k{index:03d}" for index in range(55)] + ["pages/sub/a", "pages/sub/deeper/b"]
+    response = cluster.client().post(f"{leader.url}/v1/txn", json={
+        "compare": [], "success": [{"op": "put", "key": key, "value": "v"} for key in keys]})
+    assert response.status_code == 200, response.text
+    open_with_token(page, f"{leader.url}/ui/keys?prefix=pages/&view=flat", SECRETS["root"])
+    expect(page.locator("#listing tbody tr")).to_have_count(50)  # one page, never the whole prefix
+    first_page = row_texts(page, "#listing tbody tr td:first-child")
+    page.click("#next-page")
+    expect(page.locator("#listing tbody tr")).to_have_count(7)
+    assert first_page + row_texts(page, "#listing tbody tr td:first-child") == keys
+    expect(page.locator("#next-page")).to_be_hidden()
+
+    page.goto(f"{leader.url}/ui/keys?prefix=pages/&view=tree")  # one level: sub/ once, its keys inside it
+    expect(page.locator("#listing tbody tr")).to_have_count(50)
+    page.click("#next-page")
+    expect(page.locator("#listing tbody tr")).to_have_count(6)
+    assert row_texts(page, "#listing tbody tr td:first-child") == [
+        "k050", "k051", "k052", "k053", "k054", "sub/"]
+    page.locator("#listing a", has_text="sub/").click()
+    expect(page.locator("#listing tbody tr")).to_have_count(2)
+    assert row_texts(page, "#listing tbody tr td:first-child") == ["a", "deeper/"]
     assert dialogs == []
 
 
@@ -180,6 +213,9 @@ def test_every_node_shows_the_quorums_leader_and_a_killed_leader_is_replaced_wit
         expect(page.locator(f'#nodes tr[data-node-id="{leader_id}"]')).to_have_attribute(
             "data-role", "down", timeout=BROWSER_WAIT_MS)
         assert quorum_leader(cluster)[0] == new_leader.node_id
+        expect(page.locator("#quorum-banner")).to_contain_text("Quorum at risk")  # 2 of 3 voters left
+        expect(page.locator("#nodes tbody tr")).to_have_count(4)  # the observer too, before it fetched
+        page.screenshot(path=str(screenshot_dir / "ui-cluster-failover.png"), full_page=True)
         seen = page.evaluate("window.leadersSeen")
         leaders_by_epoch: dict[str, set[str]] = {}
         for shown_leader, shown_epoch, leader_rows in seen:

@@ -1,5 +1,7 @@
 // The cluster view: polls /ui/api/cluster (one snapshot per second, shared by every tab on
-// this node) and the node's own metrics for the charts.
+// this node) and the node's own metrics for the charts. Polls, not streams: a browser holds
+// at most six HTTP/1.1 connections to a host, so streaming tabs would starve the others.
+// A hidden tab does not poll; it catches up the moment it is shown.
 "use strict";
 
 (() => {
@@ -59,6 +61,7 @@
   }
 
   async function poll() {
+    if (document.hidden) return;
     try {
       const response = await api("/ui/api/cluster");
       if (response.ok) {
@@ -70,10 +73,10 @@
     } catch (error) {
       showError(`this node does not answer (${error.message}); retrying`);
     }
-    setTimeout(poll, POLL_MS);
   }
 
   async function pollMetrics() {
+    if (document.hidden) return;
     try {
       const response = await api("/ui/api/metrics");
       if (response.ok) {
@@ -86,11 +89,24 @@
     } catch (error) {
       // the cluster poll reports an unreachable node
     }
-    setTimeout(pollMetrics, METRICS_MS);
+  }
+
+  // Each poll waits for the previous one, so a slow node never has requests piling up.
+  async function every(intervalMs, task) {
+    for (;;) {
+      await task();
+      await new Promise((resolve) => setTimeout(resolve, intervalMs));
+    }
   }
 
   metakv.whenReady(() => {
-    poll();
-    pollMetrics();
+    every(POLL_MS, poll);
+    every(METRICS_MS, pollMetrics);
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) {
+        poll();
+        pollMetrics();
+      }
+    });
   });
 })();

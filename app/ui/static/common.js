@@ -90,6 +90,35 @@ const metakv = (() => {
     return {status, link};
   }
 
+  // Read a text/event-stream response (an EventSource cannot send the token): calls
+  // onEvent(type, data, id) per block (id null when the block has none, data "" when it has
+  // no data lines); resolves when the stream ends.
+  async function readEvents(response, onEvent) {
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) return;
+      buffer += value.replaceAll("\r\n", "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        let type = "message", data = "", id = null;
+        for (const line of block.split("\n")) {
+          if (line.startsWith(":")) continue;
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+          if (field === "id") id = text;
+          else if (field === "event") type = text;
+          else if (field === "data") data += data ? "\n" + text : text;
+        }
+        onEvent(type, data, id);
+      }
+    }
+  }
+
   // Run start() once a token is at hand (at once when auth is off).
   function whenReady(start) {
     if (!authOn) {
@@ -114,6 +143,6 @@ const metakv = (() => {
     }
   }
 
-  return {api, problem, encodeKey, keyPage, el, showError, decodeText, ago, leaderLink, whenReady,
+  return {api, problem, encodeKey, keyPage, el, showError, decodeText, ago, leaderLink, readEvents, whenReady,
           mode: body.dataset.mode, main: document.getElementById("main")};
 })();

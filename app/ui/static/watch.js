@@ -32,18 +32,8 @@
     return (await response.json()).version;
   }
 
-  // One SSE block: its fields, per the WHATWG parsing rules this feed needs.
-  function handleBlock(block) {
-    let type = "message", data = "";
-    for (const line of block.split("\n")) {
-      if (line.startsWith(":")) continue;
-      const colon = line.indexOf(":");
-      const field = colon < 0 ? line : line.slice(0, colon);
-      const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
-      if (field === "id") resumeFrom = Number(value);
-      else if (field === "event") type = value;
-      else if (field === "data") data += data ? "\n" + value : value;
-    }
+  function handleEvent(type, data, id) {
+    if (id !== null) resumeFrom = Number(id);
     if (!data) return;
     if (type === "error") {
       const gone = JSON.parse(data);
@@ -68,18 +58,7 @@
     if (!response.ok) throw new Error(await problem(response));
     status.textContent = `live: changes under "${prefix}" after version ${resumeFrom}`;
     status.dataset.state = "live";
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const {value, done} = await reader.read();
-      if (done) return;
-      buffer += value.replaceAll("\r\n", "\n");
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        handleBlock(buffer.slice(0, end));
-        buffer = buffer.slice(end + 2);
-      }
-    }
+    await metakv.readEvents(response, handleEvent);
   }
 
   async function run() {
