@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Match, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.http.problems import PROBLEM_MEDIA_TYPE, problem_body
 from app.service import KVService
 from app.ui.modes import UiMode
 
@@ -58,7 +59,7 @@ class StaticAssets:
     async def serve(self, request: Request) -> Response:
         found = self.files.get(request.path_params["name"])
         if found is None:
-            return Response(b"no such asset\n", status_code=404, media_type="text/plain")
+            return problem(404, "not-found", "Not found", "no such dashboard asset")
         body, media_type, _ = found
         return Response(body, media_type=media_type, headers={"Cache-Control": "public, max-age=86400"})
 
@@ -88,7 +89,7 @@ def page_routes(service: KVService, mode: UiMode) -> Router:
         try:
             name = key_of_page_path(request.scope)
         except ValueError as exc:
-            return Response(f"{exc}\n".encode(), status_code=400, media_type="text/plain")
+            return problem(400, "invalid-key", "Invalid key", str(exc))
         parent = name[:name.rstrip("/").rfind("/") + 1]
         return render("key.html", "keys", key=name, crumbs=breadcrumbs(parent))
 
@@ -102,6 +103,10 @@ def page_routes(service: KVService, mode: UiMode) -> Router:
         Route(f"{UI_PATH}/watch", watch, methods=["GET"]),
         Route(f"{UI_PATH}/static/{{name}}", assets.serve, methods=["GET"]),
     ])
+
+
+def problem(status: int, slug: str, title: str, detail: str) -> Response:
+    return Response(problem_body(status, slug, title, detail), status_code=status, media_type=PROBLEM_MEDIA_TYPE)
 
 
 def breadcrumbs(prefix: str) -> list[tuple[str, str]]:

@@ -61,7 +61,8 @@ async def test_every_page_is_served_with_a_strict_policy_and_only_vendored_asset
         assert asset.status_code == 200 and asset.content, name
         text = asset.text.replace("http://www.w3.org/2000/svg", "")  # SVG's namespace name, not fetched
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, name
-    assert (await client.get("/ui/static/..%2F..%2Fpages.py")).status_code == 404
+    missing = await client.get("/ui/static/..%2F..%2Fpages.py")
+    assert missing.status_code == 404 and missing.headers["content-type"] == "application/problem+json"
 
 
 async def test_a_key_in_the_url_is_escaped_in_the_page(client: httpx.AsyncClient) -> None:
@@ -71,7 +72,9 @@ async def test_a_key_in_the_url_is_escaped_in_the_page(client: httpx.AsyncClient
     assert "&lt;img src=x onerror=alert(1)&gt;/&#34;quoted&#34; &amp; &#39;single&#39;" in response.text
     page = await client.get("/ui/keys", params={"prefix": '"><script>alert(1)</script>'})
     assert "<script>alert" not in page.text and "&lt;script&gt;alert(1)" in page.text
-    assert (await client.get("/ui/keys/%FF")).status_code == 400  # not UTF-8: no page for it
+    for path in ("/ui/keys/%FF", "/ui/keys/", "/ui/keys/a%00b"):  # not UTF-8, empty, NUL: no page for it
+        answer = await client.get(path)
+        assert answer.status_code == 400 and answer.json()["type"] == "urn:metakv:problem:invalid-key", path
 
 
 async def test_read_only_mode_renders_no_edit_controls_and_off_serves_nothing(service: InProcessService) -> None:
