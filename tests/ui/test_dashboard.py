@@ -182,6 +182,42 @@ def test_a_read_only_token_sees_no_edit_controls_and_a_forced_edit_is_403(cluste
     assert dialogs == []
 
 
+def test_an_edit_on_a_follower_links_to_the_leader_and_changes_nothing(cluster: Cluster, page: Page,
+                                                                      dialogs: list[str]) -> None:
+    leader = cluster.wait_for_leader()
+    follower = next(node for node in cluster.voters if node.node_id != leader.node_id)
+    api_put(cluster, "app/on-follower", b"before")
+    open_with_token(page, key_url(follower, "app/on-follower"), SECRETS["root"])
+    page.click("#edit-button")
+    page.fill("#edit-value", "after")
+    page.click("#save-button")
+    expect(page.locator("#write-status")).to_contain_text("is not the leader")
+    # The 307 is not followed (the token would go to another origin): a link to the leader's page.
+    expect(page.locator("#write-status a")).to_have_attribute("href", key_url(leader, "app/on-follower"))
+    assert api_get(cluster, "app/on-follower").text == "before"
+    assert dialogs == []
+
+
+def test_history_says_where_compaction_removed_older_versions(cluster: Cluster, page: Page,
+                                                             dialogs: list[str]) -> None:
+    leader = cluster.wait_for_leader()
+    for value in (b"one", b"two", b"three"):
+        last = api_put(cluster, "compacted/k", value)
+    api_put(cluster, "compacted-filler", b"x")  # the dirty offset trails the last write by a fetch
+
+    def compacted_past_the_second_value() -> bool:
+        assert cluster.client().post(f"{leader.url}/v1/admin/compact").status_code == 200
+        return int(cluster.client().get(f"{leader.url}/v1/status").json()["oldest_version"]) > last - 1
+
+    cluster.wait_until(compacted_past_the_second_value, what=f"history below version {last} compacted")
+    oldest = int(cluster.client().get(f"{leader.url}/v1/status").json()["oldest_version"])
+    open_with_token(page, key_url(leader, "compacted/k"), SECRETS["root"])
+    expect(page.locator("#history-note")).to_contain_text(
+        f"older versions were removed by compaction: the oldest version this node still has is {oldest}")
+    assert row_texts(page, "#history tbody tr") == [f"{last} (current) three"]
+    assert dialogs == []
+
+
 def test_every_node_shows_the_quorums_leader_and_a_killed_leader_is_replaced_without_reload(
         cluster: Cluster, page: Page, dialogs: list[str], screenshot_dir: Path) -> None:
     leader_id, epoch = quorum_leader(cluster)
