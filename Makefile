@@ -91,6 +91,11 @@ bench-scale: $(STAMP) system-etcd system-wrk
 bench-watch: $(STAMP) system-etcd
 	$(PY) -m loadtest.bench_watch --distinct 100 --hot 10 --rate 200 --writers 32 --duration-s 10 --etcd --json results/bench_watch.json
 
+# The dashboard's cost to the node it watches: 20 open cluster views against none (docs/benchmarks.md).
+.PHONY: bench-ui
+bench-ui: $(STAMP) system-chromium
+	$(PY) -m loadtest.bench_ui --tabs 20 --duration-s 20 --json results/bench_ui.json
+
 # Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
 SEED ?= 1
 DURATION ?= 300
