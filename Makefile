@@ -8,7 +8,7 @@ BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 SEEDS ?= 100000
 
-.PHONY: run test lint sim clean venv system system-java system-etcd system-wrk
+.PHONY: run test lint sim clean venv system system-java system-etcd system-wrk system-chromium
 
 # The package and its runtime dependencies: all `make run` needs.
 $(BASE_STAMP): pyproject.toml
@@ -38,14 +38,17 @@ define apt_install
 endef
 
 # A Java runtime for PySpark (pipeline/), etcd for the side-by-side load tests, wrk as the
-# HTTP benchmark's load generator.
+# HTTP benchmark's load generator, chromium for the dashboard's browser tests (tests/ui:
+# playwright drives Debian's build, since its own browser download cannot work everywhere).
 system-java:
 	$(call apt_install,java,default-jre-headless)
 system-etcd:
 	$(call apt_install,etcd etcdctl,etcd-server etcd-client)
 system-wrk:
 	$(call apt_install,wrk,wrk)
-system: system-java system-etcd system-wrk
+system-chromium:
+	$(call apt_install,chromium,chromium)
+system: system-java system-etcd system-wrk system-chromium
 
 run: $(BASE_STAMP)
 	$(VENV)/bin/metakv cluster up
@@ -53,7 +56,8 @@ run: $(BASE_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check raft storage app pipeline loadtest tests
 
-# The tests use etcd (tests/loadtest), Java (tests/pipeline) and wrk (tests/loadtest).
+# The tests use etcd (tests/loadtest), Java (tests/pipeline), wrk (tests/loadtest) and
+# chromium (tests/ui).
 test: $(STAMP) system lint
 	$(PY) -m pytest -q tests
 
@@ -86,6 +90,11 @@ bench-scale: $(STAMP) system-etcd system-wrk
 .PHONY: bench-watch
 bench-watch: $(STAMP) system-etcd
 	$(PY) -m loadtest.bench_watch --distinct 100 --hot 10 --rate 200 --writers 32 --duration-s 10 --etcd --json results/bench_watch.json
+
+# The dashboard's cost to the node it watches: 20 open cluster views against none (docs/benchmarks.md).
+.PHONY: bench-ui
+bench-ui: $(STAMP) system-chromium
+	$(PY) -m loadtest.bench_ui --tabs 20 --duration-s 20 --json results/bench_ui.json
 
 # Chaos: real processes, faults through proxies, a checked history. Results in results/chaos-SEED.
 SEED ?= 1

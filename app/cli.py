@@ -79,6 +79,7 @@ SERVE_HELP = {
     "cluster_id": "cluster id checked in the raft handshake",
     "cluster_secret": "shared secret proving raft peers belong to the cluster (use the env var)",
     "auth_file": "TOML token file: require Authorization: Bearer tokens on the HTTP API (docs/http.md, Auth)",
+    "ui": "the web dashboard at /ui: on, off or read-only (docs/ui.md)",
 }
 
 
@@ -202,7 +203,7 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
         logging.getLogger("metakv").debug("startup failed", exc_info=exc)
         print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    app = create_app(runtime)
+    app = create_app(runtime, ui=config.ui)
     # Everything built so far (modules, FastAPI app, pydantic schemas, SQLAlchemy metadata)
     # lives as long as the process: move it out of the collector's reach, so a full
     # collection no longer scans ~85,000 startup objects on the event loop (a 10-250 ms

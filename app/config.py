@@ -22,6 +22,7 @@ from typing import Any
 
 from app.auth import AuthFileError, AuthPolicy, load_auth_policy
 from app.toml_files import TomlFileError, read_toml
+from app.ui.modes import UI_MODES, UiMode
 from raft.node import RaftConfig
 
 DEFAULT_CLUSTER_ID = "metakv-local"
@@ -99,6 +100,7 @@ class NodeConfig:
     # policy is read and validated with the rest of the config, so a bad file exits 2.
     auth_file: Path | None = None
     auth_policy: AuthPolicy | None = None
+    ui: UiMode = "on"  # the dashboard at /ui (docs/ui.md)
 
     @property
     def peers(self) -> dict[int, HostPort]:
@@ -237,6 +239,13 @@ def parse_ratio(name: str, raw: Any) -> float:
     return value
 
 
+def parse_ui_mode(name: str, raw: Any) -> str:
+    text = str(raw).strip().lower()
+    if text not in UI_MODES:
+        raise ConfigError(f"{name}: expected one of {', '.join(UI_MODES)}, got {raw!r}")
+    return text
+
+
 def _ms(minimum: int = 0) -> Callable[[str, Any], int]:
     return lambda name, raw: parse_int(name, raw, minimum, 24 * 3600 * 1000)
 
@@ -276,6 +285,7 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "tombstone_retention_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "snapshot_every_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "auth_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "ui": parse_ui_mode,
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 

@@ -26,6 +26,9 @@ from app.http.settings import HttpSettings
 from app.http.txn import txn_router
 from app.http.watch import watch_router
 from app.service import KVService
+from app.ui.data_routes import data_router
+from app.ui.modes import UiMode
+from app.ui.pages import UiPathDispatch, page_routes
 
 
 class MetakvApp(FastAPI):
@@ -53,10 +56,11 @@ class MetakvApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(service: KVService, settings: HttpSettings | None = None) -> MetakvApp:
+def create_app(service: KVService, settings: HttpSettings | None = None, ui: UiMode = "on") -> MetakvApp:
     """The application serving ``service`` per docs/api.md. Without ``settings``, the
     defaults, bounding values by the service's ``max_value_bytes``; request metrics go to
-    ``service.metrics``, and ``service.auth_tokens`` (when set) is enforced."""
+    ``service.metrics``, and ``service.auth_tokens`` (when set) is enforced. ``ui``: the
+    dashboard at /ui (docs/ui.md)."""
     settings = settings or HttpSettings(max_value_bytes=service.max_value_bytes)
     # No slash redirects: Starlette would answer /v1/status/ with a bare 307 to /v1/status on
     # this very node (no body, no problem document), which a client reads as "not the leader".
@@ -66,8 +70,11 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     key_endpoints = KeyEndpoints(service, settings)
     # Never served: it only feeds /openapi.json (the fast path serves these routes).
     key_documentation = key_documentation_router(key_endpoints)
-    for router in (list_router(service, settings), txn_router(service, settings), watch_router(service, settings),
-                   cluster_router(service), admin_router(service)):
+    routers = [list_router(service, settings), txn_router(service, settings), watch_router(service, settings),
+               cluster_router(service), admin_router(service)]
+    if ui != "off":
+        routers.append(data_router(service, ui))
+    for router in routers:
         # Flat, not include_router: FastAPI keeps an included router as one nested route,
         # which hides its routes from the 405 answer's Allow header, the metrics' route
         # label and auth's documentation (they walk app.router.routes).
@@ -91,5 +98,11 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     key_routes = KeyPathDispatch(app.serve_routes, KeyRoutes(key_endpoints))
     with_auth = key_routes if tokens is None else AuthMiddleware(
         key_routes, tokens, settings.max_txn_body_bytes, open_paths)
-    app.stack = EdgeMiddleware(with_auth, service, app.router.routes)
+    if ui == "off":
+        app.stack = EdgeMiddleware(with_auth, service, app.router.routes)
+        return app
+    # The pages go ahead of auth (a browser following a link sends no token); what they
+    # show, their scripts read through the API with the user's token.
+    pages = page_routes(service, ui)
+    app.stack = EdgeMiddleware(UiPathDispatch(with_auth, pages), service, [*app.router.routes, *pages.routes])
     return app

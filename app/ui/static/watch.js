@@ -1,0 +1,78 @@
+// The live feed of a prefix: GET /v1/watch as Server-Sent Events, read with fetch (an
+// EventSource cannot send the token). Every "id:" is a version to resume from; after the
+// stream ends or breaks, the watch reconnects with Last-Event-ID, so nothing is skipped or
+// shown twice.
+"use strict";
+
+(() => {
+  const {api, el, keyPage, problem} = metakv;
+  const STREAM_MS = 60000;      // one stream's lifetime; the next one resumes where it ended
+  const RETRY_MS = 1000;
+  const ROWS_KEPT = 500;
+  const VALUE_SHOWN = 200;      // characters of a value the feed shows
+  const {prefix} = metakv.main.dataset;
+  const status = document.getElementById("watch-status");
+  const feed = document.querySelector("#feed tbody");
+  let resumeFrom = null;
+
+  function show(type, event) {
+    let value = event.value ?? "";
+    if (event.encoding === "base64") value = `(base64) ${value}`;
+    if (value.length > VALUE_SHOWN) value = value.slice(0, VALUE_SHOWN) + " …";
+    feed.prepend(el("tr", {dataset: {type, modVersion: String(event.mod_version)}},
+      el("td", {}, new Date().toLocaleTimeString()), el("td", {}, type),
+      el("td", {}, el("a", {href: keyPage(event.key)}, event.key)), el("td", {}, event.mod_version),
+      el("td", {}, el("code", {}, value))));
+    while (feed.children.length > ROWS_KEPT) feed.lastChild.remove();
+  }
+
+  async function currentVersion() {
+    const response = await api("/v1/kv?" + new URLSearchParams({prefix, limit: "1", keys_only: "true"}));
+    if (!response.ok) throw new Error(await problem(response));
+    return (await response.json()).version;
+  }
+
+  function handleEvent(type, data, id) {
+    if (id !== null) resumeFrom = Number(id);
+    if (!data) return;
+    if (type === "error") {
+      const gone = JSON.parse(data);
+      resumeFrom = null;  // behind the history horizon: start again from the current version
+      status.textContent = `fell behind: ${gone.detail}; restarting from the current version`;
+      return;
+    }
+    show(type, JSON.parse(data));
+  }
+
+  async function stream() {
+    if (resumeFrom === null) resumeFrom = await currentVersion();
+    const query = new URLSearchParams({prefix, since: String(resumeFrom), timeout_ms: String(STREAM_MS)});
+    const response = await api("/v1/watch?" + query, {
+      headers: {"Accept": "text/event-stream", "Last-Event-ID": String(resumeFrom)},
+    });
+    if (response.status === 410) {
+      resumeFrom = null;
+      status.textContent = "the history passed this watch's position; restarted from the current version";
+      return;
+    }
+    if (!response.ok) throw new Error(await problem(response));
+    status.textContent = `live: changes under "${prefix}" after version ${resumeFrom}`;
+    status.dataset.state = "live";
+    await metakv.readEvents(response, handleEvent);
+  }
+
+  async function run() {
+    for (;;) {
+      try {
+        await stream();
+        status.dataset.state = "reconnecting";
+      } catch (error) {
+        status.dataset.state = "reconnecting";
+        status.textContent = `disconnected (${error.message}); resuming after version ${resumeFrom ?? "?"}`;
+        await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
+      }
+    }
+  }
+
+  metakv.whenReady(run);
+})();
