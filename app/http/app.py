@@ -23,6 +23,7 @@ from app.http.keys import KeyEndpoints, key_documentation_router, list_router
 from app.http.openapi import complete_openapi
 from app.http.problems import install_problem_handlers
 from app.http.settings import HttpSettings
+from app.http.snapshot_download import snapshot_download_router
 from app.http.txn import txn_router
 from app.http.watch import watch_router
 from app.service import KVService
@@ -67,7 +68,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None) -> Meta
     # Never served: it only feeds /openapi.json (the fast path serves these routes).
     key_documentation = key_documentation_router(key_endpoints)
     for router in (list_router(service, settings), txn_router(service, settings), watch_router(service, settings),
-                   cluster_router(service), admin_router(service)):
+                   cluster_router(service), admin_router(service),
+                   snapshot_download_router(service)):
         # Flat, not include_router: FastAPI keeps an included router as one nested route,
         # which hides its routes from the 405 answer's Allow header, the metrics' route
         # label and auth's documentation (they walk app.router.routes).
