@@ -28,14 +28,16 @@ OK = frozenset({200})
 @dataclass(frozen=True, slots=True)
 class Request:
     """One API call. ``target_leader``: only the leader can answer (writes, leader reads),
-    others redirect. ``safe_to_resend``: sending it again after an unknown outcome can never
-    apply it twice (reads, and writes whose condition a first apply would make fail)."""
+    others redirect. ``writes``: it changes data, so an unknown outcome matters.
+    ``safe_to_resend``: sending it again after an unknown outcome can never apply it twice
+    (reads, and writes whose condition a first apply would make fail)."""
 
     method: str
     path: str  # path and query, percent-encoded
     headers: dict[str, str] = field(default_factory=dict)
     content: bytes | None = None
     target_leader: bool = False
+    writes: bool = False
     safe_to_resend: bool = True
     ok_statuses: frozenset[int] = OK
     timeout_s: float | None = None  # None: the client's own timeout
@@ -135,7 +137,7 @@ def put_request(key: str, value: bytes | str, content_type: str | None, if_versi
     if create_only:
         headers["If-None-Match"] = "*"
     conditional = if_version is not None or create_only
-    return Request("PUT", key_path(key), headers, body, target_leader=True, safe_to_resend=conditional)
+    return Request("PUT", key_path(key), headers, body, target_leader=True, writes=True, safe_to_resend=conditional)
 
 
 def parse_put(answer: Answer) -> PutResult:
@@ -145,7 +147,8 @@ def parse_put(answer: Answer) -> PutResult:
 
 def delete_request(key: str, if_version: int | None) -> Request:
     headers = {"If-Match": f'"{if_version}"'} if if_version is not None else {}
-    return Request("DELETE", key_path(key), headers, target_leader=True, safe_to_resend=if_version is not None)
+    return Request("DELETE", key_path(key), headers, target_leader=True, writes=True,
+                   safe_to_resend=if_version is not None)
 
 
 def parse_delete(answer: Answer) -> DeleteResult:
@@ -156,7 +159,7 @@ def parse_delete(answer: Answer) -> DeleteResult:
 def txn_request(body: dict[str, Any]) -> Request:
     # Never re-sent after an unknown outcome: its failure branch may write too.
     return Request("POST", "/v1/txn", {"Content-Type": "application/json"}, json.dumps(body).encode(),
-                   target_leader=True, safe_to_resend=False)
+                   target_leader=True, writes=True, safe_to_resend=False)
 
 
 def parse_txn(answer: Answer) -> TxnResult:

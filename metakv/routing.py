@@ -181,7 +181,7 @@ class Call:
         if not isinstance(exc, httpx.TransportError):
             raise MetakvError("Client error", f"{type(exc).__name__}: {exc}") from None
         reason = f"{base}: {type(exc).__name__} {exc}".rstrip()
-        if not isinstance(exc, NOT_SENT_ERRORS):
+        if self.request.writes and not isinstance(exc, NOT_SENT_ERRORS):
             if not self.request.safe_to_resend:
                 raise Indeterminate("Outcome unknown", f"the connection failed after the write was sent "
                                     f"({reason}): it may or may not have happened") from None
