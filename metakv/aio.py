@@ -10,23 +10,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Unpack
 
 import httpx
 
-from metakv.client import CLIENT_ERRORS
 from metakv.core import (
     CAS_MAX_ATTEMPTS,
     DEFAULT_POLL_TIMEOUT_MS,
-    DEFAULT_TIMEOUT_S,
     CasUpdate,
     ClientCore,
+    ClientOptions,
     Plan,
+    PlanRun,
     ResultT,
 )
 from metakv.errors import MetakvError
 from metakv.protocol import Answer, Request, WatchCursor
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
-from metakv.routing import Call, RetryPolicy
+from metakv.routing import CLIENT_ERRORS, Call
 from metakv.txn import TxnBuilder
 
 
@@ -42,14 +43,10 @@ class AsyncTxn(TxnBuilder):
 class AsyncClient(ClientCore):
     """See ``metakv.Client``; every call is a coroutine and ``watch`` an async iterator."""
 
-    def __init__(self, endpoints: str | Sequence[str], *, token: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
-                 read_your_writes: bool = True, max_connections: int = 100,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        super().__init__(endpoints, token=token, timeout_s=timeout_s, retry=retry, read_your_writes=read_your_writes)
-        self._http = httpx.AsyncClient(headers=self.headers, timeout=timeout_s, transport=transport,
-                                       limits=httpx.Limits(max_connections=max_connections,
-                                                           max_keepalive_connections=max_connections))
+    def __init__(self, endpoints: str | Sequence[str], *, transport: httpx.AsyncBaseTransport | None = None,
+                 **options: Unpack[ClientOptions]) -> None:
+        super().__init__(endpoints, options)
+        self._http = httpx.AsyncClient(transport=transport, **self.http_settings)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -61,36 +58,25 @@ class AsyncClient(ClientCore):
         await self.aclose()
 
     async def call(self, request: Request) -> Answer:
-        call = Call(request, self.endpoints, self.retry)
-        timeout = request.timeout_s if request.timeout_s is not None else httpx.USE_CLIENT_DEFAULT
-        while True:
-            try:
-                response = await self._http.request(request.method, call.url, headers=request.headers,
-                                                    content=request.content, timeout=timeout)
-            except CLIENT_ERRORS as exc:
-                delay = call.failed(exc)
-            else:
-                delay = call.answered(Answer(response.status_code, response.headers, response.content))
-                if delay is None:
-                    break
+        call = self.new_call(request)
+        while (delay := call.outcome(await self._attempt(call))) is not None:
             await asyncio.sleep(delay)
-        answer = call.answer
-        assert answer is not None
-        self.observe(answer.metadata_version())
-        return answer
+        return self.finished(call)
+
+    async def _attempt(self, call: Call) -> httpx.Response | Exception:
+        try:
+            return await self._http.request(**call.send_options())
+        except CLIENT_ERRORS as exc:
+            return exc
 
     async def run(self, plan: Plan[ResultT]) -> ResultT:
-        try:
-            request = next(plan)
-            while True:
-                try:
-                    answer = await self.call(request)
-                except MetakvError as exc:
-                    request = plan.throw(exc)
-                else:
-                    request = plan.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        steps = PlanRun(plan)
+        while steps.request is not None:
+            try:
+                steps.feed(await self.call(steps.request))
+            except MetakvError as exc:
+                steps.feed(exc)
+        return steps.result  # type: ignore[return-value]
 
     async def get(self, key: str, *, consistency: str = "local", min_version: int | None = None,
                   at_version: int | None = None, wait_ms: int | None = None) -> KeyValue | None:

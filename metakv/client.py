@@ -14,27 +14,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Unpack
 
 import httpx
 
 from metakv.core import (
     CAS_MAX_ATTEMPTS,
     DEFAULT_POLL_TIMEOUT_MS,
-    DEFAULT_TIMEOUT_S,
     CasUpdate,
     ClientCore,
+    ClientOptions,
     Plan,
+    PlanRun,
     ResultT,
 )
 from metakv.errors import MetakvError
 from metakv.protocol import Answer, Request, WatchCursor
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
-from metakv.routing import Call, RetryPolicy
+from metakv.routing import CLIENT_ERRORS, Call
 from metakv.snapshots import SnapshotSaved, SnapshotWriter, snapshot_request
 from metakv.txn import TxnBuilder
-
-CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL)  # everything httpx raises for a request
 
 
 class Txn(TxnBuilder):
@@ -48,16 +47,13 @@ class Txn(TxnBuilder):
 
 
 class Client(ClientCore):
-    """A metakv cluster: ``endpoints`` is a comma-separated string or a list of node URLs."""
+    """A metakv cluster: ``endpoints`` is a comma-separated string or a list of node URLs;
+    ``options`` are ``metakv.core.ClientOptions``. ``transport`` replaces httpx's (tests)."""
 
-    def __init__(self, endpoints: str | Sequence[str], *, token: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
-                 read_your_writes: bool = True, max_connections: int = 100,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        super().__init__(endpoints, token=token, timeout_s=timeout_s, retry=retry, read_your_writes=read_your_writes)
-        self._http = httpx.Client(headers=self.headers, timeout=timeout_s, transport=transport,
-                                  limits=httpx.Limits(max_connections=max_connections,
-                                                      max_keepalive_connections=max_connections))
+    def __init__(self, endpoints: str | Sequence[str], *, transport: httpx.BaseTransport | None = None,
+                 **options: Unpack[ClientOptions]) -> None:
+        super().__init__(endpoints, options)
+        self._http = httpx.Client(transport=transport, **self.http_settings)
 
     def close(self) -> None:
         self._http.close()
@@ -72,37 +68,26 @@ class Client(ClientCore):
 
     def call(self, request: Request) -> Answer:
         """Send ``request`` with leader tracking, failover and backoff (metakv/routing.py)."""
-        call = Call(request, self.endpoints, self.retry)
-        timeout = request.timeout_s if request.timeout_s is not None else httpx.USE_CLIENT_DEFAULT
-        while True:
-            try:
-                response = self._http.request(request.method, call.url, headers=request.headers,
-                                              content=request.content, timeout=timeout)
-            except CLIENT_ERRORS as exc:
-                delay = call.failed(exc)
-            else:
-                delay = call.answered(Answer(response.status_code, response.headers, response.content))
-                if delay is None:
-                    break
+        call = self.new_call(request)
+        while (delay := call.outcome(self._attempt(call))) is not None:
             time.sleep(delay)
-        answer = call.answer
-        assert answer is not None
-        self.observe(answer.metadata_version())
-        return answer
+        return self.finished(call)
+
+    def _attempt(self, call: Call) -> httpx.Response | Exception:
+        try:
+            return self._http.request(**call.send_options())
+        except CLIENT_ERRORS as exc:
+            return exc
 
     def run(self, plan: Plan[ResultT]) -> ResultT:
         """Drive a plan of metakv/core.py: send each request it yields, hand back the answer."""
-        try:
-            request = next(plan)
-            while True:
-                try:
-                    answer = self.call(request)
-                except MetakvError as exc:
-                    request = plan.throw(exc)
-                else:
-                    request = plan.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        steps = PlanRun(plan)
+        while steps.request is not None:
+            try:
+                steps.feed(self.call(steps.request))
+            except MetakvError as exc:
+                steps.feed(exc)
+        return steps.result  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ keys
 
@@ -161,7 +146,7 @@ class Client(ClientCore):
 
     def save_snapshot(self, destination: BinaryIO) -> SnapshotSaved:
         """Take a snapshot on the node reads go to and stream its file into ``destination``."""
-        call = Call(snapshot_request(), self.endpoints, self.retry)
+        call = self.new_call(snapshot_request())
         while True:
             try:
                 with self._http.stream("POST", call.url) as response:

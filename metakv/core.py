@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Generator, Sequence
-from typing import Literal, TypeVar
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 
-from metakv.errors import Conflict, InvalidRequest
+import httpx
+
+from metakv.errors import Conflict, InvalidRequest, MetakvError
 from metakv.protocol import (
     Answer,
     Request,
@@ -32,13 +34,14 @@ from metakv.protocol import (
     read_params,
 )
 from metakv.results import DeleteResult, KeyValue, ListResult, PutResult, TxnResult
-from metakv.routing import Endpoints, RetryPolicy, parse_endpoints
+from metakv.routing import Call, Endpoints, RetryPolicy, parse_endpoints
 
 Consistency = Literal["local", "leader", "linearizable"]
 CONSISTENCIES = ("local", "leader", "linearizable")
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_POLL_TIMEOUT_MS = 30_000  # a watch's long-poll
 CAS_MAX_ATTEMPTS = 64
+DEFAULT_MAX_CONNECTIONS = 100
 LIST_PAGE_LIMIT = 1000  # the API's largest page
 
 ResultT = TypeVar("ResultT")
@@ -46,19 +49,64 @@ Plan = Generator[Request, Answer, ResultT]
 CasUpdate = Callable[[bytes | None], bytes | str]
 
 
+class PlanRun(Generic[ResultT]):
+    """A plan being driven: ``request`` is the next request to send (None: done, ``result``
+    holds what the plan returned); ``feed`` hands it the answer or the client's error."""
+
+    def __init__(self, plan: Plan[ResultT]) -> None:
+        self._plan = plan
+        self.result: ResultT | None = None
+        self.request = self._advance(lambda: next(plan))
+
+    def feed(self, outcome: Answer | MetakvError) -> None:
+        plan = self._plan
+        self.request = self._advance(
+            lambda: plan.throw(outcome) if isinstance(outcome, MetakvError) else plan.send(outcome))
+
+    def _advance(self, step: Callable[[], Request]) -> Request | None:
+        try:
+            return step()
+        except StopIteration as done:
+            self.result = done.value
+            return None
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keyword options of ``Client`` and ``AsyncClient``."""
+
+    token: str | None  # bearer token (auth on)
+    timeout_s: float  # per request
+    retry: RetryPolicy  # failover and backoff (metakv/routing.py)
+    read_your_writes: bool  # send the session's version as min_version (module docstring)
+    max_connections: int  # keep-alive pool size
+
+
 class ClientCore:
     """Settings, endpoints, the read session and the plans of one client."""
 
-    def __init__(self, endpoints: str | Sequence[str], *, token: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, retry: RetryPolicy | None = None,
-                 read_your_writes: bool = True) -> None:
+    def __init__(self, endpoints: str | Sequence[str], options: ClientOptions) -> None:
         self.endpoints = Endpoints(parse_endpoints(endpoints))
-        self.retry = retry or RetryPolicy()
-        self.timeout_s = timeout_s
-        self.read_your_writes = read_your_writes
+        self.retry = options.get("retry") or RetryPolicy()
+        self.timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
+        self.read_your_writes = options.get("read_your_writes", True)
+        token = options.get("token")
         self.headers = {"Authorization": f"Bearer {token.strip()}"} if token else {}
+        connections = options.get("max_connections", DEFAULT_MAX_CONNECTIONS)
+        # What the httpx client of either kind is built with.
+        self.http_settings: dict[str, Any] = {"headers": self.headers, "timeout": self.timeout_s, "limits": httpx.Limits(
+            max_connections=connections, max_keepalive_connections=connections)}
         self._seen_version = 0
         self._seen_lock = threading.Lock()
+
+    def new_call(self, request: Request) -> Call:
+        return Call(request, self.endpoints, self.retry)
+
+    def finished(self, call: Call) -> Answer:
+        """The answer a call ended with, its version noted by the session."""
+        answer = call.answer
+        assert answer is not None
+        self.observe(answer.metadata_version())
+        return answer
 
     @property
     def seen_version(self) -> int:

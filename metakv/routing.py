@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -36,6 +37,7 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS_PER_ATTEMPT = 4  # a follower redirects once; more means the cluster disagrees
 # Failures that prove the request never reached a server (nothing can have happened).
 NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL)  # everything httpx raises for a request
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,20 @@ class Call:
         self._last_error = ""
         self.url = self._base() + request.path
         self.answer: Answer | None = None
+
+    def send_options(self) -> dict[str, Any]:
+        """The httpx ``request`` arguments of the next attempt."""
+        request = self.request
+        timeout = request.timeout_s if request.timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+        return {"method": request.method, "url": self.url, "headers": request.headers, "content": request.content,
+                "timeout": timeout}
+
+    def outcome(self, result: httpx.Response | Exception) -> float | None:
+        """Feed one attempt's response (read) or httpx exception: seconds to wait before the
+        next attempt, or None when the call is done (``answer``)."""
+        if isinstance(result, Exception):
+            return self.failed(result)
+        return self.answered(Answer(result.status_code, result.headers, result.content))
 
     def _base(self) -> str:
         return self.endpoints.for_write() if self.request.target_leader else self.endpoints.for_read()
