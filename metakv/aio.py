@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Unpack
+from typing import Any, Unpack
 
 import httpx
 
@@ -103,6 +103,9 @@ class AsyncClient(ClientCore):
     async def cas_loop(self, key: str, update: CasUpdate, *, content_type: str | None = None,
                        max_attempts: int = CAS_MAX_ATTEMPTS) -> PutResult:
         return await self.run(self.cas_plan(key, update, content_type, max_attempts))
+
+    async def status(self) -> dict[str, Any]:
+        return dict((await self.call(Request("GET", "/v1/status"))).json())
 
     async def watch(self, prefix: str = "", *, since: int | None = None,
                     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS) -> AsyncIterator[Event]:

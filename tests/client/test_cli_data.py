@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from app.auth import hash_token
 from app.cli import main
 from loadtest.local_cluster import Node, free_ports
-from metakv import Client, RetryPolicy
+from metakv import Client, Forbidden, RetryPolicy, Unauthorized
 from tests.cluster import Cluster, SteadyWriter
 
 FAST = {"election_timeout_ms": 500, "fetch_timeout_ms": 1000, "fetch_max_wait_ms": 200}
@@ -156,3 +157,31 @@ def test_snapshot_saved_under_writes_restores_to_exactly_its_version(
     finally:
         restored.kill()
         print(restored.log_tail())
+
+
+def test_a_token_follows_the_redirect_and_refusals_are_typed(cluster_factory: Callable[..., Cluster],
+                                                              tmp_path: Path, run: Run,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Auth on: the token goes with the write redirected to the leader (httpx alone would
+    drop it on the redirect); a missing token is Unauthorized, a read-only one Forbidden;
+    the CLI takes the token from METAKV_TOKEN."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text("".join(f'[[tokens]]\nname = "{name}"\nsha256 = "{hash_token(name + "-secret")}"\n'
+                              f'rules = {{ "" = "{access}" }}\n' for name, access in (("ops", "admin"),
+                                                                                      ("reader", "read"))))
+    cluster = cluster_factory(voters=3, settings={**FAST, "auth_file": tokens}, token="ops-secret")
+    leader = cluster.wait_for_leader()
+    follower_first = [node.url for node in cluster.voters if node is not leader] + [leader.url]
+    with Client(follower_first, token="ops-secret") as kv:
+        assert kv.put("a/k", "v").version > 0
+        assert kv.endpoints.leader_url == leader.url
+    with Client(follower_first) as anonymous, pytest.raises(Unauthorized):
+        anonymous.get("a/k")
+    with Client(follower_first, token="reader-secret") as reader:
+        assert reader.get("a/k").text == "v"  # type: ignore[union-attr]
+        with pytest.raises(Forbidden):
+            reader.put("a/k", "w")
+    monkeypatch.setenv("METAKV_TOKEN", "reader-secret")
+    assert run("get", "a/k", "-o", "value", "--endpoints", ",".join(follower_first))[:2] == (0, "v")
+    code, _, err = run("put", "a/k", "w", "--endpoints", ",".join(follower_first))
+    assert code == 1 and err.startswith("metakv: Forbidden")
