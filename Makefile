@@ -86,6 +86,12 @@ STAGES ?= 10000,100000,1000000
 bench-scale: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_scale --stages $(STAGES)
 
+# The Python client's cost: per request against raw httpx, writes/s at 64 AsyncClient tasks
+# against wrk (the HTTP benchmark's generator); results/bench_client.json.
+.PHONY: bench-client
+bench-client: $(STAMP) system-wrk
+	$(PY) -m loadtest.bench_client --out results/bench_client.json
+
 # Watch fan-out against etcd in the same run: 100 watchers on distinct prefixes + 10 on a hot one.
 .PHONY: bench-watch
 bench-watch: $(STAMP) system-etcd

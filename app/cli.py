@@ -1,10 +1,12 @@
-"""The ``metakv`` command: serve one node, run a local cluster, show a cluster's quorum.
+"""The ``metakv`` command: serve one node, run a local cluster, show a cluster's quorum;
+the data commands are in app/cli_data.py.
 
     metakv serve --node-id 1 --data-dir ./data/1 --listen-http 127.0.0.1:8001 \\
         --listen-raft 127.0.0.1:9001 --voters 1@127.0.0.1:9001,2@127.0.0.1:9002,3@127.0.0.1:9003
     metakv cluster up [--voters 3] [--observers 1] [--base-http-port 8001] [--base-raft-port 9001]
     metakv status [--url http://127.0.0.1:8001]
     metakv repair --data-dir ./data/1 (--verify | --truncate-at OFFSET) [--dry-run]
+    metakv get | put | del | list | watch | txn | snapshot ...   (app/cli_data.py)
 
 Bad flags or configuration exit with code 2 and one line on stderr (argparse's multi-line
 usage dump is replaced, so scripts and people see just what is wrong).
@@ -31,6 +33,7 @@ from typing import Any, NoReturn
 import uvicorn
 
 from app.auth import AuthFileError, load_auth_policy
+from app.cli_data import DATA_COMMANDS, add_data_commands, run_data_command
 from app.config import (
     SERVE_SETTINGS,
     ConfigError,
@@ -126,6 +129,7 @@ def _build_parser() -> _Parser:
     action.add_argument("--truncate-at", metavar="OFFSET",
                         help="remove every record at OFFSET and above (the node re-fetches them)")
     repair.add_argument("--dry-run", action="store_true", help="say what --truncate-at would remove")
+    add_data_commands(commands)
     return parser
 
 
@@ -139,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cluster_up(args)
         if args.command == "repair":
             return repair(args)
+        if args.command in DATA_COMMANDS:
+            return run_data_command(args)
         return status(args)
     except UsageError as exc:
         print(exc, file=sys.stderr)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -44,6 +44,7 @@ from app.service import (
     ReplicaView,
     ResignReport,
     SnapshotReport,
+    SnapshotStorageError,
     VersionWaitTimeoutError,
     WriteRejectedError,
     WriteTooLargeError,
@@ -766,6 +767,13 @@ class NodeRuntime(NodeReads, NodeWrites):
     async def take_snapshot(self) -> SnapshotReport:
         """POST /v1/admin/snapshot (app.runtime_maintenance.Maintenance.take_snapshot)."""
         return await self.maintenance.take_snapshot()
+
+    def open_snapshot(self, end_offset: int, epoch: int) -> BinaryIO:
+        """POST /v1/admin/snapshot/download: a snapshot's file, open for reading."""
+        try:
+            return open(self.snapshots.path_for(SnapshotId(end_offset, epoch)), "rb")
+        except FileNotFoundError:  # retention removed it already
+            raise SnapshotStorageError(f"snapshot {end_offset}-{epoch} is gone; retry", disk_full=False) from None
 
     async def compact(self) -> CompactReport:
         """POST /v1/admin/compact: the leader cleans its log now, up to the dirty offset it

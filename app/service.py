@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, BinaryIO, Literal, NotRequired, Protocol, TypedDict
 
 from storage.cleaning_run import CleaningReport
 from storage.commands import DEFAULT_CONTENT_TYPE, Compare, CompareKind, Op, OpKind
@@ -300,6 +300,11 @@ class KVService(Protocol):
         ...
 
     async def take_snapshot(self) -> SnapshotReport: ...
+
+    def open_snapshot(self, end_offset: int, epoch: int) -> BinaryIO:
+        """The file of a snapshot ``take_snapshot`` reported, open for reading. Raises
+        SnapshotStorageError when it is gone (retention removed it: take another)."""
+        ...
 
     async def resign(self) -> ResignReport:
         """Leader only, else NotLeaderError."""

@@ -1,4 +1,5 @@
-"""Imports flow one way: app -> raft, storage; storage -> raft; raft -> nothing of ours.
+"""Imports flow one way: app -> raft, storage, metakv; storage -> raft; raft and metakv (the
+client) -> nothing of ours.
 
 Two narrower rules on top: the HTTP front end (app/http/) reaches a node only through the
 service seam (app/service.py) and the token policy (app/auth.py); the load tests do not lean
@@ -15,10 +16,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OUR_PACKAGES = frozenset({"raft", "storage", "app", "pipeline", "loadtest", "tests"})
+OUR_PACKAGES = frozenset({"raft", "storage", "app", "pipeline", "loadtest", "tests", "metakv"})
 FORBIDDEN = {
     "raft": OUR_PACKAGES - {"raft"},
-    "storage": frozenset({"app", "pipeline", "loadtest", "tests"}),
+    "metakv": OUR_PACKAGES - {"metakv"},  # the client stands alone: only the public HTTP API
+    "storage": frozenset({"app", "pipeline", "loadtest", "tests", "metakv"}),
     "app": frozenset({"pipeline", "loadtest", "tests"}),
     "loadtest": frozenset({"tests"}),
 }

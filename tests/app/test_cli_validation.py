@@ -161,13 +161,13 @@ def test_every_metakv_variable_the_repository_reads_is_accepted(tmp_path: Path) 
 
     used: set[str] = set()
     for pattern in ("app/**/*.py", "raft/**/*.py", "storage/**/*.py", "tests/**/*.py", "loadtest/**/*.py",
-                    "pipeline/**/*.py", "docker-compose.yml", "Dockerfile", "Makefile"):
+                    "pipeline/**/*.py", "metakv/**/*.py", "docker-compose.yml", "Dockerfile", "Makefile"):
         for path in REPO_ROOT.glob(pattern):
             used.update(re.findall(r"\bMETAKV_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")))
     # Not variables: the placeholder in app/config.py's comment, and this module's own examples.
     used -= {"METAKV_NAME_UPPER", "METAKV_NAME", "METAKV_CLUSTER_SECRETS", "METAKV_ZZZ", "METAKV_VOTER"}
     assert used <= KNOWN_ENV_VARS, sorted(used - KNOWN_ENV_VARS)
-    others = {"METAKV_TOKEN", "METAKV_URL", "METAKV_FAILPOINTS", "METAKV_CRASH_ITERATIONS",
+    others = {"METAKV_TOKEN", "METAKV_URL", "METAKV_ENDPOINTS", "METAKV_FAILPOINTS", "METAKV_CRASH_ITERATIONS",
               "METAKV_BENCH_TRACE_OUT", "METAKV_INPUT_ERROR", "METAKV_CLUSTER_SECRET"}
     flags = {"node_id": "1", "data_dir": str(tmp_path), "listen_http": "127.0.0.1:1", "listen_raft": "127.0.0.1:2",
              "voters": "1@127.0.0.1:2"}

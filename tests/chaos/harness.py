@@ -291,7 +291,8 @@ class RunResult:
 
 
 def run_chaos(seed: int, duration_s: float, results: Path, *, voters: int = 3, keys: int = 4,
-              processes: int = 6, nemeses: tuple[str, ...] = NEMESES, log: Callable[[str], None] = print) -> RunResult:
+              processes: int = 6, nemeses: tuple[str, ...] = NEMESES, log: Callable[[str], None] = print,
+              client: str = "httpx") -> RunResult:
     """One whole run; see the module docstring. Always stops every process it started."""
     results.mkdir(parents=True, exist_ok=True)
     # a fresh cluster every run: old data would hold values this history never wrote
@@ -302,7 +303,8 @@ def run_chaos(seed: int, duration_s: float, results: Path, *, voters: int = 3, k
     faults: list[dict[str, Any]] = []
     recovery_failure = ""
     prefix = f"chaos{seed}/"
-    config = WorkloadConfig(keys=[f"{prefix}k{index}" for index in range(keys)], process_count=processes)
+    config = WorkloadConfig(keys=[f"{prefix}k{index}" for index in range(keys)], process_count=processes,
+                            client=client)
     workload = Workload(chaos.urls, config, history, seed, prefix)
     try:
         chaos.start()
@@ -458,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=4)
     parser.add_argument("--processes", type=int, default=6)
     parser.add_argument("--nemeses", default=",".join(NEMESES), help="comma-separated subset of " + ",".join(NEMESES))
+    parser.add_argument("--client", choices=("httpx", "metakv"), default="httpx",
+                        help="the workload's clients: raw HTTP requests, or the Python client (metakv/)")
     args = parser.parse_args(argv)
     names = tuple(name.strip() for name in args.nemeses.split(",") if name.strip())
     unknown = [name for name in names if name not in NEMESES]
@@ -466,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results = args.results or Path("results") / f"chaos-{args.seed}"
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    result = run_chaos(args.seed, args.duration_s, results, keys=args.keys, processes=args.processes, nemeses=names)
+    result = run_chaos(args.seed, args.duration_s, results, keys=args.keys, processes=args.processes, nemeses=names,
+                       client=args.client)
     print(f"history: {result.history_path}\nreport: {result.report_path}")
     return 0 if result.report.ok else 1
 

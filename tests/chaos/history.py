@@ -92,6 +92,7 @@ class WorkloadConfig:
         default_factory=lambda: {"linearizable": 5, "leader": 2, "local": 3})
     min_version_rate: float = 0.3  # share of local reads that pass the client's last seen version
     think_time_s: float = 0.0
+    client: str = "httpx"  # "httpx": raw HTTP requests; "metakv": the Python client (client_workload.py)
 
 
 class Client:
@@ -354,7 +355,11 @@ class Workload:
 
     def __init__(self, urls: Callable[[], dict[int, str]], config: WorkloadConfig, history: History,
                  seed: int, prefix: str) -> None:
-        self.clients = [Client(p, urls, config, history, seed * 1000 + p) for p in range(config.process_count)]
+        kind: type[Client] = Client
+        if config.client == "metakv":
+            from tests.chaos.client_workload import MetakvClientProcess
+            kind = MetakvClientProcess
+        self.clients = [kind(p, urls, config, history, seed * 1000 + p) for p in range(config.process_count)]
         self.watcher = Watcher("watch", urls, history, prefix)
         self.config = config
         self._stop = threading.Event()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from prometheus_client import CollectorRegistry
 
@@ -32,8 +32,9 @@ from app.service import (
     VersionWaitTimeoutError,
 )
 from app.watch_hub import WATCH_QUEUE_EVENTS, WatchHub
-from raft.types import Batch
+from raft.types import Batch, SnapshotId
 from storage.commands import Command, encode_command
+from storage.snapshot_store import SnapshotStore
 from storage.state_machine import StateMachine
 
 
@@ -153,6 +154,9 @@ class InProcessService(NodeReads, NodeWrites):
             raise NotReadyError("nothing applied yet: there is no state to snapshot")
         snapshot_id = self.state.create_snapshot(self.snapshot_dir, self.epoch)
         return {"snapshot_id": {"end_offset": snapshot_id.end_offset, "epoch": snapshot_id.epoch}}
+
+    def open_snapshot(self, end_offset: int, epoch: int) -> BinaryIO:
+        return open(SnapshotStore(self.snapshot_dir).path_for(SnapshotId(end_offset, epoch)), "rb")
 
     async def resign(self) -> ResignReport:
         return {"resigned": True, "epoch": self.epoch}

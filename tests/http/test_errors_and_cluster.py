@@ -309,6 +309,7 @@ EXPECTED_STATUSES = {
     ("/metrics", "get"): {"200"},
     ("/metrics", "head"): {"200"},
     ("/v1/admin/snapshot", "post"): {"200", "503", "507"},
+    ("/v1/admin/snapshot/download", "post"): {"200", "503", "507"},
     ("/v1/admin/resign", "post"): {"200", "307", "503"},
     ("/v1/admin/compact", "post"): {"200", "307", "503"},
 }

@@ -1,0 +1,116 @@
+"""``metakv.AsyncClient``: the asyncio client, the same calls as ``metakv.Client`` awaited.
+
+    async with AsyncClient("http://127.0.0.1:8001,http://127.0.0.1:8002") as kv:
+        await kv.put("services/db/url", "postgres://db:5432")
+        async for event in kv.watch("services/"):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Unpack
+
+import httpx
+
+from metakv.core import (
+    CAS_MAX_ATTEMPTS,
+    DEFAULT_POLL_TIMEOUT_MS,
+    CasUpdate,
+    ClientCore,
+    ClientOptions,
+    Plan,
+    PlanRun,
+    ResultT,
+)
+from metakv.errors import MetakvError
+from metakv.protocol import Answer, Request, WatchCursor
+from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
+from metakv.routing import CLIENT_ERRORS, Call
+from metakv.txn import TxnBuilder
+
+
+class AsyncTxn(TxnBuilder):
+    def __init__(self, client: AsyncClient) -> None:
+        super().__init__()
+        self._client = client
+
+    async def commit(self) -> TxnResult:
+        return await self._client.run(self._client.txn_plan(self.request()))
+
+
+class AsyncClient(ClientCore):
+    """See ``metakv.Client``; every call is a coroutine and ``watch`` an async iterator."""
+
+    def __init__(self, endpoints: str | Sequence[str], *, transport: httpx.AsyncBaseTransport | None = None,
+                 **options: Unpack[ClientOptions]) -> None:
+        super().__init__(endpoints, options)
+        self._http = httpx.AsyncClient(transport=transport, **self.http_settings)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def call(self, request: Request) -> Answer:
+        call = self.new_call(request)
+        while (delay := call.outcome(await self._attempt(call))) is not None:
+            await asyncio.sleep(delay)
+        return self.finished(call)
+
+    async def _attempt(self, call: Call) -> httpx.Response | Exception:
+        try:
+            return await self._http.request(**call.send_options())
+        except CLIENT_ERRORS as exc:
+            return exc
+
+    async def run(self, plan: Plan[ResultT]) -> ResultT:
+        steps = PlanRun(plan)
+        while steps.request is not None:
+            try:
+                steps.feed(await self.call(steps.request))
+            except MetakvError as exc:
+                steps.feed(exc)
+        return steps.result  # type: ignore[return-value]
+
+    async def get(self, key: str, *, consistency: str = "local", min_version: int | None = None,
+                  at_version: int | None = None, wait_ms: int | None = None) -> KeyValue | None:
+        return await self.run(self.get_plan(key, consistency, min_version, at_version, wait_ms))
+
+    async def put(self, key: str, value: bytes | str, *, content_type: str | None = None,
+                  if_version: int | None = None) -> PutResult:
+        return await self.run(self.put_plan(key, value, content_type, if_version))
+
+    async def create(self, key: str, value: bytes | str, *, content_type: str | None = None) -> PutResult:
+        return await self.run(self.put_plan(key, value, content_type, None, create_only=True))
+
+    async def delete(self, key: str, *, if_version: int | None = None) -> DeleteResult:
+        return await self.run(self.delete_plan(key, if_version))
+
+    async def list(self, prefix: str = "", *, limit: int | None = None, keys_only: bool = False,
+                   consistency: str = "local", min_version: int | None = None,
+                   at_version: int | None = None) -> ListResult:
+        return await self.run(self.list_plan(prefix, limit, keys_only, consistency, min_version, at_version))
+
+    def txn(self) -> AsyncTxn:
+        return AsyncTxn(self)
+
+    async def cas_loop(self, key: str, update: CasUpdate, *, content_type: str | None = None,
+                       max_attempts: int = CAS_MAX_ATTEMPTS) -> PutResult:
+        return await self.run(self.cas_plan(key, update, content_type, max_attempts))
+
+    async def status(self) -> dict[str, Any]:
+        return dict((await self.call(Request("GET", "/v1/status"))).json())
+
+    async def watch(self, prefix: str = "", *, since: int | None = None,
+                    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS) -> AsyncIterator[Event]:
+        start = since if since is not None else (await self.list(prefix, limit=1, keys_only=True)).version
+        cursor = WatchCursor(prefix, start, poll_timeout_ms)
+        while True:
+            for event in cursor.accept(await self.call(cursor.request())):
+                yield event

@@ -1,0 +1,161 @@
+"""``metakv.Client``: the synchronous client (httpx, one keep-alive pool per client).
+
+    with Client("http://127.0.0.1:8001,http://127.0.0.1:8002") as kv:
+        written = kv.put("services/db/url", "postgres://db:5432")
+        kv.get("services/db/url").text
+        for event in kv.watch("services/", since=written.version):
+            ...
+
+Thread-safe: one client may serve many threads. docs/client.md is the reference; the calls'
+logic is in metakv/core.py (plans), routing and retries in metakv/routing.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO, Unpack
+
+import httpx
+
+from metakv.core import (
+    CAS_MAX_ATTEMPTS,
+    DEFAULT_POLL_TIMEOUT_MS,
+    CasUpdate,
+    ClientCore,
+    ClientOptions,
+    Plan,
+    PlanRun,
+    ResultT,
+)
+from metakv.errors import MetakvError
+from metakv.protocol import Answer, Request, WatchCursor
+from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
+from metakv.routing import CLIENT_ERRORS, Call
+from metakv.snapshots import SnapshotSaved, SnapshotWriter, snapshot_request
+from metakv.txn import TxnBuilder
+
+
+class Txn(TxnBuilder):
+    def __init__(self, client: Client) -> None:
+        super().__init__()
+        self._client = client
+
+    def commit(self) -> TxnResult:
+        """Send it; never re-sent after an unknown outcome (``Indeterminate``)."""
+        return self._client.run(self._client.txn_plan(self.request()))
+
+
+class Client(ClientCore):
+    """A metakv cluster: ``endpoints`` is a comma-separated string or a list of node URLs;
+    ``options`` are ``metakv.core.ClientOptions``. ``transport`` replaces httpx's (tests)."""
+
+    def __init__(self, endpoints: str | Sequence[str], *, transport: httpx.BaseTransport | None = None,
+                 **options: Unpack[ClientOptions]) -> None:
+        super().__init__(endpoints, options)
+        self._http = httpx.Client(transport=transport, **self.http_settings)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ driving
+
+    def call(self, request: Request) -> Answer:
+        """Send ``request`` with leader tracking, failover and backoff (metakv/routing.py)."""
+        call = self.new_call(request)
+        while (delay := call.outcome(self._attempt(call))) is not None:
+            time.sleep(delay)
+        return self.finished(call)
+
+    def _attempt(self, call: Call) -> httpx.Response | Exception:
+        try:
+            return self._http.request(**call.send_options())
+        except CLIENT_ERRORS as exc:
+            return exc
+
+    def run(self, plan: Plan[ResultT]) -> ResultT:
+        """Drive a plan of metakv/core.py: send each request it yields, hand back the answer."""
+        steps = PlanRun(plan)
+        while steps.request is not None:
+            try:
+                steps.feed(self.call(steps.request))
+            except MetakvError as exc:
+                steps.feed(exc)
+        return steps.result  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ keys
+
+    def get(self, key: str, *, consistency: str = "local", min_version: int | None = None,
+            at_version: int | None = None, wait_ms: int | None = None) -> KeyValue | None:
+        """The key, or None when it does not exist. ``consistency="local"`` reads the node
+        reads go to, at least at the session's version (read-your-writes)."""
+        return self.run(self.get_plan(key, consistency, min_version, at_version, wait_ms))
+
+    def put(self, key: str, value: bytes | str, *, content_type: str | None = None,
+            if_version: int | None = None) -> PutResult:
+        """Set the key. ``if_version``: only if its mod_version is that (0: missing), else
+        ``Conflict``. Without a condition an unknown outcome raises ``Indeterminate``; with
+        one the client re-sends it, since it can apply at most once."""
+        return self.run(self.put_plan(key, value, content_type, if_version))
+
+    def create(self, key: str, value: bytes | str, *, content_type: str | None = None) -> PutResult:
+        """Set the key only if it does not exist, else ``Conflict``."""
+        return self.run(self.put_plan(key, value, content_type, None, create_only=True))
+
+    def delete(self, key: str, *, if_version: int | None = None) -> DeleteResult:
+        return self.run(self.delete_plan(key, if_version))
+
+    def list(self, prefix: str = "", *, limit: int | None = None, keys_only: bool = False,
+             consistency: str = "local", min_version: int | None = None,
+             at_version: int | None = None) -> ListResult:
+        """Every key under ``prefix`` (at most ``limit``), all at one version."""
+        return self.run(self.list_plan(prefix, limit, keys_only, consistency, min_version, at_version))
+
+    def txn(self) -> Txn:
+        return Txn(self)
+
+    def cas_loop(self, key: str, update: CasUpdate, *, content_type: str | None = None,
+                 max_attempts: int = CAS_MAX_ATTEMPTS) -> PutResult:
+        """Read the key, write ``update(value or None)`` if it did not change meanwhile; on a
+        lost race, again (at most ``max_attempts`` times, then ``Conflict``)."""
+        return self.run(self.cas_plan(key, update, content_type, max_attempts))
+
+    # ------------------------------------------------------------------ watch
+
+    def watch(self, prefix: str = "", *, since: int | None = None,
+              poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS) -> Iterator[Event]:
+        """Every change under ``prefix`` after ``since`` (default: now), in version order,
+        each exactly once, across reconnects and failovers; raises ``Compacted`` when
+        ``since`` fell below the oldest retained version (re-list, then watch again)."""
+        start = since if since is not None else self.list(prefix, limit=1, keys_only=True).version
+        cursor = WatchCursor(prefix, start, poll_timeout_ms)
+        while True:
+            yield from cursor.accept(self.call(cursor.request()))
+
+    # ------------------------------------------------------------------ admin
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/status`` of the node reads go to."""
+        return dict(self.call(Request("GET", "/v1/status")).json())
+
+    def save_snapshot(self, destination: BinaryIO) -> SnapshotSaved:
+        """Take a snapshot on the node reads go to and stream its file into ``destination``."""
+        call = self.new_call(snapshot_request())
+        while True:
+            try:
+                with self._http.stream("POST", call.url) as response:
+                    if response.status_code == 200:
+                        writer = SnapshotWriter(response.headers, destination)
+                        for chunk in response.iter_bytes():
+                            writer.write(chunk)
+                        return writer.finish()
+                    delay = call.answered(Answer(response.status_code, response.headers, response.read()))
+            except CLIENT_ERRORS as exc:
+                delay = call.failed(exc)
+            time.sleep(delay or 0)
