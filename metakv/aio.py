@@ -30,6 +30,8 @@ from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult,
 from metakv.routing import CLIENT_ERRORS, Call
 from metakv.txn import TxnBuilder
 
+POOL_SHARD_CONNECTIONS = 8  # connections per httpx pool (see AsyncClient.__init__)
+
 
 class AsyncTxn(TxnBuilder):
     def __init__(self, client: AsyncClient) -> None:
@@ -46,10 +48,20 @@ class AsyncClient(ClientCore):
     def __init__(self, endpoints: str | Sequence[str], *, transport: httpx.AsyncBaseTransport | None = None,
                  **options: Unpack[ClientOptions]) -> None:
         super().__init__(endpoints, options)
-        self._http = httpx.AsyncClient(transport=transport, **self.http_settings)
+        # Several small pools, not one large one: httpcore's pool rescans every connection
+        # for every queued request, so one pool of 64 costs ~10 ms of CPU per request at 64
+        # concurrent requests (55 req/s against a local server); pools of 8 took 340/s.
+        connections = self.http_settings["limits"].max_connections
+        shards = 1 if transport is not None else -(-connections // POOL_SHARD_CONNECTIONS)
+        per_shard = -(-connections // shards)
+        settings = {**self.http_settings, "limits": httpx.Limits(
+            max_connections=per_shard, max_keepalive_connections=per_shard)}
+        self._pools = [httpx.AsyncClient(transport=transport, **settings) for _ in range(shards)]
+        self._next_pool = 0
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -64,8 +76,9 @@ class AsyncClient(ClientCore):
         return self.finished(call)
 
     async def _attempt(self, call: Call) -> httpx.Response | Exception:
+        self._next_pool = (self._next_pool + 1) % len(self._pools)
         try:
-            return await self._http.request(**call.send_options())
+            return await self._pools[self._next_pool].request(**call.send_options())
         except CLIENT_ERRORS as exc:
             return exc
 
