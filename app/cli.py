@@ -79,6 +79,15 @@ SERVE_HELP = {
     "cluster_id": "cluster id checked in the raft handshake",
     "cluster_secret": "shared secret proving raft peers belong to the cluster (use the env var)",
     "auth_file": "TOML token file: require Authorization: Bearer tokens on the HTTP API (docs/http.md, Auth)",
+    # security (docs/security.md)
+    "tls_cert_file": "serve HTTPS with this certificate (PEM; SIGHUP reloads it)",
+    "tls_key_file": "the private key of --tls-cert-file (PEM)",
+    "tls_client_ca_file": "require HTTPS clients to present a certificate from this CA; its CN or SAN may name a token",
+    "peer_tls_cert_file": "raft port mutual TLS: this node's certificate, naming node-<id> (metakv certs)",
+    "peer_tls_key_file": "the private key of --peer-tls-cert-file",
+    "peer_tls_ca_file": "raft port mutual TLS: the cluster's CA; peers without a certificate from it are refused",
+    "allowed_observers": "observer ids that may connect to this node's raft port: ID,ID,... (voters always may)",
+    "insecure": "start even though a listener is not on loopback with neither peer TLS nor a strong cluster secret",
 }
 
 
@@ -91,7 +100,7 @@ def _build_parser() -> _Parser:
     for setting in SERVE_SETTINGS:
         help_text = SERVE_HELP.get(setting, setting.replace("_", " "))
         help_text += f" [env {env_name(setting)}]"
-        if setting == "observer":
+        if setting in ("observer", "insecure"):
             serve.add_argument(flag_name(setting), dest=setting, action="store_const", const=True,
                                default=None, help=help_text)
         else:
@@ -183,19 +192,18 @@ async def _serve(config: NodeConfig) -> int:
 
 async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
+    from app.http.client_certs import ClientCertHttpToolsProtocol
     from app.http.uvicorn_protocol import CoalescingHttpToolsProtocol
     from app.runtime import NodeRuntime
+    from app.sighup import reload_on_sighup
+    from app.tls import http_server_context
 
     runtime = NodeRuntime(config)
     loop = asyncio.get_running_loop()
-    # SIGHUP reloads the token file (app/auth.py, docs/http.md "Auth"). Without one it still
-    # must not kill the node (the default action): people send it expecting a reload.
-    tokens = runtime.auth_tokens
-    if tokens is not None:
-        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
-    else:
-        loop.add_signal_handler(signal.SIGHUP, logging.getLogger("metakv").warning,
-                                "SIGHUP: no auth file configured, nothing to reload")
+    # SIGHUP reloads the token file and the certificates (app/sighup.py, docs/security.md).
+    http_tls = config.http_tls
+    http_context = http_server_context(http_tls) if http_tls is not None else None
+    loop.add_signal_handler(signal.SIGHUP, reload_on_sighup, config, runtime, http_context)
     try:
         await runtime.start()
     except Exception as exc:  # corrupt files name file and byte offset; a taken port its address
@@ -211,8 +219,10 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     gc.freeze()
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
-        http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False, log_level="warning",
+        http=CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol,
+        lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
+        ssl_context_factory=None if http_context is None else lambda _config, _default: http_context,
     ))
     stopping: list[asyncio.Task[None]] = []
 
@@ -316,6 +326,8 @@ def cluster_up(args: argparse.Namespace) -> int:
             ]
             if node_id > voters:
                 command.append("--observer")
+            if observers:  # voters let only these observers connect
+                command += ["--allowed-observers", ",".join(str(i) for i in range(voters + 1, count + 1))]
             if args.auth_file:
                 command += ["--auth-file", str(Path(args.auth_file).resolve())]
             # Children ignore the terminal's Ctrl-C (own process group): this process stops
