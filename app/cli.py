@@ -119,13 +119,26 @@ def _build_parser() -> _Parser:
                     help="token file every node enforces (docs/http.md, Auth; env METAKV_AUTH_FILE)")
     up.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
                     help="bearer token to find the leader with when auth is on (env METAKV_TOKEN)")
+    up.add_argument("--tls", action="store_true",
+                    help="HTTPS and peer mutual TLS, with certificates made in DATA-DIR/certs (metakv certs)")
+    certs = commands.add_parser("certs", help="make a CA and node/client certificates for TLS (docs/security.md)")
+    certs.add_argument("--dir", default="./certs", help="where to write them (default ./certs; an existing CA is reused)")
+    certs.add_argument("--nodes", default="1,2,3,4", help="node ids: ID,ID,... (default 1,2,3,4)")
+    certs.add_argument("--clients", default="", help="client certificate names: NAME,... (a token of that name)")
+    certs.add_argument("--hosts", default="127.0.0.1,localhost",
+                       help="host names and addresses the node certificates are valid for")
+    certs.add_argument("--days", default="365", help="validity in days (default 365)")
 
     status = commands.add_parser("status", help="print the quorum table of a running cluster")
     status.add_argument("--url", default=os.environ.get("METAKV_URL", "http://127.0.0.1:8001"),
-                        help="any node's HTTP URL [env METAKV_URL] (default http://127.0.0.1:8001)")
+                        help="node URLs, comma-separated: the only places the token is sent [env METAKV_URL] "
+                             "(default http://127.0.0.1:8001)")
     status.add_argument("--timeout-ms", default="3000", help="per request (default 3000)")
     status.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
                         help="bearer token for a cluster with auth enabled [env METAKV_TOKEN]")
+    status.add_argument("--cacert", help="CA file to verify https nodes with (metakv certs: ca.crt)")
+    status.add_argument("--cert", help="client certificate, for nodes that require one")
+    status.add_argument("--key", help="the client certificate's private key")
     repair = commands.add_parser("repair", help="verify a stopped node's log, or discard it from an offset on")
     repair.add_argument("--data-dir", default=os.environ.get("METAKV_DATA_DIR"),
                         help="the node's data directory [env METAKV_DATA_DIR]")
@@ -147,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cluster_up(args)
         if args.command == "repair":
             return repair(args)
+        if args.command == "certs":
+            return certs(args)
         return status(args)
     except UsageError as exc:
         print(exc, file=sys.stderr)
@@ -302,6 +317,9 @@ def cluster_up(args: argparse.Namespace) -> int:
             raise ConfigError(f"--auth-file: {exc}") from None
     count = voters + observers
     voter_spec = ",".join(f"{i}@{HostPort(host, base_raft + i - 1)}" for i in range(1, voters + 1))
+    certs_dir = (data_dir / "certs").resolve()
+    if args.tls:
+        _cluster_certs(certs_dir, count, host)
     children: list[tuple[int, str, subprocess.Popen[bytes]]] = []
     stop_requested = False
 
@@ -316,7 +334,7 @@ def cluster_up(args: argparse.Namespace) -> int:
     try:
         for node_id in range(1, count + 1):
             http_address = HostPort(host, base_http + node_id - 1)
-            url = f"http://{http_address}"
+            url = f"{'https' if args.tls else 'http'}://{http_address}"
             command = [
                 sys.executable, "-m", "app.cli", "serve", "--node-id", str(node_id),
                 "--data-dir", str(data_dir / str(node_id)),
@@ -330,15 +348,19 @@ def cluster_up(args: argparse.Namespace) -> int:
                 command += ["--allowed-observers", ",".join(str(i) for i in range(voters + 1, count + 1))]
             if args.auth_file:
                 command += ["--auth-file", str(Path(args.auth_file).resolve())]
+            if args.tls:
+                command += _tls_flags(certs_dir, node_id)
             # Children ignore the terminal's Ctrl-C (own process group): this process stops
             # them in order with SIGTERM so each shuts down gracefully exactly once.
             children.append((node_id, url, subprocess.Popen(command, start_new_session=True)))
         _print_banner(children, voters, auth=bool(args.auth_file))
+        if args.tls:
+            print(f"TLS is on: add --cacert {certs_dir / 'ca.crt'} to each curl\n", flush=True)
         # A node that exits while starting (a taken port, a bad data dir) ends the wait at
         # once: the cluster the banner promised is not there, so everything stops, exit 1.
         leader = _wait_for_leader([url for _, url, _ in children],
                                   lambda: stop_requested or any(p.poll() is not None for _, _, p in children),
-                                  args.token)
+                                  args.token, verify=str(certs_dir / "ca.crt") if args.tls else True)
         failed = [(node_id, p.returncode) for node_id, _, p in children if p.poll() is not None]
         if failed and not stop_requested:
             for node_id, code in failed:
@@ -413,7 +435,7 @@ def _metakv_command() -> str:
     return f"PYTHONPATH={shlex.quote(str(package_root))} {shlex.quote(sys.executable)} -m app.cli"
 
 
-def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> str | None:
+def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None, verify: str | bool = True) -> str | None:
     """Wait until every node answers /healthz and one of them says it leads; return its URL.
 
     A quorum elects a leader while a slower node may still be importing, so the leader alone
@@ -425,7 +447,7 @@ def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> st
     serving: set[str] = set()
     leader: str | None = None
     unauthorized = False
-    with httpx.Client(timeout=1.0, headers=headers) as client:
+    with httpx.Client(timeout=1.0, headers=headers, verify=verify) as client:
         while time.monotonic() < deadline and not stop():
             for url in urls:
                 if url not in serving:
@@ -473,6 +495,45 @@ def _stop_children(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
+def _cluster_certs(certs_dir: Path, count: int, host: str) -> None:
+    """cluster up --tls: a CA and one certificate per node, made once and reused."""
+    from app.certs import CertsError, make_certs
+    from app.tls import node_name
+
+    missing = [node_id for node_id in range(1, count + 1) if not (certs_dir / f"{node_name(node_id)}.crt").exists()]
+    try:
+        make_certs(certs_dir, missing, hosts=sorted({host, "127.0.0.1", "localhost"}))
+    except CertsError as exc:
+        raise ConfigError(f"--tls: {exc}") from None
+
+
+def _tls_flags(certs_dir: Path, node_id: int) -> list[str]:
+    from app.tls import node_name
+
+    cert, key = str(certs_dir / f"{node_name(node_id)}.crt"), str(certs_dir / f"{node_name(node_id)}.key")
+    return ["--tls-cert-file", cert, "--tls-key-file", key, "--peer-tls-cert-file", cert,
+            "--peer-tls-key-file", key, "--peer-tls-ca-file", str(certs_dir / "ca.crt")]
+
+
+# --------------------------------------------------------------------------- certs
+
+
+def certs(args: argparse.Namespace) -> int:
+    from app.certs import CertsError, make_certs
+
+    node_ids = sorted({parse_int("--nodes", item, 0, 2**31 - 1) for item in args.nodes.split(",") if item.strip()})
+    clients = [item.strip() for item in args.clients.split(",") if item.strip()]
+    hosts = [item.strip() for item in args.hosts.split(",") if item.strip()]
+    days = parse_int("--days", args.days, 1, 36500)
+    try:
+        written = make_certs(Path(args.dir), node_ids, clients, hosts, days)
+    except CertsError as exc:
+        raise ConfigError(str(exc)) from None
+    for path in written:
+        print(path)
+    return 0
+
+
 # --------------------------------------------------------------------------- repair
 
 
@@ -499,76 +560,17 @@ def repair(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    import httpx
+    from app.status_client import httpx_verify, print_status
 
     timeout_s = parse_int("--timeout-ms", args.timeout_ms, 1, 600_000) / 1000
-    url = parse_url("--url", args.url)
-    headers = {"Authorization": f"Bearer {args.token.strip()}"} if args.token else {}
-    # Redirects are followed by _get_following: httpx drops Authorization on a redirect to
-    # another host (curl does too, without --location-trusted), and the leader is one.
-    with httpx.Client(timeout=timeout_s, headers=headers) as client:
-        try:
-            quorum = _get_following(client, f"{url}/v1/quorum")
-            if quorum.status_code in (401, 403):
-                problem = "no --token (or METAKV_TOKEN) given" if not args.token else "the token was refused"
-                print(f"metakv: {url} requires auth: {problem} (HTTP {quorum.status_code})", file=sys.stderr)
-                return EXIT_FAILURE
-            if quorum.status_code != 200:
-                node = client.get(f"{url}/v1/status").json()
-                print(f"metakv: no leader reachable from {url} (HTTP {quorum.status_code}); "
-                      f"node {node.get('node_id')} is {node.get('role')} in epoch {node.get('epoch')}",
-                      file=sys.stderr)
-                return EXIT_FAILURE
-            table = quorum.json()
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # InvalidURL: a bad Location
-            print(f"metakv: cannot reach {url}: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-        rows = []
-        for kind in ("voters", "observers"):
-            for replica in table.get(kind, []):
-                rows.append(_status_row(client, kind[:-1], replica, table))
-    print(f"epoch {table['epoch']}  leader {table['leader_id']}  high watermark {table['high_watermark']}")
-    header = ("NODE", "KIND", "ROLE", "URL", "LOG END", "LAG", "APPLIED", "READY", "LAST FETCH")
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    return 0
-
-
-STATUS_MAX_REDIRECTS = 3  # a follower redirects to the leader once; more means a loop
-
-
-def _get_following(client: Any, url: str) -> Any:
-    """GET ``url``, following 307s with the client's headers (the token) kept."""
-    response = client.get(url)
-    for _ in range(STATUS_MAX_REDIRECTS):
-        location = response.headers.get("location")
-        if response.status_code not in (301, 302, 303, 307, 308) or not location:
-            break
-        response = client.get(str(response.url.join(location)))
-    return response
-
-
-def _status_row(client: Any, kind: str, replica: dict[str, Any], table: dict[str, Any]) -> tuple[Any, ...]:
-    import httpx
-
-    endpoint = replica.get("endpoint") or ""
-    role, applied, ready = "?", "?", "?"
-    if endpoint:
-        try:
-            node = client.get(f"{endpoint}/v1/status").json()
-            role, applied, ready = node.get("role"), node.get("applied_version"), node.get("ready")
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # InvalidURL: a bad advertised URL
-            role = "unreachable"
-    last_fetch = replica.get("last_fetch_timestamp_ms")
-    if replica.get("node_id") == table.get("leader_id"):
-        fetched = "-"
-    elif last_fetch is None:
-        fetched = "never"
-    else:
-        fetched = f"{max(0, int(time.time() * 1000) - last_fetch)} ms ago"
-    return (replica.get("node_id"), kind, role, endpoint or "-", replica.get("log_end_offset"),
-            replica.get("lag"), applied, ready, fetched)
+    # --url lists the cluster members: the only origins the token is sent to.
+    members = [parse_url("--url", item) for item in str(args.url).split(",") if item.strip()]
+    if not members:
+        raise ConfigError("--url: give at least one node URL")
+    if (args.cert is None) != (args.key is None):
+        raise ConfigError("--cert and --key: give both or neither")
+    verify = httpx_verify(args.cacert, args.cert, args.key)
+    return print_status(members, args.token, timeout_s, verify)
 
 
 if __name__ == "__main__":
