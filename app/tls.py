@@ -162,5 +162,7 @@ def describe_tls_failure(exc: BaseException) -> str | None:
         reason = exc.reason or str(exc)
         if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
             return "TLS: the peer sent no certificate"
+        if reason == "WRONG_VERSION_NUMBER":
+            return "TLS handshake failed: the peer does not speak TLS (WRONG_VERSION_NUMBER)"
         return f"TLS handshake failed: {reason}"
     return None

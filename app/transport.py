@@ -1,8 +1,8 @@
 """The raft transport: one TCP listener per node, length-prefixed msgpack frames.
 
 Wire format. Every frame is ``u32 length`` (big-endian) followed by ``length`` bytes of
-msgpack. With peer TLS (``PeerSecurity.tls``) every connection first completes a mutual TLS
-handshake: both ends present a certificate from the cluster's CA naming their node id
+msgpack. With peer TLS (``PeerSecurity.tls``) the server first sends ``TLS_GREETING`` and
+both ends complete a mutual TLS handshake: both ends present a certificate from the cluster's CA naming their node id
 (app/tls.py); a peer without one is refused there. Then, TLS or not, a handshake proves both
 ends know the cluster secret, without sending it; the client proves first, so a client that
 does not know the secret learns nothing it could guess the secret from offline:
@@ -108,6 +108,7 @@ SENDER_FIELD: dict[type, str] = {
     FetchSnapshotRequest: "replica_id",
 }
 HANDSHAKE_FRAME_MAX_BYTES = 4096
+TLS_GREETING = b"TLS\x01"  # with peer TLS the server's first bytes: the client starts TLS on them
 # msgpack limit on a raft message's strings (cluster ids, URLs; never keys or values).
 MESSAGE_MAX_STR_BYTES = 64 * 1024
 FRAME_OVERHEAD_BYTES = 1024 * 1024  # beyond the records of a batch: endpoints, headers
@@ -509,6 +510,9 @@ class RaftTransport:
     async def _client_tls_and_handshake(self, connection: _Connection) -> None:
         tls = self.security.tls
         if tls is not None:
+            greeting = await connection.reader.readexactly(len(TLS_GREETING))
+            if greeting != TLS_GREETING:
+                raise HandshakeError("the peer does not speak TLS on its raft port")
             await connection.writer.start_tls(tls.client)
             certified = node_id_of(connection.writer.get_extra_info("peercert"))
             if certified != connection.peer_id:
@@ -604,7 +608,10 @@ class RaftTransport:
         tls = self.security.tls
         if tls is not None:
             # TLS per connection, not on the listener: each handshake uses the contexts in
-            # force (a SIGHUP reload) and the handshake timeout covers TLS too.
+            # force (a SIGHUP reload), the handshake timeout covers TLS too, and a failed
+            # one is logged here with its reason. The client starts TLS only on our greeting,
+            # so no byte of its ClientHello can land in the plain stream's buffer.
+            connection.writer.write(TLS_GREETING)
             await connection.writer.start_tls(tls.server)
             certified = node_id_of(connection.writer.get_extra_info("peercert"))
             if certified is None:

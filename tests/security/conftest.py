@@ -10,4 +10,4 @@ from tests.security.certs_fixture import CertSet, make_test_certs
 
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> CertSet:
-    return make_test_certs(Path(tmp_path_factory.mktemp("certs")), range(1, 6))
+    return make_test_certs(Path(tmp_path_factory.mktemp("certs")), range(1, 7), ("root", "stranger"))
