@@ -10,6 +10,10 @@ and the routes read them (``scope["path"]`` for routing, the raw path for the ke
 query parsing, last value wins), and for a txn reads the body once, bounded, checks every
 key it touches, then replays the same bytes to the app.
 
+Over HTTPS with client certificates (app/http/client_certs.py), a request without an
+Authorization header whose certificate names a token (CN or SAN equal to its name) is that
+token's request, as etcd's --client-cert-auth maps a certificate to a user.
+
 Every 401 and 403 is logged at WARNING (method, path, client address, why), at most
 ``DENIED_LOG_PER_S`` lines a second so a client hammering with a bad token cannot flood the
 log; the lines held back are counted in the next one.

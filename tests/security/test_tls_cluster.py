@@ -4,7 +4,6 @@ certificates may stand for. One cluster for the module (starting one costs secon
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import shutil
 import signal
@@ -17,37 +16,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtest.local_cluster import Cluster, Node
+from loadtest.local_cluster import Node
+from loadtest.tls_clusters import TlsCluster
+from loadtest.tls_clusters import client_context as tls_client_context
 from tests.security.certs_fixture import CertSet
 
 VOTERS = 3
 ROGUES = {4: "other-ca", 5: "expired", 6: "no peer TLS"}
 
 
-@dataclasses.dataclass
-class HttpsNode(Node):
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.http_port}"
-
-
 def client_context(certs: CertSet, client: str | None) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(certs.ca))
-    if client is not None:
-        cert, key = certs.client(client)
-        context.load_cert_chain(cert, key)
-    return context
-
-
-class TlsCluster(Cluster):
-    """A Cluster whose nodes serve HTTPS; its client presents the "root" client certificate."""
-
-    certs: CertSet
-
-    def client(self) -> httpx.Client:
-        if self._client is None:
-            self._client = httpx.Client(timeout=10.0, verify=client_context(self.certs, "root"))
-        return self._client
+    return tls_client_context(certs.directory, certs.client(client) if client is not None else None)
 
 
 def peer_flags(certs: CertSet, node_id: int, kind: str = "") -> list[str]:
@@ -62,15 +41,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, certs: CertSet) -> Iterato
     tokens = root / "tokens.toml"
     tokens.write_text(f'[[tokens]]\nname = "root"\nsha256 = "{hashlib.sha256(b"root-secret").hexdigest()}"\n'
                       '[tokens.rules]\n"" = "admin"\n')
-    cluster = TlsCluster(root, voters=VOTERS, settings={
+    cluster = TlsCluster(root, certs.directory, VOTERS, client_cert=certs.client("root"), settings={
         "auth_file": tokens, "tls_client_ca_file": certs.ca, "allowed_observers": ",".join(map(str, ROGUES))})
-    cluster.certs = certs
-    for node_id, node in list(cluster.nodes.items()):
-        files = certs.node(node_id)
-        node.command += ["--tls-cert-file", str(files.cert_file), "--tls-key-file", str(files.key_file),
-                         *peer_flags(certs, node_id)]
-        cluster.nodes[node_id] = HttpsNode(**{field.name: getattr(node, field.name)
-                                              for field in dataclasses.fields(node)})
     try:
         cluster.start()
         cluster.wait_for_leader()
