@@ -27,7 +27,8 @@ def tls_services() -> dict[str, dict]:
     return {name: service for name, service in compose["services"].items() if service.get("profiles") == ["tls"]}
 
 
-def local_node(name: str, service: dict, ports: dict[str, tuple[int, int]], certs: Path, root: Path) -> HttpsNode:
+def local_node(name: str, service: dict, ports: dict[str, tuple[int, int]], certs: Path, root: Path,
+               run_id: str) -> HttpsNode:
     environment = {key: str(value) for key, value in service["environment"].items()}
     assert all(key.startswith("METAKV_") for key in environment), "configured only through METAKV_*"
     voters = environment["METAKV_VOTERS"]
@@ -41,7 +42,7 @@ def local_node(name: str, service: dict, ports: dict[str, tuple[int, int]], cert
         "METAKV_LISTEN_RAFT": f"127.0.0.1:{raft_port}", "METAKV_DATA_DIR": str(root / name),
         "METAKV_ADVERTISE_HTTP": environment["METAKV_ADVERTISE_HTTP"].replace(
             f"localhost:{host_port}", f"127.0.0.1:{http_port}"),
-        "METAKV_CLUSTER_ID": f"{environment['METAKV_CLUSTER_ID']}-{uuid.uuid4().hex[:12]}",
+        "METAKV_CLUSTER_ID": f"{environment['METAKV_CLUSTER_ID']}-{run_id}",
     })
     env = {key: value for key, value in os.environ.items() if not key.startswith("METAKV_")}
     env.update(environment, PYTHONUNBUFFERED="1")
@@ -56,7 +57,8 @@ def test_the_tls_profile_forms_a_cluster_that_serves_over_https(tmp_path: Path) 
     make_certs(certs, [1, 2, 3])  # what the profile's comment says to run first
     free = free_ports(2 * len(services))
     ports = {name: (free[2 * i], free[2 * i + 1]) for i, name in enumerate(services)}
-    nodes = [local_node(name, service, ports, certs, tmp_path) for name, service in services.items()]
+    run_id = uuid.uuid4().hex[:12]  # other clusters run on this machine at once: their own id
+    nodes = [local_node(name, service, ports, certs, tmp_path, run_id) for name, service in services.items()]
     cluster = TlsCluster(tmp_path / "unused", certs, voters=0)
     cluster.nodes = {node.node_id: node for node in nodes}
     try:
