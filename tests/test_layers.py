@@ -23,7 +23,7 @@ FORBIDDEN = {
     "loadtest": frozenset({"tests"}),
 }
 # All that app/http/ may import of ours (a module and what lies under it).
-HTTP_MAY_IMPORT = ("app.service", "app.auth", "app.http")
+HTTP_MAY_IMPORT = ("app.service", "app.auth", "app.tls", "app.http")  # app.tls: certificate names, stdlib only
 
 
 def imported_modules(source: str, package: str) -> set[str]:

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -19,23 +19,12 @@ from app.transport import FRAME_LENGTH, PROTOCOL_VERSION, PeerSecurity, RaftTran
 from raft.messages import Envelope, FetchRequest, FetchResponse, VoteRequest
 from raft.types import Batch, ErrorCode
 from tests.security.certs_fixture import CertSet
+from tests.transport.test_transport import run, wait_until
 
-WAIT_S = 10.0
+WAIT_S = 10.0  # for a raw socket's answer
 CLUSTER = "c1"
 SECRET = DEFAULT_CLUSTER_SECRET.encode()
 LOG = (Batch(0, 1, 0, False, (b"secret-key=secret-value",)),)
-
-
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 60))
-
-
-async def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class Peer:
@@ -56,6 +45,25 @@ class Peer:
         return [envelope.message for envelope in self.received if isinstance(envelope.message, kind)]
 
 
+async def one_answered_one_refused(node: Peer, member: Peer, stranger: Peer) -> None:
+    """Both fetch from ``node`` (started): ``member`` is answered; ``stranger`` is refused at
+    the handshake and gets nothing. Stops all three."""
+    for peer in (member, stranger):
+        await peer.transport.start()
+    try:
+        for peer in (stranger, member):
+            peer_id = peer.transport.node_id
+            peer.transport.send(Envelope(peer_id, node.transport.node_id, FetchRequest(1, peer_id, 0, 0, 0, 0, "")))
+        await wait_until(lambda: member.of_type(FetchResponse), "the member's answer")
+        await wait_until(lambda: node.transport.stats.connections_refused >= 1, "the refusal")
+        await asyncio.sleep(0.3)
+        assert stranger.received == []
+        assert {envelope.src for envelope in node.received} == {member.transport.node_id}
+    finally:
+        for peer in (stranger, member, node):
+            await peer.transport.stop()
+
+
 def voter_node(**security: object) -> Peer:
     """Voter 1 of the voters {1, 2, 3}, letting observer 4 connect."""
     return Peer(1, {}, voters=frozenset({1, 2, 3}),
@@ -68,21 +76,8 @@ def test_a_made_up_observer_with_the_default_secret_gets_nothing(caplog: pytest.
     async def scenario() -> None:
         node = voter_node()
         await node.transport.start()
-        intruder = Peer(99, {1: ("127.0.0.1", node.transport.port)})
-        allowed = Peer(4, {1: ("127.0.0.1", node.transport.port)})
-        await intruder.transport.start()
-        await allowed.transport.start()
-        try:
-            intruder.transport.send(Envelope(99, 1, FetchRequest(1, 99, 0, 0, 0, 0, "")))
-            allowed.transport.send(Envelope(4, 1, FetchRequest(1, 4, 0, 0, 0, 0, "")))
-            await wait_until(lambda: allowed.of_type(FetchResponse), "the allowed observer's answer")
-            await wait_until(lambda: node.transport.stats.connections_refused >= 1, "the intruder's refusal")
-            await asyncio.sleep(0.3)
-            assert intruder.received == []
-            assert [envelope.src for envelope in node.received] == [4]
-        finally:
-            for peer in (intruder, allowed, node):
-                await peer.transport.stop()
+        address = {1: ("127.0.0.1", node.transport.port)}
+        await one_answered_one_refused(node, member=Peer(4, address), stranger=Peer(99, address))
 
     with caplog.at_level(logging.WARNING, logger="metakv.transport"):
         run(scenario)
@@ -172,19 +167,7 @@ def test_peer_tls_refuses_what_the_cluster_ca_did_not_issue_to_that_node(
             stranger = Peer(4, address, security=PeerSecurity(tls=tls(certs, 3)))  # node 3's certificate
         else:
             stranger = Peer(4, address, security=PeerSecurity(tls=tls(certs, 4, who)))
-        await member.transport.start()
-        await stranger.transport.start()
-        try:
-            stranger.transport.send(Envelope(4, 1, FetchRequest(1, 4, 0, 0, 0, 0, "")))
-            member.transport.send(Envelope(2, 1, FetchRequest(1, 2, 0, 0, 0, 0, "")))
-            await wait_until(lambda: member.of_type(FetchResponse), "the member's answer")
-            await wait_until(lambda: node.transport.stats.connections_refused >= 1, "the refusal")
-            await asyncio.sleep(0.2)
-            assert stranger.received == []
-            assert {envelope.src for envelope in node.received} == {2}
-        finally:
-            for peer in (stranger, member, node):
-                await peer.transport.stop()
+        await one_answered_one_refused(node, member, stranger)
 
     with caplog.at_level(logging.WARNING, logger="metakv.transport"):
         run(scenario)

@@ -4,7 +4,8 @@ as well as frames (item 6), and frames are decoded within msgpack length limits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 import msgpack
 
@@ -35,21 +36,26 @@ def test_the_frame_limit_follows_max_batch_bytes() -> None:
     assert transport_config_for(24 * MIB).max_queue_bytes >= 2 * frame_limit_for(24 * MIB)
 
 
+@contextlib.asynccontextmanager
+async def client_and_server(config: TransportConfig | None = None, respond: bool = False) -> AsyncIterator[tuple[Node, Node]]:
+    """Node 2 listening, node 1 dialling it; both stopped afterwards."""
+    server = Node(2, {}, config=config, respond=respond)
+    await server.transport.start()
+    client = Node(1, {2: ("127.0.0.1", server.transport.port)}, config=config)
+    await client.transport.start()
+    try:
+        yield client, server
+    finally:
+        for node in (client, server):
+            await node.transport.stop()
+
+
 def test_a_fetch_response_above_16_mib_arrives_with_the_limit_of_its_batch_size() -> None:
     async def scenario() -> None:
-        config = transport_config_for(24 * MIB)
-        server = Node(2, {}, config=config)
-        client = Node(1, {2: ("127.0.0.1", 0)}, config=config)
-        await server.transport.start()
-        client.transport._peers[2] = ("127.0.0.1", server.transport.port)
-        await client.transport.start()
-        try:
+        async with client_and_server(transport_config_for(24 * MIB)) as (client, server):
             client.transport.send(Envelope(1, 2, response_with(20 * MIB)))
             await wait_until(lambda: len(server.messages(FetchResponse)) == 1, "the 20 MiB response")
             assert server.transport.stats.connections_closed_bad_frame == 0
-        finally:
-            await client.transport.stop()
-            await server.transport.stop()
     run(scenario)
 
 
@@ -76,11 +82,7 @@ def send_raw(node: Node, payload: bytes) -> Callable[[], None]:
 
 def test_frames_beyond_msgpack_limits_close_the_connection_only() -> None:
     async def scenario() -> None:
-        server = Node(2, {}, respond=True)
-        await server.transport.start()
-        client = Node(1, {2: ("127.0.0.1", server.transport.port)})
-        await client.transport.start()
-        try:
+        async with client_and_server(respond=True) as (client, server):
             client.transport.send(Envelope(1, 2, FetchRequest(1, 1, 0, 0, 0, 500, "")))
             await wait_until(lambda: len(client.messages(FetchResponse)) == 1, "first response")
             bad_bodies = [
@@ -95,9 +97,6 @@ def test_frames_beyond_msgpack_limits_close_the_connection_only() -> None:
                 await wait_until(lambda c=closed: server.transport.stats.connections_closed_bad_frame == c, "a close")
             client.transport.send(Envelope(1, 2, FetchRequest(1, 1, 5, 0, 0, 500, "")))
             await wait_until(lambda: len(client.messages(FetchResponse)) == 2, "served after reconnecting")
-        finally:
-            await client.transport.stop()
-            await server.transport.stop()
     run(scenario)
 
 
