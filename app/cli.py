@@ -360,7 +360,7 @@ def cluster_up(args: argparse.Namespace) -> int:
         # once: the cluster the banner promised is not there, so everything stops, exit 1.
         leader = _wait_for_leader([url for _, url, _ in children],
                                   lambda: stop_requested or any(p.poll() is not None for _, _, p in children),
-                                  args.token, verify=str(certs_dir / "ca.crt") if args.tls else True)
+                                  args.token, verify=_trusting(certs_dir / "ca.crt") if args.tls else True)
         failed = [(node_id, p.returncode) for node_id, _, p in children if p.poll() is not None]
         if failed and not stop_requested:
             for node_id, code in failed:
@@ -435,7 +435,7 @@ def _metakv_command() -> str:
     return f"PYTHONPATH={shlex.quote(str(package_root))} {shlex.quote(sys.executable)} -m app.cli"
 
 
-def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None, verify: str | bool = True) -> str | None:
+def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None, verify: Any = True) -> str | None:
     """Wait until every node answers /healthz and one of them says it leads; return its URL.
 
     A quorum elects a leader while a slower node may still be importing, so the leader alone
@@ -505,6 +505,12 @@ def _cluster_certs(certs_dir: Path, count: int, host: str) -> None:
         make_certs(certs_dir, missing, hosts=sorted({host, "127.0.0.1", "localhost"}))
     except CertsError as exc:
         raise ConfigError(f"--tls: {exc}") from None
+
+
+def _trusting(ca_file: Path) -> Any:
+    import ssl
+
+    return ssl.create_default_context(cafile=str(ca_file))
 
 
 def _tls_flags(certs_dir: Path, node_id: int) -> list[str]:
