@@ -19,7 +19,8 @@ Identity. The node id a connection speaks for is fixed by the handshake: with TL
 the id the certificate names; both MACs cover both ids, so the id cannot be changed on the
 way. Only the voters and the allowed observers (``PeerSecurity.allowed_observers``) may
 connect, and a message naming another sender than the connection's node id (a FetchRequest's
-replica_id, a VoteRequest's candidate_id, ...) closes the connection. Without TLS anyone
+replica_id, a VoteRequest's candidate_id, ...) closes the connection, as does an advertised
+URL (``ENDPOINT_FIELD``) that is not an http(s) URL. Without TLS anyone
 holding the secret can claim any allowed id: the shared secret is for loopback clusters, and
 a node listening elsewhere refuses to start with the default secret (app/config.py).
 
@@ -59,6 +60,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from app.config import ConfigError, parse_url
 from app.tls import ReloadableContexts, describe_tls_failure, node_id_of
 from raft.messages import (
     BeginQuorumEpochRequest,
@@ -106,6 +108,13 @@ SENDER_FIELD: dict[type, str] = {
     EndQuorumEpochRequest: "leader_id",
     FetchRequest: "replica_id",
     FetchSnapshotRequest: "replica_id",
+}
+# The field of each message carrying the sender's advertised HTTP URL: clients are redirected
+# there and `metakv status` asks it, so anything but an http(s) URL closes the connection.
+ENDPOINT_FIELD: dict[type, str] = {
+    FetchRequest: "replica_endpoint",
+    BeginQuorumEpochRequest: "leader_endpoint",
+    FetchResponse: "leader_endpoint",
 }
 HANDSHAKE_FRAME_MAX_BYTES = 4096
 TLS_GREETING = b"TLS\x01"  # with peer TLS the server's first bytes: the client starts TLS on them
@@ -290,6 +299,7 @@ class _Connection:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)  # set on enqueue and on close
     closed: bool = False
     queued_bytes: int = 0
+    checked_endpoint: str = ""  # the last advertised URL found valid (checked once, not per fetch)
 
     def enqueue(self, frame: bytes, max_frames: int, max_bytes: int) -> bool:
         if self.closed or self.queue.qsize() >= max_frames or self.queued_bytes + len(frame) > max_bytes:
@@ -698,6 +708,15 @@ class RaftTransport:
         if sender_field is not None and getattr(message, sender_field) != connection.peer_id:
             raise WrongSenderError(f"{type(message).__name__}.{sender_field} = {getattr(message, sender_field)} "
                                    f"on the connection of node {connection.peer_id}")
+        endpoint_field = ENDPOINT_FIELD.get(type(message))
+        if endpoint_field is not None:
+            endpoint = getattr(message, endpoint_field)
+            if endpoint and endpoint != connection.checked_endpoint:
+                try:
+                    parse_url(f"{type(message).__name__}.{endpoint_field}", endpoint)
+                except ConfigError as exc:
+                    raise FrameError(str(exc)) from None
+                connection.checked_endpoint = endpoint
         if frame[0] == KIND_REQUEST:
             pending = self._pending_responses.setdefault(
                 (connection.peer_id, type(message)), collections.deque(maxlen=self.config.max_pending_responses)

@@ -138,6 +138,30 @@ def test_a_message_naming_another_sender_closes_the_connection(caplog: pytest.Lo
     assert "FetchRequest.replica_id = 2 on the connection of node 3" in caplog.text
 
 
+def test_an_advertised_endpoint_that_is_not_an_http_url_closes_the_connection(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Clients are redirected to the URL a node advertises and `metakv status` asks it: an
+    observer reporting anything but an http(s) URL is cut off before the core stores it."""
+    async def scenario() -> None:
+        node = voter_node()
+        await node.transport.start()
+        observer = Peer(4, {1: ("127.0.0.1", node.transport.port)})
+        await observer.transport.start()
+        try:
+            observer.transport.send(Envelope(4, 1, FetchRequest(1, 4, 0, 0, 0, 0, "javascript:alert(1)")))
+            await wait_until(lambda: node.transport.stats.connections_closed_bad_frame >= 1, "the close")
+            observer.transport.send(Envelope(4, 1, FetchRequest(1, 4, 0, 0, 0, 0, "https://observer.example:8004")))
+            await wait_until(lambda: observer.of_type(FetchResponse), "the valid fetch answered")
+            assert [e.message.replica_endpoint for e in node.received] == [  # type: ignore[attr-defined]
+                "https://observer.example:8004"]
+        finally:
+            await observer.transport.stop()
+            await node.transport.stop()
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    assert "FetchRequest.replica_endpoint: expected an http:// or https:// URL" in caplog.text
+
+
 def tls(certs: CertSet, node_id: int, kind: str = "") -> ReloadableContexts:
     return ReloadableContexts(certs.node(node_id, kind))
 
