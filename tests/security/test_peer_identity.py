@@ -16,7 +16,7 @@ import pytest
 from app.config import DEFAULT_CLUSTER_SECRET
 from app.tls import ReloadableContexts
 from app.transport import FRAME_LENGTH, PROTOCOL_VERSION, PeerSecurity, RaftTransport
-from raft.messages import Envelope, FetchRequest, FetchResponse, VoteRequest
+from raft.messages import Envelope, FetchRequest, FetchResponse, Message, VoteRequest
 from raft.types import Batch, ErrorCode
 from tests.security.certs_fixture import CertSet
 from tests.transport.test_transport import run, wait_until
@@ -115,26 +115,38 @@ def test_the_server_proves_nothing_before_the_client_has(caplog: pytest.LogCaptu
     run(scenario)
 
 
+def cut_off_then_served(peer_id: int, bad: list[Message], closes: Callable[[RaftTransport], bool],
+                        good: Message) -> list[Envelope]:
+    """Peer ``peer_id`` sends ``bad`` to voter 1 until ``closes(voter's transport)``, then,
+    reconnected, ``good``, which is answered; returns what the voter received."""
+    node = voter_node()
+
+    async def scenario() -> None:
+        await node.transport.start()
+        peer = Peer(peer_id, {1: ("127.0.0.1", node.transport.port)})
+        await peer.transport.start()
+        try:
+            for message in bad:
+                peer.transport.send(Envelope(peer_id, 1, message))
+            await wait_until(lambda: closes(node.transport), "the connection closed")
+            peer.transport.send(Envelope(peer_id, 1, good))
+            await wait_until(lambda: peer.of_type(FetchResponse), "the good message answered")
+        finally:
+            await peer.transport.stop()
+            await node.transport.stop()
+
+    run(scenario)
+    return node.received
+
+
 def test_a_message_naming_another_sender_closes_the_connection(caplog: pytest.LogCaptureFixture) -> None:
     """A voter's Fetch counts towards the high watermark only over that voter's own
     connection: voter 3 claiming to be voter 2 is cut off, and the claim never arrives."""
-    async def scenario() -> None:
-        node = voter_node()
-        await node.transport.start()
-        liar = Peer(3, {1: ("127.0.0.1", node.transport.port)})
-        await liar.transport.start()
-        try:
-            liar.transport.send(Envelope(3, 1, FetchRequest(1, 2, 0, 0, 0, 0, "")))
-            liar.transport.send(Envelope(3, 1, VoteRequest(2, 2, 0, 0, False)))
-            await wait_until(lambda: node.transport.stats.connections_closed_wrong_sender >= 1, "the close")
-            liar.transport.send(Envelope(3, 1, FetchRequest(1, 3, 0, 0, 0, 0, "")))
-            await wait_until(lambda: liar.of_type(FetchResponse), "its honest fetch answered")
-            assert [(e.src, e.message.replica_id) for e in node.received] == [(3, 3)]  # type: ignore[attr-defined]
-        finally:
-            await liar.transport.stop()
-            await node.transport.stop()
     with caplog.at_level(logging.WARNING, logger="metakv.transport"):
-        run(scenario)
+        received = cut_off_then_served(
+            3, [FetchRequest(1, 2, 0, 0, 0, 0, ""), VoteRequest(2, 2, 0, 0, False)],
+            lambda transport: transport.stats.connections_closed_wrong_sender >= 1, FetchRequest(1, 3, 0, 0, 0, 0, ""))
+    assert [(e.src, e.message.replica_id) for e in received] == [(3, 3)]  # type: ignore[attr-defined]
     assert "FetchRequest.replica_id = 2 on the connection of node 3" in caplog.text
 
 
@@ -142,23 +154,12 @@ def test_an_advertised_endpoint_that_is_not_an_http_url_closes_the_connection(
         caplog: pytest.LogCaptureFixture) -> None:
     """Clients are redirected to the URL a node advertises and `metakv status` asks it: an
     observer reporting anything but an http(s) URL is cut off before the core stores it."""
-    async def scenario() -> None:
-        node = voter_node()
-        await node.transport.start()
-        observer = Peer(4, {1: ("127.0.0.1", node.transport.port)})
-        await observer.transport.start()
-        try:
-            observer.transport.send(Envelope(4, 1, FetchRequest(1, 4, 0, 0, 0, 0, "javascript:alert(1)")))
-            await wait_until(lambda: node.transport.stats.connections_closed_bad_frame >= 1, "the close")
-            observer.transport.send(Envelope(4, 1, FetchRequest(1, 4, 0, 0, 0, 0, "https://observer.example:8004")))
-            await wait_until(lambda: observer.of_type(FetchResponse), "the valid fetch answered")
-            assert [e.message.replica_endpoint for e in node.received] == [  # type: ignore[attr-defined]
-                "https://observer.example:8004"]
-        finally:
-            await observer.transport.stop()
-            await node.transport.stop()
     with caplog.at_level(logging.WARNING, logger="metakv.transport"):
-        run(scenario)
+        received = cut_off_then_served(
+            4, [FetchRequest(1, 4, 0, 0, 0, 0, "javascript:alert(1)")],
+            lambda transport: transport.stats.connections_closed_bad_frame >= 1,
+            FetchRequest(1, 4, 0, 0, 0, 0, "https://observer.example:8004"))
+    assert [e.message.replica_endpoint for e in received] == ["https://observer.example:8004"]  # type: ignore[attr-defined]
     assert "FetchRequest.replica_endpoint: expected an http:// or https:// URL" in caplog.text
 
 
