@@ -23,6 +23,8 @@ USER metakv
 VOLUME ["/data"]
 EXPOSE 8001 9001
 
+# Listening on every interface, a node refuses to start on the public built-in cluster secret:
+# set METAKV_CLUSTER_SECRET (16 characters or more) or peer TLS (docs/security.md).
 ENV METAKV_DATA_DIR=/data \
     METAKV_LISTEN_HTTP=0.0.0.0:8001 \
     METAKV_LISTEN_RAFT=0.0.0.0:9001

@@ -79,6 +79,11 @@ bench: $(STAMP) system-etcd
 bench-http: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_http --etcd --profile-dir results/profile
 
+# What TLS costs: writes/s and 1-client p50, TLS on vs off, metakv and etcd (same certificates).
+.PHONY: bench-tls
+bench-tls: $(STAMP) system-etcd system-wrk
+	$(PY) -m loadtest.bench_tls --duration-s 8 --rounds 3 --out results/bench_tls.json
+
 # metakv and etcd grown side by side to 10k, 100k and 1 M keys (the 1 M stage takes tens of minutes; STAGES=10000,100000
 # to choose); results/bench_scale.json and .png.
 .PHONY: bench-scale

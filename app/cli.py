@@ -83,6 +83,15 @@ SERVE_HELP = {
     "cluster_secret": "shared secret proving raft peers belong to the cluster (use the env var)",
     "auth_file": "TOML token file: require Authorization: Bearer tokens on the HTTP API (docs/http.md, Auth)",
     "ui": "the web dashboard at /ui: on, off or read-only (docs/ui.md)",
+    # security (docs/security.md)
+    "tls_cert_file": "serve HTTPS with this certificate (PEM; SIGHUP reloads it)",
+    "tls_key_file": "the private key of --tls-cert-file (PEM)",
+    "tls_client_ca_file": "require HTTPS clients to present a certificate from this CA; its CN or SAN may name a token",
+    "peer_tls_cert_file": "raft port mutual TLS: this node's certificate, naming node-<id> (metakv certs)",
+    "peer_tls_key_file": "the private key of --peer-tls-cert-file",
+    "peer_tls_ca_file": "raft port mutual TLS: the cluster's CA; peers without a certificate from it are refused",
+    "allowed_observers": "observer ids that may connect to this node's raft port: ID,ID,... (voters always may)",
+    "insecure": "start even though a listener is not on loopback with neither peer TLS nor a strong cluster secret",
 }
 
 
@@ -95,7 +104,7 @@ def _build_parser() -> _Parser:
     for setting in SERVE_SETTINGS:
         help_text = SERVE_HELP.get(setting, setting.replace("_", " "))
         help_text += f" [env {env_name(setting)}]"
-        if setting == "observer":
+        if setting in ("observer", "insecure"):
             serve.add_argument(flag_name(setting), dest=setting, action="store_const", const=True,
                                default=None, help=help_text)
         else:
@@ -114,13 +123,26 @@ def _build_parser() -> _Parser:
                     help="token file every node enforces (docs/http.md, Auth; env METAKV_AUTH_FILE)")
     up.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
                     help="bearer token to find the leader with when auth is on (env METAKV_TOKEN)")
+    up.add_argument("--tls", action="store_true",
+                    help="HTTPS and peer mutual TLS, with certificates made in DATA-DIR/certs (metakv certs)")
+    certs = commands.add_parser("certs", help="make a CA and node/client certificates for TLS (docs/security.md)")
+    certs.add_argument("--dir", default="./certs", help="where to write them (default ./certs; an existing CA is reused)")
+    certs.add_argument("--nodes", default="1,2,3,4", help="node ids: ID,ID,... (default 1,2,3,4)")
+    certs.add_argument("--clients", default="", help="client certificate names: NAME,... (a token of that name)")
+    certs.add_argument("--hosts", default="127.0.0.1,localhost",
+                       help="host names and addresses the node certificates are valid for")
+    certs.add_argument("--days", default="365", help="validity in days (default 365)")
 
     status = commands.add_parser("status", help="print the quorum table of a running cluster")
     status.add_argument("--url", default=os.environ.get("METAKV_URL", "http://127.0.0.1:8001"),
-                        help="any node's HTTP URL [env METAKV_URL] (default http://127.0.0.1:8001)")
+                        help="node URLs, comma-separated: the only places the token is sent [env METAKV_URL] "
+                             "(default http://127.0.0.1:8001)")
     status.add_argument("--timeout-ms", default="3000", help="per request (default 3000)")
     status.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
                         help="bearer token for a cluster with auth enabled [env METAKV_TOKEN]")
+    status.add_argument("--cacert", help="CA file to verify https nodes with (metakv certs: ca.crt)")
+    status.add_argument("--cert", help="client certificate, for nodes that require one")
+    status.add_argument("--key", help="the client certificate's private key")
     repair = commands.add_parser("repair", help="verify a stopped node's log, or discard it from an offset on")
     repair.add_argument("--data-dir", default=os.environ.get("METAKV_DATA_DIR"),
                         help="the node's data directory [env METAKV_DATA_DIR]")
@@ -143,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cluster_up(args)
         if args.command == "repair":
             return repair(args)
+        if args.command == "certs":
+            return certs(args)
         if args.command in DATA_COMMANDS:
             return run_data_command(args)
         return status(args)
@@ -190,19 +214,18 @@ async def _serve(config: NodeConfig) -> int:
 
 async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
+    from app.http.client_certs import ClientCertHttpToolsProtocol
     from app.http.uvicorn_protocol import CoalescingHttpToolsProtocol
     from app.runtime import NodeRuntime
+    from app.sighup import reload_on_sighup
+    from app.tls import http_server_context
 
     runtime = NodeRuntime(config)
     loop = asyncio.get_running_loop()
-    # SIGHUP reloads the token file (app/auth.py, docs/http.md "Auth"). Without one it still
-    # must not kill the node (the default action): people send it expecting a reload.
-    tokens = runtime.auth_tokens
-    if tokens is not None:
-        loop.add_signal_handler(signal.SIGHUP, tokens.reload)
-    else:
-        loop.add_signal_handler(signal.SIGHUP, logging.getLogger("metakv").warning,
-                                "SIGHUP: no auth file configured, nothing to reload")
+    # SIGHUP reloads the token file and the certificates (app/sighup.py, docs/security.md).
+    http_tls = config.http_tls
+    http_context = http_server_context(http_tls) if http_tls is not None else None
+    loop.add_signal_handler(signal.SIGHUP, reload_on_sighup, config, runtime, http_context)
     try:
         await runtime.start()
     except Exception as exc:  # corrupt files name file and byte offset; a taken port its address
@@ -218,8 +241,10 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     gc.freeze()
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
-        http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False, log_level="warning",
+        http=CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol,
+        lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
+        ssl_context_factory=None if http_context is None else lambda _config, _default: http_context,
     ))
     stopping: list[asyncio.Task[None]] = []
 
@@ -299,6 +324,9 @@ def cluster_up(args: argparse.Namespace) -> int:
             raise ConfigError(f"--auth-file: {exc}") from None
     count = voters + observers
     voter_spec = ",".join(f"{i}@{HostPort(host, base_raft + i - 1)}" for i in range(1, voters + 1))
+    certs_dir = (data_dir / "certs").resolve()
+    if args.tls:
+        _cluster_certs(certs_dir, count, host)
     children: list[tuple[int, str, subprocess.Popen[bytes]]] = []
     stop_requested = False
 
@@ -313,7 +341,7 @@ def cluster_up(args: argparse.Namespace) -> int:
     try:
         for node_id in range(1, count + 1):
             http_address = HostPort(host, base_http + node_id - 1)
-            url = f"http://{http_address}"
+            url = f"{'https' if args.tls else 'http'}://{http_address}"
             command = [
                 sys.executable, "-m", "app.cli", "serve", "--node-id", str(node_id),
                 "--data-dir", str(data_dir / str(node_id)),
@@ -323,17 +351,23 @@ def cluster_up(args: argparse.Namespace) -> int:
             ]
             if node_id > voters:
                 command.append("--observer")
+            if observers:  # voters let only these observers connect
+                command += ["--allowed-observers", ",".join(str(i) for i in range(voters + 1, count + 1))]
             if args.auth_file:
                 command += ["--auth-file", str(Path(args.auth_file).resolve())]
+            if args.tls:
+                command += _tls_flags(certs_dir, node_id)
             # Children ignore the terminal's Ctrl-C (own process group): this process stops
             # them in order with SIGTERM so each shuts down gracefully exactly once.
             children.append((node_id, url, subprocess.Popen(command, start_new_session=True)))
         _print_banner(children, voters, auth=bool(args.auth_file))
+        if args.tls:
+            print(f"TLS is on: add --cacert {certs_dir / 'ca.crt'} to each curl\n", flush=True)
         # A node that exits while starting (a taken port, a bad data dir) ends the wait at
         # once: the cluster the banner promised is not there, so everything stops, exit 1.
         leader = _wait_for_leader([url for _, url, _ in children],
                                   lambda: stop_requested or any(p.poll() is not None for _, _, p in children),
-                                  args.token)
+                                  args.token, verify=_trusting(certs_dir / "ca.crt") if args.tls else True)
         failed = [(node_id, p.returncode) for node_id, _, p in children if p.poll() is not None]
         if failed and not stop_requested:
             for node_id, code in failed:
@@ -408,7 +442,7 @@ def _metakv_command() -> str:
     return f"PYTHONPATH={shlex.quote(str(package_root))} {shlex.quote(sys.executable)} -m app.cli"
 
 
-def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> str | None:
+def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None, verify: Any = True) -> str | None:
     """Wait until every node answers /healthz and one of them says it leads; return its URL.
 
     A quorum elects a leader while a slower node may still be importing, so the leader alone
@@ -420,7 +454,7 @@ def _wait_for_leader(urls: list[str], stop: Any, token: str | None = None) -> st
     serving: set[str] = set()
     leader: str | None = None
     unauthorized = False
-    with httpx.Client(timeout=1.0, headers=headers) as client:
+    with httpx.Client(timeout=1.0, headers=headers, verify=verify) as client:
         while time.monotonic() < deadline and not stop():
             for url in urls:
                 if url not in serving:
@@ -468,6 +502,51 @@ def _stop_children(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
+def _cluster_certs(certs_dir: Path, count: int, host: str) -> None:
+    """cluster up --tls: a CA and one certificate per node, made once and reused."""
+    from app.certs import CertsError, make_certs
+    from app.tls import node_name
+
+    missing = [node_id for node_id in range(1, count + 1) if not (certs_dir / f"{node_name(node_id)}.crt").exists()]
+    try:
+        make_certs(certs_dir, missing, hosts=sorted({host, "127.0.0.1", "localhost"}))
+    except CertsError as exc:
+        raise ConfigError(f"--tls: {exc}") from None
+
+
+def _trusting(ca_file: Path) -> Any:
+    import ssl
+
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
+def _tls_flags(certs_dir: Path, node_id: int) -> list[str]:
+    from app.tls import node_name
+
+    cert, key = str(certs_dir / f"{node_name(node_id)}.crt"), str(certs_dir / f"{node_name(node_id)}.key")
+    return ["--tls-cert-file", cert, "--tls-key-file", key, "--peer-tls-cert-file", cert,
+            "--peer-tls-key-file", key, "--peer-tls-ca-file", str(certs_dir / "ca.crt")]
+
+
+# --------------------------------------------------------------------------- certs
+
+
+def certs(args: argparse.Namespace) -> int:
+    from app.certs import CertsError, make_certs
+
+    node_ids = sorted({parse_int("--nodes", item, 0, 2**31 - 1) for item in args.nodes.split(",") if item.strip()})
+    clients = [item.strip() for item in args.clients.split(",") if item.strip()]
+    hosts = [item.strip() for item in args.hosts.split(",") if item.strip()]
+    days = parse_int("--days", args.days, 1, 36500)
+    try:
+        written = make_certs(Path(args.dir), node_ids, clients, hosts, days)
+    except CertsError as exc:
+        raise ConfigError(str(exc)) from None
+    for path in written:
+        print(path)
+    return 0
+
+
 # --------------------------------------------------------------------------- repair
 
 
@@ -494,76 +573,17 @@ def repair(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    import httpx
+    from app.status_client import httpx_verify, print_status
 
     timeout_s = parse_int("--timeout-ms", args.timeout_ms, 1, 600_000) / 1000
-    url = parse_url("--url", args.url)
-    headers = {"Authorization": f"Bearer {args.token.strip()}"} if args.token else {}
-    # Redirects are followed by _get_following: httpx drops Authorization on a redirect to
-    # another host (curl does too, without --location-trusted), and the leader is one.
-    with httpx.Client(timeout=timeout_s, headers=headers) as client:
-        try:
-            quorum = _get_following(client, f"{url}/v1/quorum")
-            if quorum.status_code in (401, 403):
-                problem = "no --token (or METAKV_TOKEN) given" if not args.token else "the token was refused"
-                print(f"metakv: {url} requires auth: {problem} (HTTP {quorum.status_code})", file=sys.stderr)
-                return EXIT_FAILURE
-            if quorum.status_code != 200:
-                node = client.get(f"{url}/v1/status").json()
-                print(f"metakv: no leader reachable from {url} (HTTP {quorum.status_code}); "
-                      f"node {node.get('node_id')} is {node.get('role')} in epoch {node.get('epoch')}",
-                      file=sys.stderr)
-                return EXIT_FAILURE
-            table = quorum.json()
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # InvalidURL: a bad Location
-            print(f"metakv: cannot reach {url}: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-        rows = []
-        for kind in ("voters", "observers"):
-            for replica in table.get(kind, []):
-                rows.append(_status_row(client, kind[:-1], replica, table))
-    print(f"epoch {table['epoch']}  leader {table['leader_id']}  high watermark {table['high_watermark']}")
-    header = ("NODE", "KIND", "ROLE", "URL", "LOG END", "LAG", "APPLIED", "READY", "LAST FETCH")
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    return 0
-
-
-STATUS_MAX_REDIRECTS = 3  # a follower redirects to the leader once; more means a loop
-
-
-def _get_following(client: Any, url: str) -> Any:
-    """GET ``url``, following 307s with the client's headers (the token) kept."""
-    response = client.get(url)
-    for _ in range(STATUS_MAX_REDIRECTS):
-        location = response.headers.get("location")
-        if response.status_code not in (301, 302, 303, 307, 308) or not location:
-            break
-        response = client.get(str(response.url.join(location)))
-    return response
-
-
-def _status_row(client: Any, kind: str, replica: dict[str, Any], table: dict[str, Any]) -> tuple[Any, ...]:
-    import httpx
-
-    endpoint = replica.get("endpoint") or ""
-    role, applied, ready = "?", "?", "?"
-    if endpoint:
-        try:
-            node = client.get(f"{endpoint}/v1/status").json()
-            role, applied, ready = node.get("role"), node.get("applied_version"), node.get("ready")
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # InvalidURL: a bad advertised URL
-            role = "unreachable"
-    last_fetch = replica.get("last_fetch_timestamp_ms")
-    if replica.get("node_id") == table.get("leader_id"):
-        fetched = "-"
-    elif last_fetch is None:
-        fetched = "never"
-    else:
-        fetched = f"{max(0, int(time.time() * 1000) - last_fetch)} ms ago"
-    return (replica.get("node_id"), kind, role, endpoint or "-", replica.get("log_end_offset"),
-            replica.get("lag"), applied, ready, fetched)
+    # --url lists the cluster members: the only origins the token is sent to.
+    members = [parse_url("--url", item) for item in str(args.url).split(",") if item.strip()]
+    if not members:
+        raise ConfigError("--url: give at least one node URL")
+    if (args.cert is None) != (args.key is None):
+        raise ConfigError("--cert and --key: give both or neither")
+    verify = httpx_verify(args.cacert, args.cert, args.key)
+    return print_status(members, args.token, timeout_s, verify)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import difflib
 import ipaddress
 import os
 import re
+import socket
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app.auth import AuthFileError, AuthPolicy, load_auth_policy
+from app.tls import TlsFileError, TlsFiles, http_server_context, peer_server_context
 from app.toml_files import TomlFileError, read_toml
 from app.ui.modes import UI_MODES, UiMode
 from raft.node import RaftConfig
@@ -101,11 +103,33 @@ class NodeConfig:
     auth_file: Path | None = None
     auth_policy: AuthPolicy | None = None
     ui: UiMode = "on"  # the dashboard at /ui (docs/ui.md)
+    # --- security (docs/security.md): TLS for HTTP and raft, who may connect, --insecure.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    peer_tls_cert_file: Path | None = None
+    peer_tls_key_file: Path | None = None
+    peer_tls_ca_file: Path | None = None
+    allowed_observers: frozenset[int] = frozenset()
+    insecure: bool = False
+    # --- end of security
 
     @property
     def peers(self) -> dict[int, HostPort]:
         """Raft addresses of the voters other than this node (whom the transport dials)."""
         return {node_id: addr for node_id, addr in self.voters.items() if node_id != self.node_id}
+
+    @property
+    def http_tls(self) -> TlsFiles | None:
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        return TlsFiles(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+
+    @property
+    def peer_tls(self) -> TlsFiles | None:
+        if self.peer_tls_cert_file is None or self.peer_tls_key_file is None:
+            return None
+        return TlsFiles(self.peer_tls_cert_file, self.peer_tls_key_file, self.peer_tls_ca_file)
 
 
 _NODE_DEFAULTS = {field.name: field.default for field in dataclasses.fields(NodeConfig)}
@@ -286,6 +310,15 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "snapshot_every_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "auth_file": lambda name, raw: Path(_non_empty(name, raw)),
     "ui": parse_ui_mode,
+    # --- security
+    "tls_cert_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "tls_key_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "tls_client_ca_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "peer_tls_cert_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "peer_tls_key_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "peer_tls_ca_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "allowed_observers": lambda name, raw: parse_node_ids(name, raw),
+    "insecure": parse_bool,
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 
@@ -397,7 +430,8 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
                           "HTTP and raft need different ports")
     if "advertise_http" not in values:
         host = listen_http.url_host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
-        values["advertise_http"] = f"http://{host}:{listen_http.port}"
+        scheme = "https" if values.get("tls_cert_file") is not None else "http"
+        values["advertise_http"] = f"{scheme}://{host}:{listen_http.port}"
     max_value_bytes = values.get("max_value_bytes", _NODE_DEFAULTS["max_value_bytes"])
     max_batch_bytes = values.get("max_batch_bytes", _NODE_DEFAULTS["max_batch_bytes"])
     if max_batch_bytes < max_value_bytes + RECORD_FRAMING_MAX_BYTES:
@@ -411,4 +445,68 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
             values["auth_policy"] = load_auth_policy(values["auth_file"])
         except AuthFileError as exc:
             raise ConfigError(f"--auth-file: {exc}") from None
+    _validate_security(values)
     return NodeConfig(**values)
+
+
+# ---------------------------------------------------------------------------
+# Security settings (docs/security.md)
+
+# Below this a cluster secret on a network is refused: the handshake's MACs can be recorded
+# by whoever a node dials, and a short secret is guessed offline from one of them.
+MIN_NETWORK_SECRET_CHARS = 16
+
+
+def parse_node_ids(name: str, raw: Any) -> frozenset[int]:
+    """``4,5`` -> {4, 5}; empty -> none."""
+    return frozenset(parse_int(f"{name} id", item, 0, 2**31 - 1) for item in str(raw).split(",") if item.strip())
+
+
+def is_exposed_host(host: str) -> bool:
+    """Whether a listener on ``host`` can be reached from other machines: a wildcard or any
+    address that is not loopback. A name counts by what it resolves to; a name that does not
+    resolve is not exposed (the node cannot listen there: its bind fails with its own line)."""
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return False
+    return any(not ipaddress.ip_address(address.split("%", 1)[0]).is_loopback for address in addresses)
+
+
+def _validate_security(values: dict[str, Any]) -> None:
+    """TLS files in pairs and loadable (a bad file exits 2 now, not at the first connection),
+    observers that are not voters, and no network listener on the built-in secret without TLS."""
+    get = values.get
+    if (get("tls_cert_file") is None) != (get("tls_key_file") is None):
+        raise ConfigError("--tls-cert-file and --tls-key-file: give both or neither")
+    if get("tls_client_ca_file") is not None and get("tls_cert_file") is None:
+        raise ConfigError("--tls-client-ca-file: client certificates need HTTPS: give --tls-cert-file and --tls-key-file")
+    peer_files = [get(name) for name in ("peer_tls_cert_file", "peer_tls_key_file", "peer_tls_ca_file")]
+    if any(item is not None for item in peer_files) and not all(item is not None for item in peer_files):
+        raise ConfigError("--peer-tls-cert-file, --peer-tls-key-file and --peer-tls-ca-file: give all three or none")
+    try:
+        if get("tls_cert_file") is not None:
+            http_server_context(TlsFiles(get("tls_cert_file"), get("tls_key_file"), get("tls_client_ca_file")))
+            if values["advertise_http"].startswith("http://"):
+                raise ConfigError("--advertise-http: the node serves HTTPS (--tls-cert-file); advertise an https:// URL")
+        if peer_files[0] is not None:
+            peer_server_context(TlsFiles(peer_files[0], peer_files[1], peer_files[2]))
+    except TlsFileError as exc:
+        raise ConfigError(f"TLS: {exc}") from None
+    voters_listed = sorted(get("allowed_observers", frozenset()) & set(values["voters"]))
+    if voters_listed:
+        raise ConfigError(f"--allowed-observers: node {voters_listed[0]} is a voter (voters may always connect)")
+    listeners = (values["listen_http"], values["listen_raft"])
+    exposed = [str(address) for address in listeners if is_exposed_host(address.host)]
+    secret = get("cluster_secret", DEFAULT_CLUSTER_SECRET)
+    if exposed and peer_files[0] is None and not get("insecure", False):
+        if secret == DEFAULT_CLUSTER_SECRET:
+            raise ConfigError(f"--cluster-secret: {exposed[0]} is not loopback and the cluster secret is the public "
+                              "built-in one: set METAKV_CLUSTER_SECRET or peer TLS (--peer-tls-*), or pass --insecure")
+        if len(secret) < MIN_NETWORK_SECRET_CHARS:
+            raise ConfigError(f"--cluster-secret: {exposed[0]} is not loopback and the cluster secret has fewer than "
+                              f"{MIN_NETWORK_SECRET_CHARS} characters: use a longer one or peer TLS, or pass --insecure")

@@ -29,6 +29,7 @@ from app.auth import AuthTokens
 from app.config import NodeConfig
 from app.node_reads import NodeReads
 from app.node_writes import NodeWrites
+from app.peer_setup import raft_transport_for
 from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import LoopLagProbe, StateCollector
 from app.service import (
@@ -49,7 +50,6 @@ from app.service import (
     WriteRejectedError,
     WriteTooLargeError,
 )
-from app.transport import RaftTransport
 from app.watch_hub import WatchHub
 from raft.messages import Envelope
 from raft.node import NotLeaderError as RaftNotLeaderError
@@ -194,10 +194,7 @@ class NodeRuntime(NodeReads, NodeWrites):
                 snapshots_dir=self.snapshots_dir, loop=asyncio.get_running_loop(), fatal=self._fatal, wake_waiters=self._wake_waiters)
             # (The core's constructor only reads the log: its end is the one recovery left.)
             self.maintenance.arrival_marks.restarted(max(self._applied_version, self.log.end_offset()), time.monotonic())
-            self.transport = RaftTransport(
-                cfg.node_id, cfg.cluster_id, cfg.cluster_secret.encode(), cfg.listen_raft.host,
-                cfg.listen_raft.port, {i: (a.host, a.port) for i, a in cfg.peers.items()}, self._on_message,
-            )
+            self.transport = raft_transport_for(cfg, self._on_message)
             await self.transport.start()
             try:
                 await self.maintenance.recover()

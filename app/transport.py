@@ -1,18 +1,31 @@
 """The raft transport: one TCP listener per node, length-prefixed msgpack frames.
 
 Wire format. Every frame is ``u32 length`` (big-endian) followed by ``length`` bytes of
-msgpack. A connection opens with a mutual handshake proving both ends know the cluster
-secret, without sending it:
+msgpack. With peer TLS (``PeerSecurity.tls``) the server first sends ``TLS_GREETING`` and
+both ends complete a mutual TLS handshake: both ends present a certificate from the cluster's CA naming their node id
+(app/tls.py); a peer without one is refused there. Then, TLS or not, a handshake proves both
+ends know the cluster secret, without sending it; the client proves first, so a client that
+does not know the secret learns nothing it could guess the secret from offline:
 
     client -> server  ["hello", PROTOCOL_VERSION, cluster_id, client_node_id, client_nonce]
-    server -> client  ["challenge", cluster_id, server_node_id, server_nonce, server_mac]
+    server -> client  ["challenge", cluster_id, server_node_id, server_nonce]
     client -> server  ["proof", client_mac]
+    server -> client  ["welcome", server_mac]       (or at any step: ["refused", reason])
 
-    server_mac = HMAC-SHA256(secret, b"S" | cluster_id | client_nonce | server_nonce | server_node_id)
-    client_mac = HMAC-SHA256(secret, b"C" | cluster_id | server_nonce | client_nonce | client_node_id)
+    client_mac = HMAC-SHA256(secret, b"C" | cluster_id | server_nonce | client_nonce | client_id | server_id)
+    server_mac = HMAC-SHA256(secret, b"S" | cluster_id | client_nonce | server_nonce | server_id | client_id)
 
-A peer with another cluster id, a wrong MAC, an oversized or malformed frame is logged and
-its connection closed; nothing else is affected. Refusals during the handshake are logged
+Identity. The node id a connection speaks for is fixed by the handshake: with TLS it must be
+the id the certificate names; both MACs cover both ids, so the id cannot be changed on the
+way. Only the voters and the allowed observers (``PeerSecurity.allowed_observers``) may
+connect, and a message naming another sender than the connection's node id (a FetchRequest's
+replica_id, a VoteRequest's candidate_id, ...) closes the connection, as does an advertised
+URL (``ENDPOINT_FIELD``) that is not an http(s) URL. Without TLS anyone
+holding the secret can claim any allowed id: the shared secret is for loopback clusters, and
+a node listening elsewhere refuses to start with the default secret (app/config.py).
+
+A peer with another cluster id, a wrong MAC, an id it may not use, an oversized or malformed
+frame is logged and its connection closed; nothing else is affected. Refusals during the handshake are logged
 with their reason (a silent peer: "no handshake within N ms") at most once per remote host
 per ``refusal_log_interval_ms``; the next line counts the ones held back. After the handshake every frame is
 ``[kind, correlation_id, message_bytes]`` with kind 0 = request, 1 = response and
@@ -25,8 +38,9 @@ on the connection its request arrived on, echoing the request's correlation id; 
 connection is gone it falls back to the outbound connection. Frames of either kind are
 accepted on any authenticated connection: the core validates every message itself.
 
-Nothing here blocks the caller: ``send`` queues into a bounded per-peer queue and drops
-(counting the drop) when the queue is full or the peer is unreachable; raft retries.
+Nothing here blocks the caller: ``send`` queues into a per-peer queue bounded in frames and
+in bytes and drops (counting the drop) when the queue is full or the peer is unreachable;
+raft retries. Frames are decoded with msgpack's length limits (arrays, maps, strings, bins).
 """
 
 from __future__ import annotations
@@ -46,6 +60,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from app.config import ConfigError, parse_url
+from app.tls import ReloadableContexts, describe_tls_failure, node_id_of
 from raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -68,7 +84,7 @@ from raft.messages import (
 
 log = logging.getLogger("metakv.transport")
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the client proves first
 FRAME_LENGTH = struct.Struct(">I")
 NONCE_BYTES = 16
 KIND_REQUEST = 0
@@ -85,6 +101,29 @@ REQUEST_OF_RESPONSE: dict[type, type] = {
 }
 REQUEST_TYPES = frozenset(REQUEST_OF_RESPONSE.values())
 
+# The field of each request naming its sender: it must be the connection's node id.
+SENDER_FIELD: dict[type, str] = {
+    VoteRequest: "candidate_id",
+    BeginQuorumEpochRequest: "leader_id",
+    EndQuorumEpochRequest: "leader_id",
+    FetchRequest: "replica_id",
+    FetchSnapshotRequest: "replica_id",
+}
+# The field of each message carrying the sender's advertised HTTP URL: clients are redirected
+# there and `metakv status` asks it, so anything but an http(s) URL closes the connection.
+ENDPOINT_FIELD: dict[type, str] = {
+    FetchRequest: "replica_endpoint",
+    BeginQuorumEpochRequest: "leader_endpoint",
+    FetchResponse: "leader_endpoint",
+}
+HANDSHAKE_FRAME_MAX_BYTES = 4096
+TLS_GREETING = b"TLS\x01"  # with peer TLS the server's first bytes: the client starts TLS on them
+# msgpack limit on a raft message's strings (cluster ids, URLs; never keys or values).
+MESSAGE_MAX_STR_BYTES = 64 * 1024
+FRAME_OVERHEAD_BYTES = 1024 * 1024  # beyond the records of a batch: endpoints, headers
+MIN_FRAME_LIMIT_BYTES = 16 * 1024 * 1024
+MIN_QUEUE_BYTES = 64 * 1024 * 1024
+
 
 class HandshakeError(Exception):
     """The peer failed the handshake (other cluster, wrong secret, malformed hello)."""
@@ -94,10 +133,17 @@ class FrameError(Exception):
     """A frame that is oversized or not of the expected shape."""
 
 
+class WrongSenderError(Exception):
+    """A message naming another sender than the node its connection authenticated as."""
+
+
 @dataclass(frozen=True, slots=True)
 class TransportConfig:
-    max_frame_bytes: int = 16 * 1024 * 1024  # above max_batch_bytes plus message overhead
+    max_frame_bytes: int = MIN_FRAME_LIMIT_BYTES  # frame_limit_for(max_batch_bytes) in a node
     max_queue_frames: int = 1024  # per outbound peer; beyond it new frames are dropped
+    # Per queue (a peer's outbound queue, a connection's responses): a peer that stops
+    # reading holds at most this much of our memory. Always room for two largest frames.
+    max_queue_bytes: int = MIN_QUEUE_BYTES
     max_pending_responses: int = 64  # remembered (connection, correlation id) per peer and request type
     handshake_timeout_ms: int = 2000
     connect_timeout_ms: int = 2000
@@ -117,11 +163,37 @@ class TransportStats:
     connections_refused: int = 0
     refusal_warnings_suppressed: int = 0
     connections_closed_bad_frame: int = 0
+    connections_closed_wrong_sender: int = 0
     handshakes_completed: int = 0
 
 
-def _mac(secret: bytes, role: bytes, cluster_id: str, first_nonce: bytes, second_nonce: bytes, node_id: int) -> bytes:
-    material = b"|".join([role, cluster_id.encode(), first_nonce, second_nonce, str(node_id).encode()])
+def frame_limit_for(max_batch_bytes: int) -> int:
+    """The frame limit a node with this max_batch_bytes needs: a FetchResponse carries up to
+    max_batch_bytes of batches (one batch more when the first alone is larger), plus its
+    fields. Never below the 16 MiB the transport always accepted."""
+    return max(MIN_FRAME_LIMIT_BYTES, 2 * max_batch_bytes + FRAME_OVERHEAD_BYTES)
+
+
+def transport_config_for(max_batch_bytes: int) -> TransportConfig:
+    max_frame_bytes = frame_limit_for(max_batch_bytes)
+    return TransportConfig(max_frame_bytes=max_frame_bytes,
+                           max_queue_bytes=max(MIN_QUEUE_BYTES, 2 * max_frame_bytes))
+
+
+@dataclass(frozen=True)
+class PeerSecurity:
+    """Who may connect and how they prove it. ``tls`` None: the secret handshake only (a
+    loopback cluster). ``allowed_observers`` None: any id may connect (the transport alone,
+    in tests); a node always passes its allow-list (app/config.py)."""
+
+    tls: ReloadableContexts | None = None
+    allowed_observers: frozenset[int] | None = None
+
+
+def _mac(secret: bytes, role: bytes, cluster_id: str, first_nonce: bytes, second_nonce: bytes,
+         prover_id: int, verifier_id: int) -> bytes:
+    material = b"|".join([role, cluster_id.encode(), first_nonce, second_nonce,
+                          str(prover_id).encode(), str(verifier_id).encode()])
     return hmac.new(secret, material, hashlib.sha256).digest()
 
 
@@ -137,18 +209,40 @@ def _frame(payload: bytes) -> bytes:
     return FRAME_LENGTH.pack(len(payload)) + payload
 
 
-def _unpack_list(data: bytes, what: str) -> list[object]:
+def _unpack_list(data: bytes, what: str, max_items: int, max_bin_bytes: int) -> list[object]:
+    """A msgpack list of at most ``max_items`` plain items: no maps, no extension types,
+    strings and bins bounded, so a frame cannot make the decoder build more than it holds."""
     try:
-        value = msgpack.unpackb(data, raw=False)
+        value = msgpack.unpackb(data, raw=False, max_array_len=max_items, max_map_len=0, max_ext_len=0,
+                                max_str_len=MESSAGE_MAX_STR_BYTES, max_bin_len=max_bin_bytes)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise FrameError(f"{what}: not msgpack") from exc
+        raise FrameError(f"{what}: {_decode_failure(exc)}") from exc
     if type(value) is not list:
         raise FrameError(f"{what}: expected a list")
     return value
 
 
+def check_message_limits(body: bytes) -> None:
+    """Decode once with msgpack's length limits before raft's own decoder (which sets none):
+    no maps, no extension types, strings of at most MESSAGE_MAX_STR_BYTES, arrays and bins
+    no longer than the body itself."""
+    try:
+        msgpack.unpackb(body, raw=False, max_array_len=len(body), max_map_len=0, max_ext_len=0,
+                        max_str_len=MESSAGE_MAX_STR_BYTES, max_bin_len=len(body))
+    except Exception as exc:  # ValueError for a limit, others for garbage
+        raise FrameError(f"message body: {_decode_failure(exc)}") from exc
+
+
+def _decode_failure(exc: Exception) -> str:
+    """msgpack's limit errors say which limit ("5 exceeds max_array_len(3)"); garbage is garbage."""
+    return f"over a msgpack limit: {exc}" if "exceeds max_" in str(exc) else "not msgpack"
+
+
 def describe_refusal(exc: BaseException, handshake_timeout_ms: int) -> str:
     """Why a handshake failed, never empty: ``str(TimeoutError())`` is ``""``."""
+    tls_failure = describe_tls_failure(exc)
+    if tls_failure is not None:
+        return tls_failure
     if isinstance(exc, TimeoutError):
         return f"no handshake within {handshake_timeout_ms} ms"
     if isinstance(exc, asyncio.IncompleteReadError):
@@ -204,13 +298,24 @@ class _Connection:
     queue: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue())
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)  # set on enqueue and on close
     closed: bool = False
+    queued_bytes: int = 0
+    checked_endpoint: str = ""  # the last advertised URL found valid (checked once, not per fetch)
 
-    def enqueue(self, frame: bytes, bound: int) -> bool:
-        if self.closed or self.queue.qsize() >= bound:
+    def enqueue(self, frame: bytes, max_frames: int, max_bytes: int) -> bool:
+        if self.closed or self.queue.qsize() >= max_frames or self.queued_bytes + len(frame) > max_bytes:
             return False
         self.queue.put_nowait(frame)
+        self.queued_bytes += len(frame)
         self.wakeup.set()
         return True
+
+    def take_all(self) -> list[bytes]:
+        """Every queued frame, oldest first, emptying the queue."""
+        frames: list[bytes] = []
+        while not self.queue.empty():
+            frames.append(self.queue.get_nowait())
+        self.queued_bytes = 0
+        return frames
 
     def mark_closed(self) -> None:
         self.closed = True
@@ -231,12 +336,18 @@ class RaftTransport:
         peers: dict[int, tuple[str, int]],
         on_message: Callable[[Envelope], None],
         config: TransportConfig | None = None,
+        security: PeerSecurity | None = None,
+        voters: frozenset[int] | None = None,
     ) -> None:
+        """``voters``: every voter id (default: this node and ``peers``); with
+        ``security.allowed_observers`` they are the ids that may connect."""
         self.node_id = node_id
         self.cluster_id = cluster_id
         self._secret = secret
         self._listen = (listen_host, listen_port)
         self._peers = dict(peers)
+        self.security = security or PeerSecurity()
+        self._voters = voters if voters is not None else frozenset(peers) | {node_id}
         self._on_message = on_message
         self.config = config or TransportConfig()
         self.stats = TransportStats()
@@ -244,6 +355,7 @@ class RaftTransport:
         self._outbound: dict[int, _Connection] = {}
         self._outbound_tasks: dict[int, asyncio.Task[None]] = {}
         self._outbound_queues: dict[int, collections.deque[bytes]] = {}
+        self._outbound_bytes: dict[int, int] = {}
         self._outbound_wakeups: dict[int, asyncio.Event] = {}
         self._pending_responses: dict[tuple[int, type], collections.deque[tuple[_Connection, int]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -303,7 +415,7 @@ class RaftTransport:
             if connection.closed:
                 continue
             frame = _frame(msgpack.packb([KIND_RESPONSE, correlation_id, encode_message(message)], use_bin_type=True))
-            if connection.enqueue(frame, self.config.max_queue_frames):
+            if connection.enqueue(frame, self.config.max_queue_frames, self.config.max_queue_bytes):
                 self.stats.frames_sent += 1
             else:
                 self.stats.frames_dropped += 1
@@ -317,10 +429,12 @@ class RaftTransport:
             self.stats.frames_dropped += 1
             return
         queue = self._outbound_queues.setdefault(dst, collections.deque())
-        if len(queue) >= self.config.max_queue_frames:
+        queued_bytes = self._outbound_bytes.get(dst, 0)
+        if len(queue) >= self.config.max_queue_frames or queued_bytes + len(frame) > self.config.max_queue_bytes:
             self.stats.frames_dropped += 1
             return
         queue.append(frame)
+        self._outbound_bytes[dst] = queued_bytes + len(frame)
         self._outbound_wakeups.setdefault(dst, asyncio.Event()).set()
         task = self._outbound_tasks.get(dst)
         if (task is None or task.done()) and not self._stopping:
@@ -347,7 +461,8 @@ class RaftTransport:
                 continue
             connection = _Connection(peer_id, reader, writer, wakeup=self._outbound_wakeups[peer_id])
             try:
-                await asyncio.wait_for(self._client_handshake(connection), self.config.handshake_timeout_ms / 1000)
+                await asyncio.wait_for(self._client_tls_and_handshake(connection),
+                                       self.config.handshake_timeout_ms / 1000)
             except (TimeoutError, HandshakeError, FrameError, OSError, RuntimeError, asyncio.IncompleteReadError) as exc:
                 self.stats.connections_refused += 1
                 self._warn_refusal(f"peer {peer_id}", f"handshake with peer {peer_id} at {host}:{port} failed", exc)
@@ -377,7 +492,7 @@ class RaftTransport:
         # Frames queued while the peer was unreachable are stale for raft; keep only a few.
         queue = self._outbound_queues[peer_id]
         while len(queue) > self.config.max_queue_frames // 4:
-            queue.popleft()
+            self._outbound_bytes[peer_id] -= len(queue.popleft())
             self.stats.frames_dropped += 1
 
     async def _drain_outbound(self, peer_id: int, connection: _Connection) -> None:
@@ -388,13 +503,12 @@ class RaftTransport:
         queue = self._outbound_queues[peer_id]
         wakeup = connection.wakeup
         while not connection.closed:
-            frames: list[bytes] = []
             # Responses routed onto this connection and our own requests share the socket.
-            while not connection.queue.empty():
-                frames.append(connection.queue.get_nowait())
+            frames = connection.take_all()
             self.stats.frames_sent += len(queue)
             frames.extend(queue)
             queue.clear()
+            self._outbound_bytes[peer_id] = 0
             if frames:
                 connection.writer.write(b"".join(frames))
                 await connection.writer.drain()
@@ -403,25 +517,48 @@ class RaftTransport:
                 continue
             await wakeup.wait()
 
+    async def _client_tls_and_handshake(self, connection: _Connection) -> None:
+        tls = self.security.tls
+        if tls is not None:
+            greeting = await connection.reader.readexactly(len(TLS_GREETING))
+            if greeting != TLS_GREETING:
+                raise HandshakeError("the peer does not speak TLS on its raft port")
+            await connection.writer.start_tls(tls.client)
+            certified = node_id_of(connection.writer.get_extra_info("peercert"))
+            if certified != connection.peer_id:
+                raise HandshakeError(f"the peer's certificate names node {certified}, not {connection.peer_id}")
+        await self._client_handshake(connection)
+
+    async def _read_handshake_frame(self, connection: _Connection, what: str, items: int) -> list[object]:
+        frame = await _read_frame(connection.reader, HANDSHAKE_FRAME_MAX_BYTES)
+        value = _unpack_list(frame, what, items, HANDSHAKE_FRAME_MAX_BYTES)
+        if len(value) == 2 and value[0] == "refused" and type(value[1]) is str:
+            raise HandshakeError(f"the peer refused the handshake: {value[1][:200]}")
+        if len(value) != items or value[0] != what:
+            raise HandshakeError(f"malformed {what}")
+        return value
+
+    async def _write_handshake_frame(self, connection: _Connection, value: list[object]) -> None:
+        connection.writer.write(_frame(msgpack.packb(value, use_bin_type=True)))
+        await connection.writer.drain()
+
     async def _client_handshake(self, connection: _Connection) -> None:
         client_nonce = os.urandom(NONCE_BYTES)
-        hello = ["hello", PROTOCOL_VERSION, self.cluster_id, self.node_id, client_nonce]
-        connection.writer.write(_frame(msgpack.packb(hello, use_bin_type=True)))
-        await connection.writer.drain()
-        challenge = _unpack_list(await _read_frame(connection.reader, 4096), "challenge")
-        if len(challenge) != 5 or challenge[0] != "challenge":
-            raise HandshakeError("malformed challenge")
-        _, cluster_id, server_id, server_nonce, server_mac = challenge
+        await self._write_handshake_frame(
+            connection, ["hello", PROTOCOL_VERSION, self.cluster_id, self.node_id, client_nonce])
+        _, cluster_id, server_id, server_nonce = await self._read_handshake_frame(connection, "challenge", 4)
         if cluster_id != self.cluster_id:
             raise HandshakeError(f"peer belongs to cluster {cluster_id!r}, not {self.cluster_id!r}")
-        if server_id != connection.peer_id or type(server_nonce) is not bytes or type(server_mac) is not bytes:
+        if server_id != connection.peer_id:
             raise HandshakeError(f"peer answered as node {server_id!r}, expected {connection.peer_id}")
-        expected = _mac(self._secret, b"S", self.cluster_id, client_nonce, server_nonce, server_id)
-        if not hmac.compare_digest(expected, server_mac):
+        if type(server_nonce) is not bytes or len(server_nonce) != NONCE_BYTES:
+            raise HandshakeError("malformed challenge")
+        proof = _mac(self._secret, b"C", self.cluster_id, server_nonce, client_nonce, self.node_id, server_id)
+        await self._write_handshake_frame(connection, ["proof", proof])
+        _, server_mac = await self._read_handshake_frame(connection, "welcome", 2)
+        expected = _mac(self._secret, b"S", self.cluster_id, client_nonce, server_nonce, server_id, self.node_id)
+        if type(server_mac) is not bytes or not hmac.compare_digest(expected, server_mac):
             raise HandshakeError("peer does not know the cluster secret")
-        proof = _mac(self._secret, b"C", self.cluster_id, server_nonce, client_nonce, self.node_id)
-        connection.writer.write(_frame(msgpack.packb(["proof", proof], use_bin_type=True)))
-        await connection.writer.drain()
         self.stats.handshakes_completed += 1
 
     # -- inbound connections ------------------------------------------------
@@ -444,9 +581,13 @@ class RaftTransport:
     async def _serve_inbound(self, connection: _Connection, peer: object) -> None:
         try:
             try:
-                await asyncio.wait_for(self._server_handshake(connection), self.config.handshake_timeout_ms / 1000)
+                await asyncio.wait_for(self._server_tls_and_handshake(connection),
+                                       self.config.handshake_timeout_ms / 1000)
             except (TimeoutError, HandshakeError, FrameError, asyncio.IncompleteReadError, OSError,
                     RuntimeError) as exc:
+                if isinstance(exc, HandshakeError):  # tell the other side why (its operator reads its log)
+                    with contextlib.suppress(Exception):
+                        connection.writer.write(_frame(msgpack.packb(["refused", str(exc)], use_bin_type=True)))
                 self.stats.connections_refused += 1
                 host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
                 self._warn_refusal(str(host), f"refused raft connection from {peer}", exc)
@@ -472,35 +613,61 @@ class RaftTransport:
         suffix = f" ({held_back} more from {source} not logged since the previous line)" if held_back else ""
         log.warning("node %d: %s: %s%s", self.node_id, what, reason, suffix)
 
-    async def _server_handshake(self, connection: _Connection) -> None:
-        hello = _unpack_list(await _read_frame(connection.reader, 4096), "hello")
-        if len(hello) != 5 or hello[0] != "hello" or hello[1] != PROTOCOL_VERSION:
-            raise HandshakeError("malformed hello")
-        _, _, cluster_id, client_id, client_nonce = hello
+    async def _server_tls_and_handshake(self, connection: _Connection) -> None:
+        certified: int | None = None
+        tls = self.security.tls
+        if tls is not None:
+            # TLS per connection, not on the listener: each handshake uses the contexts in
+            # force (a SIGHUP reload), the handshake timeout covers TLS too, and a failed
+            # one is logged here with its reason. The client starts TLS only on our greeting,
+            # so no byte of its ClientHello can land in the plain stream's buffer.
+            connection.writer.write(TLS_GREETING)
+            await connection.writer.start_tls(tls.server)
+            certified = node_id_of(connection.writer.get_extra_info("peercert"))
+            if certified is None:
+                raise HandshakeError("the peer's certificate names no node id (CN or DNS name node-<id>)")
+        await self._server_handshake(connection, certified)
+
+    def _may_connect(self, client_id: int) -> str:
+        """Why node ``client_id`` may not connect to this node, or "" when it may."""
+        if client_id == self.node_id:
+            return f"node {client_id} is this node"
+        allowed = self.security.allowed_observers
+        if allowed is None or client_id in self._voters or client_id in allowed:
+            return ""
+        return f"node {client_id} is neither a voter nor an allowed observer (--allowed-observers)"
+
+    async def _server_handshake(self, connection: _Connection, certified: int | None) -> None:
+        hello = await self._read_handshake_frame(connection, "hello", 5)
+        _, version, cluster_id, client_id, client_nonce = hello
+        if version != PROTOCOL_VERSION:
+            raise HandshakeError(f"protocol version {version!r}, this node speaks {PROTOCOL_VERSION}")
         if cluster_id != self.cluster_id:
             raise HandshakeError(f"peer belongs to cluster {cluster_id!r}, not {self.cluster_id!r}")
         if type(client_id) is not int or type(client_nonce) is not bytes or len(client_nonce) != NONCE_BYTES:
             raise HandshakeError("malformed hello")
+        if certified is not None and client_id != certified:
+            raise HandshakeError(f"peer claims node {client_id} but its certificate names node {certified}")
+        refusal = self._may_connect(client_id)
+        if refusal:
+            raise HandshakeError(refusal)
         server_nonce = os.urandom(NONCE_BYTES)
-        server_mac = _mac(self._secret, b"S", self.cluster_id, client_nonce, server_nonce, self.node_id)
-        challenge = ["challenge", self.cluster_id, self.node_id, server_nonce, server_mac]
-        connection.writer.write(_frame(msgpack.packb(challenge, use_bin_type=True)))
-        await connection.writer.drain()
-        proof = _unpack_list(await _read_frame(connection.reader, 4096), "proof")
-        if len(proof) != 2 or proof[0] != "proof" or type(proof[1]) is not bytes:
-            raise HandshakeError("malformed proof")
-        expected = _mac(self._secret, b"C", self.cluster_id, server_nonce, client_nonce, client_id)
-        if not hmac.compare_digest(expected, proof[1]):
+        await self._write_handshake_frame(connection, ["challenge", self.cluster_id, self.node_id, server_nonce])
+        _, proof = await self._read_handshake_frame(connection, "proof", 2)
+        expected = _mac(self._secret, b"C", self.cluster_id, server_nonce, client_nonce, client_id, self.node_id)
+        if type(proof) is not bytes or not hmac.compare_digest(expected, proof):
             raise HandshakeError(f"node {client_id} does not know the cluster secret")
+        server_mac = _mac(self._secret, b"S", self.cluster_id, client_nonce, server_nonce, self.node_id, client_id)
+        await self._write_handshake_frame(connection, ["welcome", server_mac])
         connection.peer_id = client_id
         self.stats.handshakes_completed += 1
 
     async def _write_loop(self, connection: _Connection) -> None:
         try:
             while not connection.closed:
-                frames = [await connection.queue.get()]
-                while not connection.queue.empty():
-                    frames.append(connection.queue.get_nowait())
+                first = await connection.queue.get()
+                connection.queued_bytes -= len(first)
+                frames = [first, *connection.take_all()]
                 connection.writer.write(b"".join(frames))  # one syscall for a loop turn's frames
                 await connection.writer.drain()
         except (OSError, RuntimeError) as exc:  # RuntimeError: uvloop, after a reset
@@ -519,19 +686,37 @@ class RaftTransport:
         except (FrameError, MessageDecodeError) as exc:
             self.stats.connections_closed_bad_frame += 1
             log.warning("node %d: closing raft connection from node %d: %s", self.node_id, connection.peer_id, exc)
+        except WrongSenderError as exc:
+            self.stats.connections_closed_wrong_sender += 1
+            self._warn_refusal(f"node {connection.peer_id}", f"closing raft connection from node {connection.peer_id}",
+                               exc)
         finally:
             connection.mark_closed()
 
     def _deliver(self, connection: _Connection, payload: bytes) -> None:
-        frame = _unpack_list(payload, "frame")
+        frame = _unpack_list(payload, "frame", 3, self.config.max_frame_bytes)
         if len(frame) != 3 or frame[0] not in (KIND_REQUEST, KIND_RESPONSE) or type(frame[1]) is not int:
             raise FrameError("malformed frame")
         if type(frame[2]) is not bytes:
             raise FrameError("malformed frame body")
+        check_message_limits(frame[2])
         message = decode_message(frame[2])
         kind_matches = (type(message) in REQUEST_TYPES) == (frame[0] == KIND_REQUEST)
         if not kind_matches:
             raise FrameError(f"{type(message).__name__} sent with the wrong frame kind")
+        sender_field = SENDER_FIELD.get(type(message))
+        if sender_field is not None and getattr(message, sender_field) != connection.peer_id:
+            raise WrongSenderError(f"{type(message).__name__}.{sender_field} = {getattr(message, sender_field)} "
+                                   f"on the connection of node {connection.peer_id}")
+        endpoint_field = ENDPOINT_FIELD.get(type(message))
+        if endpoint_field is not None:
+            endpoint = getattr(message, endpoint_field)
+            if endpoint and endpoint != connection.checked_endpoint:
+                try:
+                    parse_url(f"{type(message).__name__}.{endpoint_field}", endpoint)
+                except ConfigError as exc:
+                    raise FrameError(str(exc)) from None
+                connection.checked_endpoint = endpoint
         if frame[0] == KIND_REQUEST:
             pending = self._pending_responses.setdefault(
                 (connection.peer_id, type(message)), collections.deque(maxlen=self.config.max_pending_responses)

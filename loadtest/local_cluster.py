@@ -219,6 +219,8 @@ class Cluster:
             ]
             if node_id > voters:
                 command.append("--observer")
+            if observers:  # voters let only listed observers connect
+                command += ["--allowed-observers", ",".join(str(i) for i in range(voters + 1, count + 1))]
             for name, value in (settings or {}).items():
                 command += ["--" + name.replace("_", "-"), str(value)]
             self.nodes[node_id] = Node(node_id, http_port, raft_port, data_dir, self.root / f"node{node_id}.log",

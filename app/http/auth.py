@@ -10,6 +10,10 @@ and the routes read them (``scope["path"]`` for routing, the raw path for the ke
 query parsing, last value wins), and for a txn reads the body once, bounded, checks every
 key it touches, then replays the same bytes to the app.
 
+Over HTTPS with client certificates (app/http/client_certs.py), a request without an
+Authorization header whose certificate names a token (CN or SAN equal to its name) is that
+token's request, as etcd's --client-cert-auth maps a certificate to a user.
+
 Every 401 and 403 is logged at WARNING (method, path, client address, why), at most
 ``DENIED_LOG_PER_S`` lines a second so a client hammering with a bad token cannot flood the
 log; the lines held back are counted in the next one.
@@ -32,6 +36,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import Access, AuthTokens, Token
+from app.http.client_certs import client_cert_names
 from app.http.parsing import KEY_PATH_PREFIX, key_of_path
 from app.http.problems import ProblemError, problem_body, problem_content, problem_start
 
@@ -125,6 +130,14 @@ class DeniedLog:
                     address, detail, f" ({held_back} more denied requests not logged)" if held_back else "")
 
 
+def token_of_certificate(tokens: AuthTokens, cert_names: tuple[str, ...]) -> Token | None:
+    """The token named like the certificate's first name that names one (CN, then SANs)."""
+    if not cert_names:
+        return None
+    by_name = {token.name: token for token in tokens.policy.tokens}
+    return next((by_name[name] for name in cert_names if name in by_name), None)
+
+
 class AuthMiddleware:
     """Answers 401 without a valid bearer token and 403 when the token lacks the right the
     request needs; everything else reaches the app unchanged (a txn's body replayed)."""
@@ -166,6 +179,15 @@ class AuthMiddleware:
     def _authenticate(self, scope: Scope) -> tuple[Token | None, str]:
         values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]
         if not values:
+            # No bearer token: a verified client certificate naming a token stands for it
+            # (etcd's --client-cert-auth). A header, when sent, always wins.
+            cert_names = client_cert_names(scope)
+            token = token_of_certificate(self.tokens, cert_names)
+            if token is not None:
+                return token, ""
+            if cert_names:
+                return None, (f"the client certificate ({', '.join(cert_names[:3])}) names no token of this node: "
+                              "send Authorization: Bearer <token>")
             return None, "this node requires a token: send Authorization: Bearer <token>"
         if len(values) > 1:
             return None, "send exactly one Authorization header"
@@ -184,7 +206,7 @@ class AuthMiddleware:
     @staticmethod
     def _challenge(problem: str) -> str:
         """RFC 6750: the bare challenge when no credentials came, invalid_token when they did."""
-        if problem.startswith("this node requires"):
+        if problem.startswith(("this node requires", "the client certificate")):
             return f'Bearer realm="{REALM}"'
         return f'Bearer realm="{REALM}", error="invalid_token"'
 

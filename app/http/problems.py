@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import Message, Scope, Send
 
+from app.http.routing import downgrades_scheme
 from app.service import (
     HistoryCompactedError,
     IndeterminateError,
@@ -124,6 +125,10 @@ def _not_leader_problem(exc: NotLeaderError, scope: Scope) -> ProblemError:
     if not exc.leader_url:
         return ProblemError(503, "no-leader", "No leader", "no leader is known right now; retry",
                             headers={"Retry-After": str(RETRY_AFTER_SECONDS)}, leader=leader)
+    if downgrades_scheme(scope, exc.leader_url):
+        return ProblemError(503, "no-leader", "No leader", "the leader advertises a plain http URL; an https "
+                            "request is not redirected there", headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                            leader=leader)
     # Raw bytes of path and query, latin-1 both ways, so the Location repeats them exactly.
     # (httpx's ASGI transport puts the query into raw_path too: cut it there.)
     raw_path: bytes = (scope.get("raw_path") or scope["path"].encode()).split(b"?", 1)[0]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
+from starlette.types import Scope
 
 
 def add_get_and_head(router: APIRouter, path: str, endpoint: Callable[..., Any], *, summary: str,
@@ -16,3 +17,9 @@ def add_get_and_head(router: APIRouter, path: str, endpoint: Callable[..., Any],
     router.add_api_route(path, endpoint, methods=["GET"], summary=summary, **options)
     router.add_api_route(path, endpoint, methods=["HEAD"], name=f"head_{endpoint.__name__}",
                          summary=f"{summary}: the headers of GET, no body", **options)
+
+
+def downgrades_scheme(scope: Scope, target_url: str) -> bool:
+    """Whether a redirect to ``target_url`` would send an https client to plain http, where
+    its bearer token and data would cross the network in the clear: never redirect there."""
+    return scope.get("scheme") == "https" and not target_url.lower().startswith("https://")

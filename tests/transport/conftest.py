@@ -1,0 +1,1 @@
+from tests.cluster import cluster_factory  # noqa: F401
