@@ -72,7 +72,7 @@ async def test_a_key_in_the_url_is_escaped_in_the_page(client: httpx.AsyncClient
     assert "&lt;img src=x onerror=alert(1)&gt;/&#34;quoted&#34; &amp; &#39;single&#39;" in response.text
     page = await client.get("/ui/keys", params={"prefix": '"><script>alert(1)</script>'})
     assert "<script>alert" not in page.text and "&lt;script&gt;alert(1)" in page.text
-    for path in ("/ui/keys/%FF", "/ui/keys/", "/ui/keys/a%00b"):  # not UTF-8, empty, NUL: no page for it
+    for path in ("/ui/keys/%FF", "/ui/keys/a%00b"):  # not UTF-8, NUL: no page for it
         answer = await client.get(path)
         assert answer.status_code == 400 and answer.json()["type"] == "urn:metakv:problem:invalid-key", path
 
@@ -111,6 +111,29 @@ async def test_pages_are_open_and_the_dashboards_data_needs_a_valid_token(servic
         cluster = await http.get("/ui/api/cluster", headers=reader)
         assert cluster.status_code == 200 and cluster.json()["leader_id"] == service.node_id
         assert (await http.get("/ui/api/metrics", headers=reader)).json()["node_id"] == service.node_id
+
+
+async def test_a_mistyped_dashboard_url_is_redirected_or_a_problem_not_a_request_for_a_token(
+        service: InProcessService, tmp_path: Path) -> None:
+    """With auth on, /ui/ or /ui/nope answered 401 "send a token": the pages are open, so a
+    person gets the page they meant, or a clean 404/405; /ui/api/ still needs the token."""
+    token_file = tmp_path / "tokens.toml"
+    token_file.write_text(f'[[tokens]]\nname = "r"\nsha256 = "{hash_token("s")}"\nrules = {{ "" = "read" }}\n')
+    service.auth_tokens = AuthTokens(load_auth_policy(token_file))
+    async with client_for(create_app(service)) as http:
+        for typed, meant in (("/ui/", "/ui"), ("/ui/keys/", "/ui/keys"), ("/ui/watch/?prefix=a%2F", "/ui/watch?prefix=a%2F"),
+                             ("/ui/keys/?prefix=a%2F&view=flat", "/ui/keys?prefix=a%2F&view=flat")):
+            response = await http.get(typed)
+            assert (response.status_code, response.headers["location"]) == (308, meant), typed
+            assert (await http.get(meant)).status_code == 200
+        for path in ("/ui/nope", "/ui/static", "/ui/watch/x"):
+            response = await http.get(path)
+            assert response.status_code == 404 and response.json()["type"] == "urn:metakv:problem:not-found", path
+        refused = await http.post("/ui/keys/a", content=b"x")
+        assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert (await http.get("/ui/api/nope")).status_code == 401
+        assert (await http.get("/ui/keys/a%2Fb/")).status_code == 200  # a key ending in "/" is a key
 
 
 async def test_the_dashboards_routes_are_not_part_of_the_api_description(client: httpx.AsyncClient) -> None:
