@@ -148,10 +148,11 @@ def describe(self_id: int, statuses: Mapping[int, NodeStatus | None], quorum: Qu
         "epoch": epoch,
         "high_watermark": quorum["high_watermark"] if quorum is not None else None,
         "quorum_known": quorum is not None,
-        "voters": len(voters),
-        "majority": majority,
-        "healthy_voters": len(healthy),
-        # Unknown without the leader's quorum view (who is caught up is the leader's to say).
+        # Unknown without the leader's quorum view: who is caught up is the leader's to say,
+        # and which voters exist too (a node whose dashboard never saw a leader knows only itself).
+        "voters": None if quorum is None else len(voters),
+        "majority": None if quorum is None else majority,
+        "healthy_voters": None if quorum is None else len(healthy),
         "can_lose": None if quorum is None else max(0, len(healthy) - majority),
         "nodes": nodes,
         "taken_ms": now_ms,

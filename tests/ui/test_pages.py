@@ -155,7 +155,11 @@ def test_the_leader_is_the_one_of_the_highest_epoch_and_a_deposed_one_is_not_sho
     roles = {node["node_id"]: node["role"] for node in view["nodes"]}
     assert roles == {1: "deposed (epoch 3 < 4)", 2: "leader", 3: "follower", 4: "down"}
     assert [node["node_id"] for node in view["nodes"] if node["role"] == "leader"] == [2]
-    assert view["can_lose"] is None  # without the leader's quorum view nobody can say
+    # Without the leader's quorum view nobody can say, not even how many voters there are: a
+    # node alone after losing its peers once showed "1 voters, majority 1" for a 3-voter cluster.
+    assert (view["can_lose"], view["voters"], view["majority"], view["healthy_voters"]) == (None, None, None, None)
+    alone = describe(2, {2: status(2, "follower", 4, -1)}, None, -1, -1, now_ms=10_000)
+    assert (alone["voters"], alone["majority"], alone["can_lose"]) == (None, None, None)
     assert leader_of({1: None, 2: status(2, "candidate", 5, -1)}) == (-1, -1)
 
 

@@ -25,7 +25,8 @@
     document.getElementById("epoch").textContent = view.epoch < 0 ? "–" : String(view.epoch);
     document.getElementById("high-watermark").textContent = view.high_watermark ?? "–";
     document.getElementById("fault-tolerance").textContent = view.can_lose === null
-      ? `unknown (no quorum view); ${view.voters} voters, majority ${view.majority}`
+      ? "unknown without the leader's quorum view (it names the voters and who is caught up); " +
+        `${view.nodes.filter((node) => node.up).length} node(s) known here answer`
       : `can lose ${view.can_lose} voter${view.can_lose === 1 ? "" : "s"} ` +
         `(${view.healthy_voters} of ${view.voters} healthy, majority ${view.majority})`;
     document.getElementById("taken").textContent = new Date(view.taken_ms).toLocaleTimeString();
