@@ -84,6 +84,26 @@ def test_an_edit_on_a_stale_page_is_a_conflict_and_loses_nothing(cluster: Cluste
     assert dialogs == []
 
 
+def test_a_delete_on_a_stale_page_is_a_conflict_and_its_retry_deletes_never_blanks(cluster: Cluster, page: Page,
+                                                                                    dialogs: list[str]) -> None:
+    """The retry under a delete's conflict once saved the (never opened) editor's empty text."""
+    leader = cluster.wait_for_leader()
+    api_put(cluster, "app/stale-delete", b"loaded")
+    open_with_token(page, key_url(leader, "app/stale-delete"), SECRETS["root"])
+    expect(page.locator("#delete-button")).to_be_visible()
+    theirs = api_put(cluster, "app/stale-delete", b"theirs")
+    page.click("#delete-button")
+    page.click("#delete-yes")
+    expect(page.locator("#conflict-text")).to_contain_text(f"now at version {theirs}")
+    expect(page.locator("#conflict-text")).to_contain_text("Nothing was deleted")
+    expect(page.locator("#conflict-value")).to_have_text("theirs")
+    assert api_get(cluster, "app/stale-delete").text == "theirs"
+    page.click("#rebase-button")  # having seen "theirs", the user deletes it on purpose
+    expect(page.locator("#write-status")).to_contain_text("deleted at version")
+    assert api_get(cluster, "app/stale-delete").status_code == 404
+    assert dialogs == []
+
+
 def test_a_put_made_with_curl_appears_in_the_watch_feed_and_history_shows_earlier_values(
         cluster: Cluster, page: Page, dialogs: list[str], screenshot_dir: Path) -> None:
     observer = cluster.observers[0]  # the feed is served by any node, the observer too
@@ -201,6 +221,7 @@ def test_an_edit_on_a_follower_links_to_the_leader_and_changes_nothing(cluster: 
 def test_history_says_where_compaction_removed_older_versions(cluster: Cluster, page: Page,
                                                              dialogs: list[str]) -> None:
     leader = cluster.wait_for_leader()
+    created_once = api_put(cluster, "compacted/once", b"only value")
     for value in (b"one", b"two", b"three"):
         last = api_put(cluster, "compacted/k", value)
     api_put(cluster, "compacted-filler", b"x")  # the dirty offset trails the last write by a fetch
@@ -215,6 +236,9 @@ def test_history_says_where_compaction_removed_older_versions(cluster: Cluster, 
     expect(page.locator("#history-note")).to_contain_text(
         f"older versions were removed by compaction: the oldest version this node still has is {oldest}")
     assert row_texts(page, "#history tbody tr") == [f"{last} (current) three"]
+    # Its only value created it: nothing older existed, whatever compaction removed since.
+    page.goto(key_url(leader, "compacted/once"))
+    expect(page.locator("#history-note")).to_contain_text(f"version {created_once} created it")
     assert dialogs == []
 
 
