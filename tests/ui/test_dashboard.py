@@ -149,6 +149,11 @@ def test_the_key_browser_shows_a_tree_a_flat_list_and_bounded_pages(cluster: Clu
     expect(page.locator("#listing tbody tr")).to_have_count(7)
     assert first_page + row_texts(page, "#listing tbody tr td:first-child") == keys
     expect(page.locator("#next-page")).to_be_hidden()
+    page.click("#first-page")
+    expect(page.locator("#listing tbody tr")).to_have_count(50)
+    expect(page.locator("#first-page")).to_be_hidden()
+    page.goto(f"{leader.url}/ui/keys?prefix=pages/&view=flat&after=pages/z")
+    expect(page.locator("#listing-status")).to_have_text('no more keys under this prefix after "pages/z"')
 
     page.goto(f"{leader.url}/ui/keys?prefix=pages/&view=tree")  # one level: sub/ once, its keys inside it
     expect(page.locator("#listing tbody tr")).to_have_count(50)
@@ -178,6 +183,36 @@ def test_a_key_and_value_made_of_markup_are_shown_as_text(cluster: Cluster, page
     expect(page.locator("#value")).to_have_text(value)
     expect(page.locator("#history tbody tr")).to_have_count(1)
     assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
+    assert dialogs == []
+
+
+def test_keys_with_dot_parts_and_odd_values_open_their_own_page(cluster: Cluster, page: Page,
+                                                                 dialogs: list[str]) -> None:
+    """A browser resolves "." and ".." in a URL path: the link of "odd/../up" once opened the key
+    "up", where Edit and Delete would have hit that other key."""
+    leader = cluster.wait_for_leader()
+    values = {"odd/../up": "dot-dot", "odd/./here": "dot", "odd/a/..": "trailing dot-dot",
+              "odd/q?#%20 é": "punctuation", "odd/dir/": "a key ending in /"}
+    response = cluster.client().post(f"{leader.url}/v1/txn", json={"compare": [], "success": [
+        *({"op": "put", "key": key, "value": value, "content_type": "text/plain"} for key, value in values.items()),
+        {"op": "put", "key": "odd/binary", "value": "//4AAQ==", "encoding": "base64"}]})
+    assert response.status_code == 200, response.text
+    open_with_token(page, f"{leader.url}/ui/keys?prefix=odd/&view=flat", SECRETS["root"])
+    expect(page.locator("#listing a.key-link")).to_have_count(len(values) + 1)
+    links = {link.inner_text(): link.get_attribute("href") for link in page.locator("#listing a.key-link").all()}
+    for key, value in values.items():
+        page.goto(f"{leader.url}{links[key]}")
+        expect(page.locator("#value")).to_have_text(value)
+        expect(page.locator("#key-name")).to_have_text(key)
+        expect(page.locator("#edit-button")).to_be_visible()
+    # A binary value is shown as hex, and not offered to the text editor (saving would replace it).
+    page.goto(f"{leader.url}{links['odd/binary']}")
+    expect(page.locator("#value")).to_have_text("(binary, 4 bytes) ff fe 00 01")
+    expect(page.locator("#delete-button")).to_be_visible()
+    expect(page.locator("#edit-button")).to_be_hidden()
+    expect(page.locator("#binary-note")).to_be_visible()
+    page.goto(f"{leader.url}/ui/keys?prefix=odd/dir/")  # the key equal to the prefix: not an empty link
+    expect(page.locator("#listing a.key-link")).to_have_text("odd/dir/")
     assert dialogs == []
 
 
