@@ -316,6 +316,9 @@ def test_every_node_shows_the_quorums_leader_and_a_killed_leader_is_replaced_wit
         expect(page.locator(f'#nodes tr[data-node-id="{leader_id}"]')).to_have_attribute("data-role", "leader")
         expect(page.locator('#nodes tr[data-role="leader"]')).to_have_count(1)
         expect(page.locator("#nodes tbody tr")).to_have_count(4)
+        for other in cluster.nodes.values():  # each row links to that node's own dashboard
+            expect(page.locator(f'#nodes tr[data-node-id="{other.node_id}"] a')).to_have_attribute(
+                "href", f"{other.url}/ui")
 
     expect(page.locator("#chart-writes polyline")).to_have_count(1, timeout=BROWSER_WAIT_MS)
     page.screenshot(path=str(screenshot_dir / "ui-cluster.png"), full_page=True)

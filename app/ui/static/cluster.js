@@ -55,7 +55,7 @@
         cell(node.dirty_offset), cell(node.cleaned_end),
         cell(node.log_size_bytes === null || node.log_size_bytes === undefined ? null
           : `${(node.log_size_bytes / 1048576).toFixed(1)} MiB`),
-        cell(node.url));
+        el("td", {}, node.url ? el("a", {href: `${node.url}/ui`}, node.url) : "–"));
       return row;
     });
     document.querySelector("#nodes tbody").replaceChildren(...rows);
