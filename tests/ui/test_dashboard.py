@@ -164,6 +164,14 @@ def test_the_watch_feed_shows_text_values_as_text_and_marks_a_gap_it_cannot_repl
     assert dialogs == []
 
 
+def test_a_watch_the_token_may_not_read_stops_and_says_why(cluster: Cluster, page: Page, dialogs: list[str]) -> None:
+    """It once retried the 403 every second forever, saying "resuming"."""
+    open_with_token(page, f"{cluster.wait_for_leader().url}/ui/watch?prefix=secret/", SECRETS["app-reader"])
+    expect(page.locator("#watch-status")).to_have_attribute("data-state", "stopped")
+    expect(page.locator("#watch-status")).to_contain_text("403 Forbidden")
+    assert dialogs == []
+
+
 def test_the_key_browser_shows_a_tree_a_flat_list_and_bounded_pages(cluster: Cluster, page: Page,
                                                                    dialogs: list[str]) -> None:
     leader = cluster.wait_for_leader()

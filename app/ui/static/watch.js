@@ -30,9 +30,17 @@
     while (feed.children.length > ROWS_KEPT) feed.lastChild.remove();
   }
 
+  // An answer that retrying cannot change (403, 400, ...) stops the feed; a node that is down,
+  // restarting or busy (no answer, 5xx, 408, 429) is retried.
+  async function refusal(response) {
+    const error = new Error(await problem(response));
+    error.final = response.status >= 400 && response.status < 500 && ![408, 429].includes(response.status);
+    return error;
+  }
+
   async function currentVersion() {
     const response = await api("/v1/kv?" + new URLSearchParams({prefix, limit: "1", keys_only: "true"}));
-    if (!response.ok) throw new Error(await problem(response));
+    if (!response.ok) throw await refusal(response);
     return (await response.json()).version;
   }
 
@@ -75,7 +83,7 @@
       status.textContent = "the history passed this watch's position; restarted from the current version";
       return;
     }
-    if (!response.ok) throw new Error(await problem(response));
+    if (!response.ok) throw await refusal(response);
     status.textContent = `live: changes under "${prefix}" after version ${resumeFrom}`;
     status.dataset.state = "live";
     await metakv.readEvents(response, handleEvent);
@@ -87,6 +95,11 @@
         await stream();
         status.dataset.state = "reconnecting";
       } catch (error) {
+        if (error.final) {
+          status.dataset.state = "stopped";
+          status.textContent = `stopped: ${error.message}`;
+          return;
+        }
         status.dataset.state = "reconnecting";
         status.textContent = `disconnected (${error.message}); resuming after version ${resumeFrom ?? "?"}`;
         await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
