@@ -102,12 +102,15 @@ async def _fetch_json(client: httpx.AsyncClient, url: str) -> Any:
 
 def leader_of(statuses: Mapping[int, NodeStatus | None]) -> tuple[int, int]:
     """(leader id, epoch) from the raft state the nodes report: the leader known at the
-    highest epoch. An epoch has at most one leader, so this never names two; -1 when no
-    answering node knows one."""
+    highest epoch. An epoch has at most one leader, so this never names two. When no
+    answering node knows a leader: -1 and the highest epoch reported (an election under way
+    is a newer picture than the last leader's, and the page must not ignore it as older)."""
     best = (-1, -1)
     for status in statuses.values():
         if status is not None and status["leader_id"] >= 0 and status["epoch"] > best[1]:
             best = (status["leader_id"], status["epoch"])
+    if best[0] < 0:
+        best = (-1, max((status["epoch"] for status in statuses.values() if status is not None), default=-1))
     return best
 
 

@@ -160,7 +160,10 @@ def test_the_leader_is_the_one_of_the_highest_epoch_and_a_deposed_one_is_not_sho
     assert (view["can_lose"], view["voters"], view["majority"], view["healthy_voters"]) == (None, None, None, None)
     alone = describe(2, {2: status(2, "follower", 4, -1)}, None, -1, -1, now_ms=10_000)
     assert (alone["voters"], alone["majority"], alone["can_lose"]) == (None, None, None)
-    assert leader_of({1: None, 2: status(2, "candidate", 5, -1)}) == (-1, -1)
+    # No leader known: the newest epoch still, so a page that saw epoch 4's leader takes the
+    # election in epoch 5 as newer and shows it (it kept showing the dead leader instead).
+    assert leader_of({1: None, 2: status(2, "candidate", 5, -1), 3: status(3, "follower", 4, -1)}) == (-1, 5)
+    assert leader_of({1: None}) == (-1, -1)
 
 
 def test_fault_tolerance_counts_voters_that_answer_and_are_caught_up() -> None:

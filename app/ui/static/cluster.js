@@ -14,9 +14,10 @@
   }
 
   function render(view) {
-    // Never step back to an older epoch's picture (a late answer after a failover).
-    if (view.epoch < highestEpoch) return;
-    highestEpoch = view.epoch;
+    // Never step back to an older epoch's leader (a late answer after a failover). A view
+    // naming no leader is always shown: ignoring it once froze the page on a dead leader.
+    if (view.leader_id >= 0 && view.epoch < highestEpoch) return;
+    highestEpoch = Math.max(highestEpoch, view.epoch);
     const leader = document.getElementById("leader");
     const leaderRow = view.nodes.find((node) => node.node_id === view.leader_id);
     leader.dataset.leaderId = view.leader_id >= 0 ? String(view.leader_id) : "";
