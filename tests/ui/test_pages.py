@@ -77,6 +77,15 @@ async def test_a_key_in_the_url_is_escaped_in_the_page(client: httpx.AsyncClient
         assert answer.status_code == 400 and answer.json()["type"] == "urn:metakv:problem:invalid-key", path
 
 
+async def test_each_page_has_a_title_naming_what_it_shows(client: httpx.AsyncClient,
+                                                         service: InProcessService) -> None:
+    """Tabs of a whole-store listing and feed were titled "keys  · node 1" (nothing named)."""
+    titles = {"/ui": "cluster", "/ui/keys": "keys (root)", "/ui/keys?prefix=a/": "keys a/",
+              "/ui/watch": "watch (root)", "/ui/watch?prefix=a/": "watch a/", "/ui/keys/a/b": "key a/b"}
+    for path, title in titles.items():
+        assert f"<title>metakv · {title} · node {service.node_id}</title>" in (await client.get(path)).text, path
+
+
 async def test_read_only_mode_renders_no_edit_controls_and_off_serves_nothing(service: InProcessService) -> None:
     async with client_for(create_app(service)) as on, client_for(create_app(service, ui="read-only")) as read_only:
         assert 'id="edit-controls"' in (await on.get("/ui/keys/a")).text
