@@ -341,6 +341,20 @@ def test_a_view_naming_no_leader_replaces_the_last_leaders_picture(cluster: Clus
     assert dialogs == []
 
 
+def test_a_plot_says_now_only_of_the_latest_interval(cluster: Cluster, page: Page, dialogs: list[str]) -> None:
+    """With no commit in the latest interval, the latency plot said "now 3.00", a value from
+    a minute before."""
+    points = [{"t": 1_000 + 2_000 * index, "writes_per_s": 0.0, "apply_lag": 0.0,
+               "commit_latency_ms": 3.0 if index < 2 else None} for index in range(4)]
+    page.route("**/ui/api/metrics", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps({"node_id": 1, "points": points})))
+    open_with_token(page, f"{cluster.wait_for_leader().url}/ui", SECRETS["root"])
+    expect(page.locator("#chart-latency text", has_text="now")).to_have_text("now –")
+    expect(page.locator("#chart-latency polyline")).to_have_count(1)  # the measured part is drawn
+    expect(page.locator("#chart-writes text", has_text="now")).to_have_text("now 0.00")
+    assert dialogs == []
+
+
 def test_every_node_shows_the_quorums_leader_and_a_killed_leader_is_replaced_without_reload(
         cluster: Cluster, page: Page, dialogs: list[str], screenshot_dir: Path) -> None:
     leader_id, epoch = quorum_leader(cluster)
