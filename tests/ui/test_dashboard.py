@@ -388,6 +388,8 @@ def test_every_node_shows_the_quorums_leader_and_a_killed_leader_is_replaced_wit
                                                           timeout=BROWSER_WAIT_MS)
         expect(page.locator(f'#nodes tr[data-node-id="{leader_id}"]')).to_have_attribute(
             "data-role", "down", timeout=BROWSER_WAIT_MS)
+        # What a dead node would say is unknown, not "none" (its snapshot column said so).
+        expect(page.locator(f'#nodes tr[data-node-id="{leader_id}"] td:nth-child(8)')).to_have_text("–")
         assert quorum_leader(cluster)[0] == new_leader.node_id
         expect(page.locator("#quorum-banner")).to_contain_text("Quorum at risk")  # 2 of 3 voters left
         expect(page.locator("#nodes tbody tr")).to_have_count(4)  # the observer too, before it fetched

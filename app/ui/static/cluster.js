@@ -52,7 +52,7 @@
         cell(`${node.node_id}${node.node_id === view.node_id ? " (this node)" : ""}`),
         cell(node.kind), el("td", {className: "role"}, node.role),
         cell(node.log_end_offset), cell(node.lag), cell(ago(node.last_caught_up_timestamp_ms, view.taken_ms)),
-        cell(node.applied_version), cell(node.snapshot_id ? node.snapshot_id.end_offset : "none"),
+        cell(node.applied_version), cell(node.snapshot_id ? node.snapshot_id.end_offset : (node.up ? "none" : null)),
         cell(node.dirty_offset), cell(node.cleaned_end),
         cell(node.log_size_bytes === null || node.log_size_bytes === undefined ? null
           : `${(node.log_size_bytes / 1048576).toFixed(1)} MiB`),
