@@ -150,6 +150,27 @@ async def test_the_dashboards_routes_are_not_part_of_the_api_description(client:
     assert not [path for path in paths if path.startswith("/ui")]
 
 
+async def test_a_peer_answering_something_else_is_shown_down_not_a_500(client: httpx.AsyncClient,
+                                                                     service: InProcessService,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another program on a peer's old port (or another version) answering 200 with other JSON
+    made the snapshot raise, and every open tab got a 500 each second."""
+    replicas = [{"node_id": node_id, "endpoint": f"http://peer{node_id}", "log_end_offset": 0, "lag": 0,
+                 "last_fetch_timestamp_ms": None, "last_caught_up_timestamp_ms": None} for node_id in (2, 3, 4)]
+    quorum: Any = service.quorum()
+    monkeypatch.setattr(service, "quorum", lambda: {**quorum, "voters": [*quorum["voters"], *replicas[:2]],
+                                                    "observers": replicas[2:]})
+    answers = {"peer2": [1, 2], "peer3": {"node_id": 3}, "peer4": {**service.status(), "node_id": 4, "role": "follower",
+                                                                  "voter": False}}
+    real_client = httpx.AsyncClient
+    monkeypatch.setattr(httpx, "AsyncClient", lambda **options: real_client(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answers[request.url.host])), **options))
+    response = await client.get("/ui/api/cluster")
+    assert response.status_code == 200, response.text
+    up = {node["node_id"]: node["up"] for node in response.json()["nodes"]}
+    assert up == {service.node_id: True, 2: False, 3: False, 4: True}
+
+
 def status(node_id: int, role: str, epoch: int, leader_id: int, voter: bool = True) -> dict[str, Any]:
     return {"node_id": node_id, "role": role, "epoch": epoch, "leader_id": leader_id, "voter": voter,
             "advertise_http": f"http://n{node_id}", "applied_version": 5}
