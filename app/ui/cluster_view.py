@@ -26,6 +26,11 @@ PEER_TIMEOUT_S = 1.0  # a node slower than this to answer /v1/status is shown as
 # A replica that has not been caught up with the leader for this long is not counted as
 # healthy when saying how many voters the cluster can lose.
 CAUGHT_UP_RECENT_MS = 5000
+# What the view reads from another node's answer: one without these (another program on a
+# reused port, another version) counts as no answer, never as a 500 for every tab.
+STATUS_FIELDS = ("node_id", "role", "epoch", "leader_id", "voter")
+QUORUM_FIELDS = ("epoch", "leader_id", "high_watermark", "voters", "observers")
+REPLICA_FIELDS = ("node_id", "endpoint")
 
 
 class ClusterView:
@@ -64,14 +69,14 @@ class ClusterView:
                 self._endpoints.update({replica["node_id"]: replica["endpoint"]
                                         for replica in [*quorum["voters"], *quorum["observers"]] if replica["endpoint"]})
             others = {node_id: url for node_id, url in self._endpoints.items() if node_id != local["node_id"]}
-            answers = await asyncio.gather(*(_fetch_json(client, f"{url}/v1/status") for url in others.values()))
+            answers = await asyncio.gather(*(_fetch_status(client, f"{url}/v1/status") for url in others.values()))
             statuses: dict[int, NodeStatus | None] = {local["node_id"]: local}
             statuses.update({node_id: answer for node_id, answer in zip(others, answers, strict=True)})  # type: ignore[misc]
             leader_id, epoch = leader_of(statuses)
             if quorum is not None and (quorum["leader_id"], quorum["epoch"]) != (leader_id, epoch):
                 # The quorum came from a leader another node already knows to be replaced.
                 newer = statuses.get(leader_id)
-                quorum = await _fetch_json(client, f"{newer['advertise_http']}/v1/quorum") if newer and newer.get(
+                quorum = await _fetch_quorum(client, f"{newer['advertise_http']}/v1/quorum") if newer and newer.get(
                     "advertise_http") else None
         return orjson.dumps(describe(local["node_id"], statuses, quorum, leader_id, epoch, int(time.time() * 1000)))
 
@@ -82,8 +87,26 @@ class ClusterView:
             except NotLeaderError:
                 return None  # it stepped down between the two calls
         if local["leader_url"]:
-            return await _fetch_json(client, f"{local['leader_url']}/v1/quorum")  # type: ignore[return-value]
+            return await _fetch_quorum(client, f"{local['leader_url']}/v1/quorum")
         return None
+
+
+async def _fetch_status(client: httpx.AsyncClient, url: str) -> NodeStatus | None:
+    answer = await _fetch_json(client, url)
+    return answer if _has_fields(answer, STATUS_FIELDS) else None
+
+
+async def _fetch_quorum(client: httpx.AsyncClient, url: str) -> QuorumView | None:
+    answer = await _fetch_json(client, url)
+    if not _has_fields(answer, QUORUM_FIELDS) or not all(
+            isinstance(members, list) and all(_has_fields(replica, REPLICA_FIELDS) for replica in members)
+            for members in (answer["voters"], answer["observers"])):
+        return None
+    return answer  # type: ignore[no-any-return]
+
+
+def _has_fields(answer: Any, fields: tuple[str, ...]) -> bool:
+    return isinstance(answer, dict) and all(field in answer for field in fields)
 
 
 async def _fetch_json(client: httpx.AsyncClient, url: str) -> Any:
@@ -102,12 +125,15 @@ async def _fetch_json(client: httpx.AsyncClient, url: str) -> Any:
 
 def leader_of(statuses: Mapping[int, NodeStatus | None]) -> tuple[int, int]:
     """(leader id, epoch) from the raft state the nodes report: the leader known at the
-    highest epoch. An epoch has at most one leader, so this never names two; -1 when no
-    answering node knows one."""
+    highest epoch. An epoch has at most one leader, so this never names two. When no
+    answering node knows a leader: -1 and the highest epoch reported (an election under way
+    is a newer picture than the last leader's, and the page must not ignore it as older)."""
     best = (-1, -1)
     for status in statuses.values():
         if status is not None and status["leader_id"] >= 0 and status["epoch"] > best[1]:
             best = (status["leader_id"], status["epoch"])
+    if best[0] < 0:
+        best = (-1, max((status["epoch"] for status in statuses.values() if status is not None), default=-1))
     return best
 
 
@@ -148,10 +174,11 @@ def describe(self_id: int, statuses: Mapping[int, NodeStatus | None], quorum: Qu
         "epoch": epoch,
         "high_watermark": quorum["high_watermark"] if quorum is not None else None,
         "quorum_known": quorum is not None,
-        "voters": len(voters),
-        "majority": majority,
-        "healthy_voters": len(healthy),
-        # Unknown without the leader's quorum view (who is caught up is the leader's to say).
+        # Unknown without the leader's quorum view: who is caught up is the leader's to say,
+        # and which voters exist too (a node whose dashboard never saw a leader knows only itself).
+        "voters": None if quorum is None else len(voters),
+        "majority": None if quorum is None else majority,
+        "healthy_voters": None if quorum is None else len(healthy),
         "can_lose": None if quorum is None else max(0, len(healthy) - majority),
         "nodes": nodes,
         "taken_ms": now_ms,

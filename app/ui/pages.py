@@ -31,6 +31,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 UI_PATH = "/ui"
 DATA_PATH_PREFIX = "/ui/api/"  # the dashboard's JSON routes: behind auth, not served here
 KEY_PAGE_PREFIX = "/ui/keys/"
+# Typed with a trailing slash, these mean the page without it (/ui/keys/ is no key's page).
+SLASHED_PAGES = frozenset({UI_PATH + "/", "/ui/keys/", "/ui/watch/"})
 SECURITY_HEADERS = [
     (b"content-security-policy",
      b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -144,13 +146,35 @@ class UiPathDispatch:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if (path == UI_PATH or path.startswith(UI_PATH + "/")) and not path.startswith(DATA_PATH_PREFIX) and any(
-                route.matches(scope)[0] == Match.FULL for route in self.pages.routes):
-            await self.pages(scope, receive, _with_security_headers(send))
+        if (path == UI_PATH or path.startswith(UI_PATH + "/")) and not path.startswith(DATA_PATH_PREFIX):
+            await self.page_or_problem(scope, receive, _with_security_headers(send))
             return
         if path.startswith(DATA_PATH_PREFIX):
             send = _with_security_headers(send)
         await self.app(scope, receive, send)
+
+    async def page_or_problem(self, scope: Scope, receive: Receive, send: Send) -> None:
+        matches = [route.matches(scope)[0] for route in self.pages.routes]
+        answer = not_a_page(scope, matches)
+        if answer is None:
+            await self.pages(scope, receive, send)
+        else:
+            await answer(scope, receive, send)
+
+
+def not_a_page(scope: Scope, matches: list[Match]) -> Response | None:
+    """None for a page; else, ahead of auth (nothing under /ui but /ui/api/ holds data), an
+    answer a person typing the URL can act on: the page without the trailing slash, or a
+    problem document (not "send a token")."""
+    if scope["path"] in SLASHED_PAGES and scope["method"] in ("GET", "HEAD"):
+        query = scope.get("query_string", b"").decode("latin-1")
+        return Response(status_code=308, headers={"Location": scope["path"].rstrip("/") + (f"?{query}" if query else "")})
+    if Match.FULL in matches:
+        return None
+    if Match.PARTIAL in matches:
+        return Response(problem_body(405, "method-not-allowed", "Method not allowed", "dashboard pages are only read"),
+                        status_code=405, media_type=PROBLEM_MEDIA_TYPE, headers={"Allow": "GET, HEAD"})
+    return problem(404, "not-found", "Not found", "no such dashboard page: see /ui")
 
 
 def _with_security_headers(send: Send) -> Send:

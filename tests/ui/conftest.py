@@ -20,8 +20,8 @@ from app.auth import hash_token
 from tests.cluster import REPO_ROOT, Cluster, Node
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package, installed by `make system-chromium`
-SECRETS = {"root": "ui-root-secret-51c2", "reader": "ui-reader-secret-9e07"}
-RULES = {"root": {"": "admin"}, "reader": {"": "read"}}
+SECRETS = {"root": "ui-root-secret-51c2", "reader": "ui-reader-secret-9e07", "app-reader": "ui-app-secret-3d18"}
+RULES = {"root": {"": "admin"}, "reader": {"": "read"}, "app-reader": {"app/": "read"}}
 # Screenshots for docs/ui.md: written to this directory when the variable is set
 # (UI_SCREENSHOT_DIR=docs), else under the test's temporary directory.
 SCREENSHOT_DIR_VARIABLE = "UI_SCREENSHOT_DIR"

@@ -72,9 +72,18 @@ async def test_a_key_in_the_url_is_escaped_in_the_page(client: httpx.AsyncClient
     assert "&lt;img src=x onerror=alert(1)&gt;/&#34;quoted&#34; &amp; &#39;single&#39;" in response.text
     page = await client.get("/ui/keys", params={"prefix": '"><script>alert(1)</script>'})
     assert "<script>alert" not in page.text and "&lt;script&gt;alert(1)" in page.text
-    for path in ("/ui/keys/%FF", "/ui/keys/", "/ui/keys/a%00b"):  # not UTF-8, empty, NUL: no page for it
+    for path in ("/ui/keys/%FF", "/ui/keys/a%00b"):  # not UTF-8, NUL: no page for it
         answer = await client.get(path)
         assert answer.status_code == 400 and answer.json()["type"] == "urn:metakv:problem:invalid-key", path
+
+
+async def test_each_page_has_a_title_naming_what_it_shows(client: httpx.AsyncClient,
+                                                         service: InProcessService) -> None:
+    """Tabs of a whole-store listing and feed were titled "keys  · node 1" (nothing named)."""
+    titles = {"/ui": "cluster", "/ui/keys": "keys (root)", "/ui/keys?prefix=a/": "keys a/",
+              "/ui/watch": "watch (root)", "/ui/watch?prefix=a/": "watch a/", "/ui/keys/a/b": "key a/b"}
+    for path, title in titles.items():
+        assert f"<title>metakv · {title} · node {service.node_id}</title>" in (await client.get(path)).text, path
 
 
 async def test_read_only_mode_renders_no_edit_controls_and_off_serves_nothing(service: InProcessService) -> None:
@@ -113,9 +122,53 @@ async def test_pages_are_open_and_the_dashboards_data_needs_a_valid_token(servic
         assert (await http.get("/ui/api/metrics", headers=reader)).json()["node_id"] == service.node_id
 
 
+async def test_a_mistyped_dashboard_url_is_redirected_or_a_problem_not_a_request_for_a_token(
+        service: InProcessService, tmp_path: Path) -> None:
+    """With auth on, /ui/ or /ui/nope answered 401 "send a token": the pages are open, so a
+    person gets the page they meant, or a clean 404/405; /ui/api/ still needs the token."""
+    token_file = tmp_path / "tokens.toml"
+    token_file.write_text(f'[[tokens]]\nname = "r"\nsha256 = "{hash_token("s")}"\nrules = {{ "" = "read" }}\n')
+    service.auth_tokens = AuthTokens(load_auth_policy(token_file))
+    async with client_for(create_app(service)) as http:
+        for typed, meant in (("/ui/", "/ui"), ("/ui/keys/", "/ui/keys"), ("/ui/watch/?prefix=a%2F", "/ui/watch?prefix=a%2F"),
+                             ("/ui/keys/?prefix=a%2F&view=flat", "/ui/keys?prefix=a%2F&view=flat")):
+            response = await http.get(typed)
+            assert (response.status_code, response.headers["location"]) == (308, meant), typed
+            assert (await http.get(meant)).status_code == 200
+        for path in ("/ui/nope", "/ui/static", "/ui/watch/x"):
+            response = await http.get(path)
+            assert response.status_code == 404 and response.json()["type"] == "urn:metakv:problem:not-found", path
+        refused = await http.post("/ui/keys/a", content=b"x")
+        assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert (await http.get("/ui/api/nope")).status_code == 401
+        assert (await http.get("/ui/keys/a%2Fb/")).status_code == 200  # a key ending in "/" is a key
+
+
 async def test_the_dashboards_routes_are_not_part_of_the_api_description(client: httpx.AsyncClient) -> None:
     paths = (await client.get("/openapi.json")).json()["paths"]
     assert not [path for path in paths if path.startswith("/ui")]
+
+
+async def test_a_peer_answering_something_else_is_shown_down_not_a_500(client: httpx.AsyncClient,
+                                                                     service: InProcessService,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another program on a peer's old port (or another version) answering 200 with other JSON
+    made the snapshot raise, and every open tab got a 500 each second."""
+    replicas = [{"node_id": node_id, "endpoint": f"http://peer{node_id}", "log_end_offset": 0, "lag": 0,
+                 "last_fetch_timestamp_ms": None, "last_caught_up_timestamp_ms": None} for node_id in (2, 3, 4)]
+    quorum: Any = service.quorum()
+    monkeypatch.setattr(service, "quorum", lambda: {**quorum, "voters": [*quorum["voters"], *replicas[:2]],
+                                                    "observers": replicas[2:]})
+    answers = {"peer2": [1, 2], "peer3": {"node_id": 3}, "peer4": {**service.status(), "node_id": 4, "role": "follower",
+                                                                  "voter": False}}
+    real_client = httpx.AsyncClient
+    monkeypatch.setattr(httpx, "AsyncClient", lambda **options: real_client(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answers[request.url.host])), **options))
+    response = await client.get("/ui/api/cluster")
+    assert response.status_code == 200, response.text
+    up = {node["node_id"]: node["up"] for node in response.json()["nodes"]}
+    assert up == {service.node_id: True, 2: False, 3: False, 4: True}
 
 
 def status(node_id: int, role: str, epoch: int, leader_id: int, voter: bool = True) -> dict[str, Any]:
@@ -132,8 +185,15 @@ def test_the_leader_is_the_one_of_the_highest_epoch_and_a_deposed_one_is_not_sho
     roles = {node["node_id"]: node["role"] for node in view["nodes"]}
     assert roles == {1: "deposed (epoch 3 < 4)", 2: "leader", 3: "follower", 4: "down"}
     assert [node["node_id"] for node in view["nodes"] if node["role"] == "leader"] == [2]
-    assert view["can_lose"] is None  # without the leader's quorum view nobody can say
-    assert leader_of({1: None, 2: status(2, "candidate", 5, -1)}) == (-1, -1)
+    # Without the leader's quorum view nobody can say, not even how many voters there are: a
+    # node alone after losing its peers once showed "1 voters, majority 1" for a 3-voter cluster.
+    assert (view["can_lose"], view["voters"], view["majority"], view["healthy_voters"]) == (None, None, None, None)
+    alone = describe(2, {2: status(2, "follower", 4, -1)}, None, -1, -1, now_ms=10_000)
+    assert (alone["voters"], alone["majority"], alone["can_lose"]) == (None, None, None)
+    # No leader known: the newest epoch still, so a page that saw epoch 4's leader takes the
+    # election in epoch 5 as newer and shows it (it kept showing the dead leader instead).
+    assert leader_of({1: None, 2: status(2, "candidate", 5, -1), 3: status(3, "follower", 4, -1)}) == (-1, 5)
+    assert leader_of({1: None}) == (-1, -1)
 
 
 def test_fault_tolerance_counts_voters_that_answer_and_are_caught_up() -> None:

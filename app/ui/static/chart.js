@@ -48,8 +48,11 @@ const lineChart = (() => {
       run.push(`${x(point.t).toFixed(1)},${y(point.value).toFixed(1)}`);
     }
     flush();
-    const last = measured[measured.length - 1];
-    if (last) svg.append(svgEl("text", {x: WIDTH - 60, y: TOP + 8, class: "chart-label"}, `now ${format(last.value)}`));
+    // "now" is the latest interval's value: none measured (no commit in it) is "–", not the
+    // last value measured minutes ago.
+    const latest = points[points.length - 1].value;
+    svg.append(svgEl("text", {x: WIDTH - 60, y: TOP + 8, class: "chart-label"},
+                     `now ${latest === null || latest === undefined ? "–" : format(latest)}`));
   }
 
   return {draw};

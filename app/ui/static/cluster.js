@@ -14,9 +14,10 @@
   }
 
   function render(view) {
-    // Never step back to an older epoch's picture (a late answer after a failover).
-    if (view.epoch < highestEpoch) return;
-    highestEpoch = view.epoch;
+    // Never step back to an older epoch's leader (a late answer after a failover). A view
+    // naming no leader is always shown: ignoring it once froze the page on a dead leader.
+    if (view.leader_id >= 0 && view.epoch < highestEpoch) return;
+    highestEpoch = Math.max(highestEpoch, view.epoch);
     const leader = document.getElementById("leader");
     const leaderRow = view.nodes.find((node) => node.node_id === view.leader_id);
     leader.dataset.leaderId = view.leader_id >= 0 ? String(view.leader_id) : "";
@@ -25,7 +26,8 @@
     document.getElementById("epoch").textContent = view.epoch < 0 ? "–" : String(view.epoch);
     document.getElementById("high-watermark").textContent = view.high_watermark ?? "–";
     document.getElementById("fault-tolerance").textContent = view.can_lose === null
-      ? `unknown (no quorum view); ${view.voters} voters, majority ${view.majority}`
+      ? "unknown without the leader's quorum view (it names the voters and who is caught up); " +
+        `${view.nodes.filter((node) => node.up).length} node(s) known here answer`
       : `can lose ${view.can_lose} voter${view.can_lose === 1 ? "" : "s"} ` +
         `(${view.healthy_voters} of ${view.voters} healthy, majority ${view.majority})`;
     document.getElementById("taken").textContent = new Date(view.taken_ms).toLocaleTimeString();
@@ -50,11 +52,11 @@
         cell(`${node.node_id}${node.node_id === view.node_id ? " (this node)" : ""}`),
         cell(node.kind), el("td", {className: "role"}, node.role),
         cell(node.log_end_offset), cell(node.lag), cell(ago(node.last_caught_up_timestamp_ms, view.taken_ms)),
-        cell(node.applied_version), cell(node.snapshot_id ? node.snapshot_id.end_offset : "none"),
+        cell(node.applied_version), cell(node.snapshot_id ? node.snapshot_id.end_offset : (node.up ? "none" : null)),
         cell(node.dirty_offset), cell(node.cleaned_end),
         cell(node.log_size_bytes === null || node.log_size_bytes === undefined ? null
           : `${(node.log_size_bytes / 1048576).toFixed(1)} MiB`),
-        cell(node.url));
+        el("td", {}, node.url ? el("a", {href: `${node.url}/ui`}, node.url) : "–"));
       return row;
     });
     document.querySelector("#nodes tbody").replaceChildren(...rows);

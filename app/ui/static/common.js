@@ -44,8 +44,19 @@ const metakv = (() => {
     }
   }
 
+  // A key as a URL path: each "/"-separated part percent-encoded. A browser resolves a "."
+  // or ".." part away (/v1/kv/a/../b is /v1/kv/b), even percent-encoded, so the "/" next to
+  // one goes as %2F, which the node decodes back to "/": the path names exactly this key.
+  // (The keys "." and ".." themselves have no URL a browser keeps.)
   function encodeKey(key) {
-    return key.split("/").map(encodeURIComponent).join("/");
+    const parts = key.split("/").map(encodeURIComponent);
+    const dot = (part) => part === "." || part === "..";
+    let path = parts[0];
+    for (let index = 1; index < parts.length; index += 1) {
+      const nextToDot = dot(parts[index - 1]) || (index === parts.length - 1 && dot(parts[index]));
+      path += (nextToDot ? "%2F" : "/") + parts[index];
+    }
+    return path;
   }
 
   function keyPage(key) {

@@ -11,6 +11,7 @@
   let loaded = null;          // {modVersion, createVersion, contentType, text} or null when absent
   let baseVersion = 0;        // the version edits are conditioned on
   let historyCursor = null;   // read the value as of the version before this one next
+  let cursorCreated = null;   // the create version of the value at historyCursor
 
   async function read(query = {}) {
     const response = await api(path + "?" + new URLSearchParams(query));
@@ -71,6 +72,7 @@
     document.getElementById("value-block").hidden = false;
     showValue();
     historyCursor = result.modVersion;
+    cursorCreated = result.createVersion;
     await offerEdits();
     await history();
   }
@@ -86,8 +88,10 @@
       body.append(el("tr", {}, el("td", {}, `${loaded.modVersion} (current)`), el("td", {}, el("pre", {}, loaded.text))));
     }
     for (let step = 0; step < HISTORY_STEP; step += 1) {
-      if (historyCursor <= 1) {
-        note.textContent = `the key was created at version ${historyCursor}: there is no earlier value`;
+      if (historyCursor <= 1 || historyCursor === cursorCreated) {
+        // Nothing earlier to read: asking anyway could only meet compaction and say so, wrongly.
+        note.textContent = `version ${historyCursor} created it: there is no earlier value ` +
+          "(an earlier life before a delete is not followed)";
         return;
       }
       const result = await read({at_version: String(historyCursor - 1)});
@@ -107,11 +111,12 @@
       }
       body.append(el("tr", {}, el("td", {}, result.modVersion), el("td", {}, el("pre", {}, result.text))));
       historyCursor = result.modVersion;
+      cursorCreated = result.createVersion;
     }
     more.hidden = false;
   }
 
-  async function writeFailed(answer) {
+  async function writeFailed(answer, operation) {
     const status = document.getElementById("write-status");
     if (answer.type === "opaqueredirect") {
       const leader = await metakv.leaderLink(keyPage(key));
@@ -122,12 +127,19 @@
     if (answer.status === 412) {
       const current = await read();
       const conflict = document.getElementById("conflict");
+      const kept = operation === "delete" ? "Nothing was deleted." : "Nothing was changed; your text is still in the editor.";
       document.getElementById("conflict-text").textContent = current.absent
-        ? `Conflict: the key was deleted after this page loaded version ${baseVersion}. Nothing was changed; your text is still in the editor.`
-        : `Conflict: the key is now at version ${current.modVersion}, not ${baseVersion} as loaded. ` +
-          "Nothing was changed; your text is still in the editor. The current value:";
+        ? `Conflict: the key was deleted after this page loaded version ${baseVersion}. ${kept}`
+        : `Conflict: the key is now at version ${current.modVersion}, not ${baseVersion} as loaded. ${kept} ` +
+          "The current value:";
       document.getElementById("conflict-value").textContent = current.absent ? "" : current.text;
       conflict.dataset.currentVersion = current.absent ? "0" : String(current.modVersion);
+      conflict.dataset.operation = operation;
+      // Retrying a delete deletes the value just shown; retrying a save writes the editor's
+      // text (never the text of an editor the user did not open).
+      const retry = document.getElementById("rebase-button");
+      retry.textContent = operation === "delete" ? "Delete this version anyway" : "Save my text over this version";
+      retry.hidden = operation === "delete" && current.absent;
       conflict.hidden = false;
       status.textContent = "";
       return;
@@ -142,7 +154,7 @@
                 "Content-Type": document.getElementById("edit-content-type").value || "text/plain"},
     });
     if (!answer.ok) {
-      await writeFailed(answer);
+      await writeFailed(answer, "save");
       return;
     }
     const {version} = await answer.json();
@@ -156,10 +168,11 @@
     document.getElementById("delete-confirm").hidden = true;
     const answer = await api(path, {method: "DELETE", headers: {"If-Match": `"${baseVersion}"`}});
     if (!answer.ok) {
-      await writeFailed(answer);
+      await writeFailed(answer, "delete");
       return;
     }
     const {version} = await answer.json();
+    document.getElementById("conflict").hidden = true;
     document.getElementById("write-status").textContent = `deleted at version ${version}`;
     await load(version);
   }
@@ -173,6 +186,10 @@
     controls.hidden = !allowed;
     document.getElementById("delete-button").hidden = !loaded;
     document.getElementById("edit-button").textContent = loaded ? "Edit" : "Create";
+    // The editor holds text: saving a binary value's hex preview would replace the bytes.
+    const binary = Boolean(loaded && loaded.binary);
+    document.getElementById("edit-button").hidden = binary;
+    document.getElementById("binary-note").hidden = !binary;
     if (!allowed || wired) return;
     wired = true;
     document.getElementById("edit-button").addEventListener("click", () => {
@@ -189,11 +206,13 @@
       save();
     });
     document.getElementById("rebase-button").addEventListener("click", () => {
-      // The user read the current value and still wants theirs: condition on that version.
-      baseVersion = Number(document.getElementById("conflict").dataset.currentVersion);
+      // The user read the current value and still wants their write: condition on that version.
+      const conflict = document.getElementById("conflict");
+      baseVersion = Number(conflict.dataset.currentVersion);
       document.getElementById("base-version").textContent = String(baseVersion);
-      document.getElementById("conflict").hidden = true;
-      save();
+      conflict.hidden = true;
+      if (conflict.dataset.operation === "delete") remove();
+      else save();
     });
     document.getElementById("delete-button").addEventListener("click", () => {
       document.getElementById("delete-version").textContent = String(baseVersion);

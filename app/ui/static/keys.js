@@ -63,7 +63,8 @@
         el("td", {}, el("a", {href: "/ui/keys?" + query}, child.directory.slice(prefix.length))),
         el("td", {}, ""), el("td", {}, ""));
     }
-    const label = listing === "flat" ? child.key : child.key.slice(prefix.length);
+    // In the tree, a key equal to the prefix itself (a key ending in "/") would be an empty link.
+    const label = listing === "flat" || child.key === prefix ? child.key : child.key.slice(prefix.length);
     return el("tr", {},
       el("td", {}, el("a", {href: keyPage(child.key), className: "key-link"}, label)),
       el("td", {}, child.mod_version), el("td", {}, child.create_version));
@@ -102,7 +103,13 @@
     try {
       const page = listing === "flat" ? await flatPage() : await treePage();
       document.querySelector("#listing tbody").replaceChildren(...page.children.map(row));
-      status.textContent = page.children.length === 0 ? "no keys under this prefix"
+      if (after) {
+        const first = document.getElementById("first-page");
+        first.href = "/ui/keys?" + new URLSearchParams({prefix, view: listing});
+        first.hidden = false;
+      }
+      status.textContent = page.children.length === 0
+        ? (after ? `no more keys under this prefix after "${after}"` : "no keys under this prefix")
         : `${page.children.length} ${listing === "flat" ? "keys" : "entries"}` +
           (page.version !== null ? ` as of version ${page.version}` : "");
       const next = document.getElementById("next-page");
