@@ -56,17 +56,27 @@ def _ephemeral_low() -> int:
         return 32_768  # Linux's default
 
 
+# The ports free_ports returned in this process lately (port -> monotonic time): a node still
+# importing Python has not bound its ports yet, and an etcd started meanwhile must not be
+# handed the same ones.
+_HANDED_OUT: dict[int, float] = {}
+HANDED_OUT_HOLD_S = 120.0
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct free ports (held open together so they differ), drawn below the
     kernel's ephemeral range: a port bound to 0 is ephemeral, and the outgoing connections
     of servers started meanwhile (etcd's peers) may take it before our server binds it."""
     sockets: list[socket.socket] = []
+    now = time.monotonic()
     candidates = list(range(LISTEN_PORTS_LOW, max(LISTEN_PORTS_LOW + count, _ephemeral_low())))
     random.SystemRandom().shuffle(candidates)
     try:
         for port in candidates:
             if len(sockets) == count:
                 break
+            if now - _HANDED_OUT.get(port, -HANDED_OUT_HOLD_S) < HANDED_OUT_HOLD_S:
+                continue  # free now, but a server this process started may not have bound it yet
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 sock.bind((host, port))
@@ -78,7 +88,9 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind((host, 0))
             sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
+        ports = [int(sock.getsockname()[1]) for sock in sockets]
+        _HANDED_OUT.update(dict.fromkeys(ports, now))
+        return ports
     finally:
         for sock in sockets:
             sock.close()
