@@ -100,12 +100,14 @@ class Client(ClientCore):
     def put(self, key: str, value: bytes | str, *, content_type: str | None = None,
             if_version: int | None = None) -> PutResult:
         """Set the key. ``if_version``: only if its mod_version is that (0: missing), else
-        ``Conflict``. Without a condition an unknown outcome raises ``Indeterminate``; with
-        one the client re-sends it, since it can apply at most once."""
+        ``Conflict``. Without a condition (or with 0) an unknown outcome raises
+        ``Indeterminate``; with ``if_version >= 1`` the client re-sends it, since it can
+        apply at most once."""
         return self.run(self.put_plan(key, value, content_type, if_version))
 
     def create(self, key: str, value: bytes | str, *, content_type: str | None = None) -> PutResult:
-        """Set the key only if it does not exist, else ``Conflict``."""
+        """Set the key only if it does not exist, else ``Conflict``; an unknown outcome
+        raises ``Indeterminate`` (never re-sent: a delete in between would let it apply twice)."""
         return self.run(self.put_plan(key, value, content_type, None, create_only=True))
 
     def delete(self, key: str, *, if_version: int | None = None) -> DeleteResult:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from metakv.errors import ServerError
+from metakv.errors import InvalidRequest, ServerError
 from metakv.results import (
     DeleteResult,
     Event,
@@ -41,6 +41,7 @@ class Request:
     safe_to_resend: bool = True
     ok_statuses: frozenset[int] = OK
     timeout_s: float | None = None  # None: the client's own timeout
+    long_poll: bool = False  # the server may hold it open for long (a watch): see Call's deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +67,25 @@ def header_int(headers: Mapping[str, str], name: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def utf8(what: str, text: str) -> bytes:
+    """``text`` as UTF-8; a str that has none (a lone surrogate) is ``InvalidRequest``."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"Invalid {what}", f"{text!r} is not valid UTF-8 ({exc.reason})") from None
+
+
 def key_path(key: str) -> str:
-    """``/v1/kv/<key>`` with everything but unreserved characters and ``/`` percent-encoded."""
-    return "/v1/kv/" + quote(key, safe="/")
+    """``/v1/kv/<key>`` with everything but unreserved characters and ``/`` percent-encoded,
+    and the dots of a ``.`` or ``..`` segment too: URL normalization would resolve them
+    (``a/../b`` would write ``b``)."""
+    segments = utf8("key", key).split(b"/")
+    return "/v1/kv/" + "/".join("%2E" * len(segment) if segment in (b".", b"..") else quote(segment, safe="")
+                                for segment in segments)
 
 
 def with_query(path: str, params: Mapping[str, object | None]) -> str:
-    present = {name: str(value).lower() if isinstance(value, bool) else str(value)
+    present = {name: str(value).lower() if isinstance(value, bool) else utf8(name, str(value))
                for name, value in params.items() if value is not None}
     return f"{path}?{urlencode(present, quote_via=quote, safe='/')}" if present else path
 
@@ -80,7 +93,7 @@ def with_query(path: str, params: Mapping[str, object | None]) -> str:
 def value_bytes(value: bytes | str, content_type: str | None) -> tuple[bytes, str | None]:
     """A value to send: a str is UTF-8 text unless a content type says otherwise."""
     if isinstance(value, str):
-        return value.encode("utf-8"), content_type or TEXT_CONTENT_TYPE
+        return utf8("value", value), content_type or TEXT_CONTENT_TYPE
     return bytes(value), content_type
 
 
@@ -128,16 +141,25 @@ def _key_only(item: dict[str, Any]) -> KeyValue:
 # ---------------------------------------------------------------------------- writes
 
 
+def applies_at_most_once(if_version: int | None) -> bool:
+    """Whether a write with this condition can be re-sent after an unknown outcome: a first
+    apply moves the key's mod_version past ``if_version`` for good. Not so for "missing"
+    (0, or ``create``): a delete in between makes it hold again and a re-send apply twice."""
+    return if_version is not None and if_version > 0
+
+
 def put_request(key: str, value: bytes | str, content_type: str | None, if_version: int | None,
                 create_only: bool) -> Request:
     body, media_type = value_bytes(value, content_type)
+    if media_type is not None and not (media_type.isascii() and media_type.isprintable()):
+        raise InvalidRequest("Invalid Content-Type", f"{media_type!r}: a media type is printable ASCII")
     headers = {"Content-Type": media_type} if media_type else {}
     if if_version is not None:
         headers["If-Match"] = f'"{if_version}"'
     if create_only:
         headers["If-None-Match"] = "*"
-    conditional = if_version is not None or create_only
-    return Request("PUT", key_path(key), headers, body, target_leader=True, writes=True, safe_to_resend=conditional)
+    return Request("PUT", key_path(key), headers, body, target_leader=True, writes=True,
+                   safe_to_resend=applies_at_most_once(if_version))
 
 
 def parse_put(answer: Answer) -> PutResult:
@@ -148,7 +170,7 @@ def parse_put(answer: Answer) -> PutResult:
 def delete_request(key: str, if_version: int | None) -> Request:
     headers = {"If-Match": f'"{if_version}"'} if if_version is not None else {}
     return Request("DELETE", key_path(key), headers, target_leader=True, writes=True,
-                   safe_to_resend=if_version is not None)
+                   safe_to_resend=applies_at_most_once(if_version))
 
 
 def parse_delete(answer: Answer) -> DeleteResult:
@@ -190,7 +212,7 @@ class WatchCursor:
     def request(self) -> Request:
         query = {"prefix": self.prefix, "since": self.since, "timeout_ms": self.poll_timeout_ms}
         return Request("GET", with_query("/v1/watch", query),
-                       timeout_s=self.poll_timeout_ms / 1000 + WATCH_ANSWER_MARGIN_S)
+                       timeout_s=self.poll_timeout_ms / 1000 + WATCH_ANSWER_MARGIN_S, long_poll=True)
 
     def accept(self, answer: Answer) -> list[Event]:
         body = answer.json()

@@ -8,7 +8,7 @@ or an exception. It does no I/O, so the sync and async clients drive the same de
 
 The one rule that matters: a write is re-sent only when it surely did not happen (refused
 connection, 503, 307) or when sending it again cannot apply it twice (``safe_to_resend``: a
-conditional write). Any other write whose outcome is unknown raises ``Indeterminate``.
+write conditional on a version >= 1). Any other write whose outcome is unknown raises ``Indeterminate``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS_PER_ATTEMPT = 4  # a follower redirects once; more means the cluster disagrees
 # Failures that prove the request never reached a server (nothing can have happened).
 NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Failures of the request itself, found before it left: sending it again cannot help.
+UNSENDABLE_ERRORS = (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL)  # everything httpx raises for a request
 
 
@@ -136,6 +138,7 @@ class Call:
         self._rng = rng or random.Random()
         self._deadline = clock() + policy.deadline_s
         self._failures = 0
+        self._not_reached = 0  # 504 version-not-reached answers: one try per endpoint
         self._redirects = 0
         self._maybe_applied = False  # an earlier attempt of this write may have happened
         self._last_error = ""
@@ -187,12 +190,16 @@ class Call:
             self._maybe_applied = True
             return self._retry(base, str(error), 0.0, error, leader_gone=False)
         if status == 504 and not isinstance(error, Indeterminate):  # min_version not reached: another node may have
-            return self._retry(base, str(error), 0.0, error)
+            self._not_reached += 1
+            if self._not_reached < len(self.endpoints.urls):  # each node already waited wait_ms: once each
+                return self._retry(base, str(error), 0.0, error)
         raise error
 
     def failed(self, exc: Exception) -> float:
         base = origin(self.url)
-        if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+        if isinstance(exc, httpx.LocalProtocolError):  # e.g. a header value holding a line break
+            raise InvalidRequest("Invalid request", f"it cannot be sent: {exc}") from None
+        if isinstance(exc, UNSENDABLE_ERRORS):
             raise InvalidRequest("Invalid endpoint", f"{self.url}: {exc}") from None
         if not isinstance(exc, httpx.TransportError):
             raise MetakvError("Client error", f"{type(exc).__name__}: {exc}") from None
@@ -207,6 +214,9 @@ class Call:
     def _retry(self, base: str, reason: str, at_least_s: float, error: MetakvError | None = None,
                leader_gone: bool = True) -> float:
         """Back off, then try again at the next endpoint (or the leader), within the deadline."""
+        if self._failures == 0 and self.request.long_poll:
+            # A long-poll waits longer than the deadline by design: retrying starts now.
+            self._deadline = self._clock() + self.policy.deadline_s
         self._failures += 1
         self._last_error = reason
         self.endpoints.failed(base, leader_gone)

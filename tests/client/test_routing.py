@@ -17,12 +17,14 @@ from metakv import (
     Conflict,
     Forbidden,
     Indeterminate,
+    InvalidRequest,
     MetakvError,
     RetryPolicy,
     ServerError,
     Unavailable,
+    VersionNotReached,
 )
-from metakv.protocol import Answer, Request
+from metakv.protocol import Answer, Request, WatchCursor
 from metakv.routing import Call, Endpoints
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
@@ -54,7 +56,7 @@ class Recorder:
         return self.handler(request)
 
     def client(self, endpoints: str = f"{A},{B},{C}", **kwargs: Any) -> Client:
-        return Client(endpoints, transport=httpx.MockTransport(self), retry=QUICK, **kwargs)
+        return Client(endpoints, transport=httpx.MockTransport(self), **{"retry": QUICK, **kwargs})
 
     def hosts(self) -> list[str]:
         return [request.url.host for request in self.seen]
@@ -174,8 +176,18 @@ def test_a_conditional_put_with_an_unknown_outcome_is_resent_since_it_applies_at
             412, "precondition-failed", "Precondition failed", current_version=12))
     nodes = Recorder(timeout_after_send(applied_first))
     with nodes.client(B) as kv, pytest.raises(Indeterminate) as raised:
-        kv.create("k", "x")
+        kv.put("k", "x", if_version=4)
     assert "12" in raised.value.detail  # it may have been this client's own first attempt
+
+
+def test_a_create_with_an_unknown_outcome_is_not_resent() -> None:
+    """"Missing" can hold again (a delete in between): a re-sent create could apply twice."""
+    for write in (lambda kv: kv.create("k", "x"), lambda kv: kv.put("k", "x", if_version=0),
+                  lambda kv: kv.delete("k", if_version=0)):
+        nodes = Recorder(timeout_after_send(leader_b))
+        with nodes.client(B) as kv, pytest.raises(Indeterminate):
+            write(kv)
+        assert len(nodes.seen) == 1
 
 
 def test_problem_documents_become_typed_errors() -> None:
@@ -260,3 +272,74 @@ def test_the_async_client_drives_the_same_calls() -> None:
     asyncio.run(scenario())
     assert nodes.hosts() == ["a", "b", "b", "a"]
     assert nodes.seen[-1].url.params["min_version"] == "14"
+
+
+def test_a_watch_fails_over_when_its_node_dies_after_a_poll_longer_than_the_deadline() -> None:
+    """A long-poll is held open for up to its timeout (30 s by default), longer than the
+    deadline (15 s): retrying starts when it fails, not when it was sent. Still bounded."""
+    now = [0.0]
+    request = WatchCursor("p/", 5, 30_000).request()
+    call = Call(request, Endpoints([A, B]), RetryPolicy(deadline_s=15.0, backoff_max_s=0.001), clock=lambda: now[0])
+    now[0] = 31.0  # the poll waited 31 s, then the node died
+    assert call.failed(httpx.RemoteProtocolError("Server disconnected without sending a response")) is not None
+    assert call.url.startswith(B) and "since=5" in call.url
+    now[0] = 47.0  # 16 s of failures since
+    with pytest.raises(Unavailable):
+        call.failed(httpx.ConnectError("refused"))
+
+
+def test_dot_segments_of_a_key_are_sent_encoded_not_resolved() -> None:
+    nodes = Recorder(leader_b)
+    with nodes.client(B) as kv:
+        kv.put("a/../b", "x")
+        kv.put(".", "x")
+        kv.get("a/./..")
+    assert [request.url.raw_path.split(b"?")[0] for request in nodes.seen] == [
+        b"/v1/kv/a/%2E%2E/b", b"/v1/kv/%2E", b"/v1/kv/a/%2E/%2E%2E"]
+
+
+def test_input_that_cannot_be_sent_is_invalid_request_and_nothing_is_sent() -> None:
+    nodes = Recorder(leader_b)
+    with pytest.raises(InvalidRequest, match="Invalid token"):
+        nodes.client(token="abc\nX-Injected: 1")
+    with nodes.client(B) as kv:
+        for bad_call in (lambda: kv.put("k", "v", content_type="text/plain\r\nX-Injected: 1"),
+                         lambda: kv.put("k", "v", content_type="text/plain; name=\u00e9"),
+                         lambda: kv.put("k\udcff", "v"), lambda: kv.put("k", "v\udcff"),
+                         lambda: kv.list("p\udcff"), lambda: kv.get("\udcff")):
+            with pytest.raises(InvalidRequest):
+                bad_call()
+    assert nodes.seen == []
+
+    def refuses_locally(request: httpx.Request) -> httpx.Response:
+        raise httpx.LocalProtocolError("Illegal header value")
+    nodes = Recorder(refuses_locally)
+    with nodes.client(B) as kv, pytest.raises(InvalidRequest):
+        kv.put("k", "v")  # never sent: not Indeterminate, and not retried
+    assert len(nodes.seen) == 1
+
+
+def test_version_not_reached_tries_each_node_once_then_raises() -> None:
+    """Each node already waited wait_ms; trying them again until the deadline only delays
+    the answer (a wait_ms=100 read took the whole 15 s deadline)."""
+    nodes = Recorder(lambda request: httpx.Response(504, headers=node_headers(request), content=problem(
+        504, "version-not-reached", "Version not reached", current_version=7)))
+    with nodes.client(retry=RetryPolicy(deadline_s=60.0, backoff_base_s=0.001, backoff_max_s=0.002)) as kv, \
+            pytest.raises(VersionNotReached) as raised:
+        kv.get("k", min_version=10**9, wait_ms=100)
+    assert nodes.hosts() == ["a", "b", "c"] and raised.value.current_version == 7
+
+
+def test_cas_loop_keeps_the_keys_content_type() -> None:
+    def json_key(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, headers={**node_headers(request), "ETag": '"5"', "X-Create-Version": "3",
+                                                "Content-Type": "application/json"}, content=b'{"n": 1}')
+        return leader_b(request)
+    nodes = Recorder(json_key)
+    with nodes.client(B) as kv:
+        kv.cas_loop("k", lambda value: '{"n": 2}')
+        kv.cas_loop("k", lambda value: b"raw", content_type="application/octet-stream")
+    put, other = (request for request in nodes.seen if request.method == "PUT")
+    assert put.headers["content-type"] == "application/json" and put.headers["if-match"] == '"5"'
+    assert other.headers["content-type"] == "application/octet-stream"
