@@ -61,10 +61,10 @@ def origin(url: str) -> str:
 
 
 def parse_endpoints(text: str | Sequence[str]) -> list[str]:
-    """A comma-separated list (or a sequence) of node URLs, each checked and cut to its origin."""
+    """A comma-separated list (or a sequence) of node URLs, each checked to be an origin."""
     items = text.split(",") if isinstance(text, str) else list(text)
     urls = []
-    for item in (i.strip() for i in items):
+    for item in (str(i).strip() for i in items):
         if not item:
             continue
         parts = urlsplit(item)
@@ -74,6 +74,10 @@ def parse_endpoints(text: str | Sequence[str]) -> list[str]:
             parts.port  # noqa: B018  (raises on a port that is not a number)
         except ValueError:
             raise InvalidRequest("Invalid endpoint", f"{item!r} has an invalid port") from None
+        if parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc:
+            # Requests go to /v1/... at the origin: a prefix would be dropped silently.
+            raise InvalidRequest("Invalid endpoint", f"{item!r}: a node URL is scheme://host:port, "
+                                 "without user, path, query or fragment")
         urls.append(origin(item))
     if not urls:
         raise InvalidRequest("Invalid endpoint", "no endpoint given")

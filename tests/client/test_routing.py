@@ -343,3 +343,12 @@ def test_cas_loop_keeps_the_keys_content_type() -> None:
     put, other = (request for request in nodes.seen if request.method == "PUT")
     assert put.headers["content-type"] == "application/json" and put.headers["if-match"] == '"5"'
     assert other.headers["content-type"] == "application/octet-stream"
+
+
+def test_an_endpoint_with_a_path_is_refused_not_cut_to_its_origin() -> None:
+    """Requests go to /v1/... at the origin: http://proxy/metakv would be served by the proxy's root."""
+    for endpoint in ("http://proxy:80/metakv", "http://a:1?x=1", "http://user:secret@a:1"):
+        with pytest.raises(InvalidRequest, match="Invalid endpoint"):
+            Client(endpoint)
+    with Client("http://a:1/, http://b:2") as kv:
+        assert kv.endpoints.urls == [A, B]
