@@ -234,3 +234,15 @@ def test_every_argument_of_the_data_commands_is_explained() -> None:
         assert not unexplained, (command.prog, unexplained)
     put_help = " ".join(commands.choices["put"].format_help().split())
     assert "application/octet-stream for stdin" in put_help  # what a value from stdin is stored as
+
+
+def test_restore_into_a_directory_that_cannot_be_made_exits_2_with_one_line(node: str, run: Run,
+                                                                            tmp_path: Path) -> None:
+    backup = tmp_path / "backup.snapshot"
+    run("put", "r/a", "1", "--endpoints", node)
+    assert run("snapshot", "save", str(backup), "--endpoints", node)[0] == 0
+    (tmp_path / "a-file").write_text("")
+    code, out, err = run("snapshot", "restore", str(backup), "--data-dir", str(tmp_path / "a-file" / "new"))
+    assert (code, out) == (2, "") and "Not a directory" in err and err.count("\n") == 1, err
+    code, _, err = run("snapshot", "restore", str(tmp_path), "--data-dir", str(tmp_path / "new"))
+    assert code == 2 and f"{tmp_path}: not a file" in err
