@@ -25,7 +25,7 @@ from metakv.core import (
     ResultT,
 )
 from metakv.errors import MetakvError
-from metakv.protocol import Answer, Request, WatchCursor
+from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
 from metakv.routing import CLIENT_ERRORS, Call
 from metakv.txn import TxnBuilder
@@ -118,7 +118,7 @@ class AsyncClient(ClientCore):
         return await self.run(self.cas_plan(key, update, content_type, max_attempts))
 
     async def status(self) -> dict[str, Any]:
-        return dict((await self.call(Request("GET", "/v1/status"))).json())
+        return parse_status(await self.call(Request("GET", "/v1/status")))
 
     async def watch(self, prefix: str = "", *, since: int | None = None,
                     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS) -> AsyncIterator[Event]:

@@ -29,7 +29,7 @@ from metakv.core import (
     ResultT,
 )
 from metakv.errors import MetakvError
-from metakv.protocol import Answer, Request, WatchCursor
+from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
 from metakv.routing import CLIENT_ERRORS, Call
 from metakv.snapshots import SnapshotSaved, SnapshotWriter, snapshot_request
@@ -144,7 +144,7 @@ class Client(ClientCore):
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/status`` of the node reads go to."""
-        return dict(self.call(Request("GET", "/v1/status")).json())
+        return parse_status(self.call(Request("GET", "/v1/status")))
 
     def save_snapshot(self, destination: BinaryIO) -> SnapshotSaved:
         """Take a snapshot on the node reads go to and stream its file into ``destination``."""

@@ -3,10 +3,11 @@ async client send the same ``Request`` objects and parse answers with the same f
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote, urlencode
 
 from metakv.errors import InvalidRequest, ServerError
@@ -23,6 +24,20 @@ from metakv.results import (
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"  # what a str value is stored as
 OK = frozenset({200})
+Params = ParamSpec("Params")
+Parsed = TypeVar("Parsed")
+
+
+def parses_answer(parse: Callable[Params, Parsed]) -> Callable[Params, Parsed]:
+    """``parse`` with a body that is not what the API promises (a member missing, of another
+    type: another server behind the URL) raising ``ServerError``, not KeyError or TypeError."""
+    @functools.wraps(parse)
+    def checked(*args: Params.args, **kwargs: Params.kwargs) -> Parsed:
+        try:
+            return parse(*args, **kwargs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ServerError("Malformed answer", f"{parse.__name__}: {type(exc).__name__} {exc}") from None
+    return checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +126,7 @@ def get_request(key: str, params: Mapping[str, object | None]) -> Request:
                    ok_statuses=frozenset({200, 404}))
 
 
+@parses_answer
 def parse_get(key: str, answer: Answer) -> KeyValue | None:
     if answer.status == 404:
         return None
@@ -128,6 +144,7 @@ def list_request(prefix: str, limit: int, after: str | None, keys_only: bool,
     return Request("GET", with_query("/v1/kv", query), target_leader=params.get("consistency") is not None)
 
 
+@parses_answer
 def parse_list(answer: Answer) -> ListResult:
     body = answer.json()
     return ListResult(int(body["version"]), [key_value_of(item) if "value" in item else _key_only(item)
@@ -162,6 +179,7 @@ def put_request(key: str, value: bytes | str, content_type: str | None, if_versi
                    safe_to_resend=applies_at_most_once(if_version))
 
 
+@parses_answer
 def parse_put(answer: Answer) -> PutResult:
     body = answer.json()
     return PutResult(str(body["key"]), int(body["version"]), bool(body.get("created", False)))
@@ -173,6 +191,7 @@ def delete_request(key: str, if_version: int | None) -> Request:
                    safe_to_resend=applies_at_most_once(if_version))
 
 
+@parses_answer
 def parse_delete(answer: Answer) -> DeleteResult:
     body = answer.json()
     return DeleteResult(str(body["key"]), int(body["version"]), bool(body.get("deleted", True)))
@@ -184,6 +203,7 @@ def txn_request(body: dict[str, Any]) -> Request:
                    target_leader=True, writes=True, safe_to_resend=False)
 
 
+@parses_answer
 def parse_txn(answer: Answer) -> TxnResult:
     body = answer.json()
     results = []
@@ -192,6 +212,14 @@ def parse_txn(answer: Answer) -> TxnResult:
             result = {**result, "kv": key_value_of(result)}
         results.append(result)
     return TxnResult(bool(body["succeeded"]), int(body["version"]), results, list(body.get("failed_compares", [])))
+
+
+@parses_answer
+def parse_status(answer: Answer) -> dict[str, Any]:
+    body = answer.json()
+    if not isinstance(body, dict):
+        raise TypeError(f"a status is a JSON object, not {type(body).__name__}")
+    return body
 
 
 # ---------------------------------------------------------------------------- watch
@@ -214,6 +242,7 @@ class WatchCursor:
         return Request("GET", with_query("/v1/watch", query),
                        timeout_s=self.poll_timeout_ms / 1000 + WATCH_ANSWER_MARGIN_S, long_poll=True)
 
+    @parses_answer
     def accept(self, answer: Answer) -> list[Event]:
         body = answer.json()
         events = [event_of(item) for item in body["events"] if int(item["mod_version"]) > self.since]

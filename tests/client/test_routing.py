@@ -352,3 +352,18 @@ def test_an_endpoint_with_a_path_is_refused_not_cut_to_its_origin() -> None:
             Client(endpoint)
     with Client("http://a:1/, http://b:2") as kv:
         assert kv.endpoints.urls == [A, B]
+
+
+@pytest.mark.parametrize("body", [{"unexpected": [1]}, [1, 2], {"key": "k", "version": "seven"}])
+def test_an_answer_that_is_not_the_apis_is_a_server_error(body: object) -> None:
+    """Another server behind the URL answers 200 with other JSON: ServerError, never KeyError."""
+    nodes = Recorder(lambda request: httpx.Response(200, headers={**node_headers(request), "ETag": '"1"',
+                                                                  "X-Create-Version": "1"}, json=body))
+    with nodes.client(B) as kv:
+        for call in (lambda: kv.put("k", "v"), lambda: kv.delete("k"), kv.list, kv.txn().commit,
+                     lambda: next(kv.watch("", since=1))):
+            with pytest.raises(ServerError, match="Malformed answer"):
+                call()
+        if not isinstance(body, dict):
+            with pytest.raises(ServerError):
+                kv.status()
