@@ -31,7 +31,7 @@ from metakv.core import (
 from metakv.errors import MetakvError
 from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
-from metakv.routing import CLIENT_ERRORS, Call
+from metakv.routing import CLIENT_ERRORS, Call, closed_error
 from metakv.snapshots import SnapshotSaved, SnapshotWriter, snapshot_request
 from metakv.txn import TxnBuilder
 
@@ -74,10 +74,16 @@ class Client(ClientCore):
         return self.finished(call)
 
     def _attempt(self, call: Call) -> httpx.Response | Exception:
+        if self._http.is_closed:
+            raise closed_error()
         try:
             return self._http.request(**call.send_options())
         except CLIENT_ERRORS as exc:
             return exc
+        except RuntimeError:  # closed by another thread meanwhile
+            if self._http.is_closed:
+                raise closed_error() from None
+            raise
 
     def run(self, plan: Plan[ResultT]) -> ResultT:
         """Drive a plan of metakv/core.py: send each request it yields, hand back the answer."""
@@ -150,6 +156,8 @@ class Client(ClientCore):
         """Take a snapshot on the node reads go to and stream its file into ``destination``."""
         call = self.new_call(snapshot_request())
         while True:
+            if self._http.is_closed:
+                raise closed_error()
             try:
                 with self._http.stream("POST", call.url) as response:
                     if response.status_code == 200:

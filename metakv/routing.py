@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from metakv.errors import (
+    ClientClosed,
     Conflict,
     Indeterminate,
     InvalidRequest,
@@ -52,6 +53,11 @@ class RetryPolicy:
     backoff_base_s: float = 0.05
     backoff_max_s: float = 1.0
     retry_after_max_s: float = 5.0
+
+
+def closed_error() -> ClientClosed:
+    """What a call on a closed client raises (httpx raises a bare RuntimeError)."""
+    return ClientClosed("Client closed", "the client was closed; nothing more is sent through it")
 
 
 def origin(url: str) -> str:

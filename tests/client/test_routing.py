@@ -13,6 +13,7 @@ import pytest
 from metakv import (
     AsyncClient,
     Client,
+    ClientClosed,
     Compacted,
     Conflict,
     Forbidden,
@@ -367,3 +368,28 @@ def test_an_answer_that_is_not_the_apis_is_a_server_error(body: object) -> None:
         if not isinstance(body, dict):
             with pytest.raises(ServerError):
                 kv.status()
+
+
+def test_a_closed_client_raises_client_closed_also_in_a_running_watch() -> None:
+    """Closing the client is how another thread ends a watch: at its next poll, typed."""
+    import asyncio
+
+    def changes(request: httpx.Request) -> httpx.Response:
+        since = int(request.url.params["since"])
+        return httpx.Response(200, headers=node_headers(request), json={"version": since + 1, "events": [
+            {"type": "delete", "key": "p/1", "mod_version": since + 1}]})
+    kv = Recorder(changes).client(B)
+    watch = kv.watch("p/", since=1)
+    assert next(watch).mod_version == 2
+    kv.close()
+    with pytest.raises(ClientClosed):
+        next(watch)
+    with pytest.raises(ClientClosed):
+        kv.get("k")
+
+    async def scenario() -> None:
+        async with AsyncClient(B, transport=httpx.MockTransport(changes), retry=QUICK) as akv:
+            pass
+        with pytest.raises(ClientClosed):
+            await akv.put("k", "v")
+    asyncio.run(scenario())
