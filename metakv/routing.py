@@ -184,8 +184,8 @@ class Call:
             self._redirects += 1
             if self._redirects > MAX_REDIRECTS_PER_ATTEMPT:
                 return self._retry(base, f"redirected more than {MAX_REDIRECTS_PER_ATTEMPT} times", 0.0)
-            self.endpoints.redirected_to(location)
-            self.url = str(httpx.URL(self.url).join(location))
+            self.url = str(httpx.URL(self.url).join(location))  # a relative Location too (a proxy's)
+            self.endpoints.redirected_to(self.url)
             return 0.0
         error = error_from_answer(status, answer.content)
         if isinstance(error, Conflict) and self._maybe_applied:

@@ -393,3 +393,20 @@ def test_a_closed_client_raises_client_closed_also_in_a_running_watch() -> None:
         with pytest.raises(ClientClosed):
             await akv.put("k", "v")
     asyncio.run(scenario())
+
+
+def test_a_relative_location_is_resolved_before_it_names_the_leader() -> None:
+    """A proxy may rewrite Location to a path: the leader is then that same origin."""
+    redirected: list[str] = []
+
+    def proxy(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and not redirected:
+            redirected.append(request.url.host)
+            return httpx.Response(307, headers={"Location": "/v1/kv/k"})
+        return httpx.Response(200, json={"key": "k", "version": 12, "created": False})
+    nodes = Recorder(proxy)
+    with nodes.client(C) as kv:
+        kv.put("k", "x")
+        kv.put("k", "y")
+        assert kv.endpoints.leader_url == C
+    assert nodes.hosts() == ["c", "c", "c"]
