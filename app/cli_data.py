@@ -225,7 +225,7 @@ def _list(client: Client, args: argparse.Namespace, output: str) -> int:
     else:
         items = [{key: value for key, value in kv.as_json().items()
                   if not (args.keys_only and key in ("value", "encoding"))} for kv in listing.items]
-        _print_json({"version": listing.version, "items": items})
+        _print_json({"version": listing.version, "items": items, "next": listing.next_key})
     return 0
 
 

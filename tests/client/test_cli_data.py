@@ -70,6 +70,9 @@ def test_put_get_list_del_in_each_output_format(node: str, run: Run, monkeypatch
     code, out, _ = run("list", "cfg/", "--keys-only")
     assert [item["key"] for item in json.loads(out)["items"]] == ["cfg/blob", "cfg/db"]
     assert "value" not in json.loads(out)["items"][0]
+    cut = json.loads(run("list", "cfg/", "--limit", "1")[1])
+    assert [item["key"] for item in cut["items"]] == ["cfg/blob"] and cut["next"] == "cfg/blob"  # more to come
+    assert json.loads(out)["next"] is None
     code, out, _ = run("del", "cfg/blob")
     assert code == 0 and json.loads(out)["deleted"] is True
     assert run("list", "cfg/", "-o", "value")[1] == "postgres://db\n"
