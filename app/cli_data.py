@@ -46,8 +46,8 @@ def add_data_commands(commands: Any) -> None:
     common.add_argument("--timeout-ms", default="15000", help="give up on the cluster after this long (default 15000)")
     reads = argparse.ArgumentParser(add_help=False)
     reads.add_argument("--consistency", default="local", metavar="{local,leader,linearizable}",
-                       help="local (default: any node, never older than this command's own writes), "
-                            "leader or linearizable")
+                       help="local (default: the first endpoint's node, which may lag), leader (the "
+                            "leader's state) or linearizable (the leader, after a quorum check)")
 
     get = commands.add_parser("get", parents=[common, reads], help="read one key (exit 1 when it does not exist)")
     get.add_argument("key", help="the key (UTF-8, 1-1024 bytes)")
