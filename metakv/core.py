@@ -173,7 +173,9 @@ class ClientCore:
         on a lost race (the retry reads at least the version that won)."""
         lost: Conflict | None = None
         for _ in range(max_attempts):
-            current = yield from self.get_plan(key, "local", lost.current_version if lost else None, None, None)
+            # After a lost race, read at least the winner's version (0, a delete: the session's).
+            floor = lost.current_version if lost and lost.current_version > 0 else None
+            current = yield from self.get_plan(key, "local", floor, None, None)
             version = current.mod_version if current is not None else 0
             new_value = update(current.value if current is not None else None)
             kept_type = content_type or (current.content_type if current is not None else None)

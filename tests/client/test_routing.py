@@ -410,3 +410,20 @@ def test_a_relative_location_is_resolved_before_it_names_the_leader() -> None:
         kv.put("k", "y")
         assert kv.endpoints.leader_url == C
     assert nodes.hosts() == ["c", "c", "c"]
+
+
+def test_cas_loop_rereads_at_the_sessions_version_after_losing_to_a_delete() -> None:
+    """A Conflict with current_version 0 (the key was deleted) must not drop the re-read's
+    floor to nothing: a lagging node could show the deleted key again."""
+    def deleted_meanwhile(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and request.headers.get("if-match") == '"5"':
+            return httpx.Response(412, headers=node_headers(request), content=problem(
+                412, "precondition-failed", "Precondition failed", current_version=0))
+        if request.method == "GET" and len(nodes.seen) > 1:
+            return httpx.Response(404, headers=node_headers(request), content=problem(404, "key-not-found", "Key not found"))
+        return leader_b(request)
+    nodes = Recorder(deleted_meanwhile)
+    with nodes.client(B) as kv:
+        assert kv.cas_loop("k", lambda value: "fresh").version == 12
+    reread = [request for request in nodes.seen if request.method == "GET"][1]
+    assert reread.url.params["min_version"] == "7"  # the session's, seen in the first read's answer
