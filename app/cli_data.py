@@ -12,6 +12,7 @@ title and detail.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from metakv import Client, Event, InvalidRequest, KeyValue, MetakvError, RetryPo
 from metakv.results import value_members
 
 EXIT_FAILURE = 1
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a tool SIGPIPE ended (`metakv list | head -1`)
 DEFAULT_ENDPOINTS = "http://127.0.0.1:8001"
 OUTPUTS = ("json", "table", "value")
 KEY_MAX_BYTES = 1024  # the API's bound (docs/http.md): refused here with exit 2, not by a node
@@ -38,29 +40,34 @@ def add_data_commands(commands: Any) -> None:
                         help=f"comma-separated node URLs [env METAKV_ENDPOINTS] (default {DEFAULT_ENDPOINTS})")
     common.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
                         help="bearer token for a cluster with auth enabled [env METAKV_TOKEN]")
-    common.add_argument("--output", "-o", default="json", help="json (default), table or value")
+    common.add_argument("--output", "-o", default="json", metavar="{json,table,value}",
+                        help="json (default: one JSON document per line), table, or value (the raw value; "
+                             "a write's version)")
     common.add_argument("--timeout-ms", default="15000", help="give up on the cluster after this long (default 15000)")
     reads = argparse.ArgumentParser(add_help=False)
-    reads.add_argument("--consistency", default="local", help="local (default), leader or linearizable")
+    reads.add_argument("--consistency", default="local", metavar="{local,leader,linearizable}",
+                       help="local (default: the first endpoint's node, which may lag), leader (the "
+                            "leader's state) or linearizable (the leader, after a quorum check)")
 
-    get = commands.add_parser("get", parents=[common, reads], help="read one key")
-    get.add_argument("key")
+    get = commands.add_parser("get", parents=[common, reads], help="read one key (exit 1 when it does not exist)")
+    get.add_argument("key", help="the key (UTF-8, 1-1024 bytes)")
     put = commands.add_parser("put", parents=[common], help="set a key (VALUE, or stdin when left out)")
-    put.add_argument("key")
-    put.add_argument("value", nargs="?", help="the value; read from stdin when left out")
-    put.add_argument("--content-type", help="stored Content-Type (default text/plain; charset=utf-8)")
+    put.add_argument("key", help="the key (UTF-8, 1-1024 bytes)")
+    put.add_argument("value", nargs="?", help="the value; read from stdin (as bytes) when left out")
+    put.add_argument("--content-type", help="stored Content-Type (default: text/plain; charset=utf-8 for VALUE, "
+                                            "application/octet-stream for stdin)")
     condition = put.add_mutually_exclusive_group()
     condition.add_argument("--if-version", help="only if the key's mod_version is this (0: missing)")
     condition.add_argument("--create", action="store_true", help="only if the key does not exist")
     delete = commands.add_parser("del", parents=[common], help="delete a key")
-    delete.add_argument("key")
+    delete.add_argument("key", help="the key")
     delete.add_argument("--if-version", help="only if the key's mod_version is this")
     listing = commands.add_parser("list", parents=[common, reads], help="every key under a prefix")
-    listing.add_argument("prefix", nargs="?", default="")
+    listing.add_argument("prefix", nargs="?", default="", help="list the keys starting with this (default: all)")
     listing.add_argument("--limit", help="at most this many keys")
     listing.add_argument("--keys-only", action="store_true", help="leave the values out")
     watch = commands.add_parser("watch", parents=[common], help="print changes under a prefix as they happen")
-    watch.add_argument("prefix", nargs="?", default="")
+    watch.add_argument("prefix", nargs="?", default="", help="watch the keys starting with this (default: all)")
     watch.add_argument("--since", help="changes after this version (default: from now)")
     watch.add_argument("--count", help="stop after this many events (default: until Ctrl-C)")
     txn = commands.add_parser("txn", parents=[common], help="a transaction: the JSON body of POST /v1/txn")
@@ -69,9 +76,9 @@ def add_data_commands(commands: Any) -> None:
     snapshot = commands.add_parser("snapshot", help="save a cluster's snapshot, or restore a node from one")
     actions = snapshot.add_subparsers(dest="snapshot_command", required=True, parser_class=type(snapshot))
     save = actions.add_parser("save", parents=[common], help="stream a consistent snapshot from a node into FILE")
-    save.add_argument("file")
+    save.add_argument("file", help="where to write the snapshot (replaced whole, or left as it was)")
     restore = actions.add_parser("restore", help="a new single-node data directory from a snapshot FILE")
-    restore.add_argument("file")
+    restore.add_argument("file", help="a file `metakv snapshot save` wrote")
     restore.add_argument("--data-dir", required=True, help="the new data directory (absent or empty)")
 
 
@@ -88,7 +95,13 @@ def run_data_command(args: argparse.Namespace) -> int:
     try:
         with Client(endpoints, token=args.token, timeout_s=timeout_s,
                     retry=RetryPolicy(deadline_s=timeout_s)) as client:
-            return command(client, args, output)
+            code = command(client, args, output)
+            sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
+            return code
+    except BrokenPipeError:  # the reader went away: stop quietly, as SIGPIPE ends other tools
+        with contextlib.suppress(OSError, ValueError):  # no error again when Python flushes at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except InvalidRequest as exc:  # the cluster refused the input as malformed: bad input too
         raise ConfigError(_one_line(exc)) from None
     except MetakvError as exc:
@@ -152,6 +165,7 @@ def _key_rows(items: Sequence[KeyValue]) -> list[tuple[Any, ...]]:
 
 
 KEY_HEADER = ("KEY", "MOD_VERSION", "CREATE_VERSION", "CONTENT_TYPE", "VALUE")
+WATCH_ROW = "{:<7} {:<12} {}  {}"  # a watch's table streams: fixed widths, not fitted to the rows
 
 
 # ---------------------------------------------------------------------------- commands
@@ -211,7 +225,7 @@ def _list(client: Client, args: argparse.Namespace, output: str) -> int:
     else:
         items = [{key: value for key, value in kv.as_json().items()
                   if not (args.keys_only and key in ("value", "encoding"))} for kv in listing.items]
-        _print_json({"version": listing.version, "items": items})
+        _print_json({"version": listing.version, "items": items, "next": listing.next_key})
     return 0
 
 
@@ -220,7 +234,7 @@ def _watch(client: Client, args: argparse.Namespace, output: str) -> int:
     count = None if args.count is None else parse_int("--count", args.count, 1, 2**62)
     printed = 0
     if output == "table":
-        print("TYPE    MOD_VERSION  KEY  VALUE", flush=True)
+        print(WATCH_ROW.format("TYPE", "MOD_VERSION", "KEY", "VALUE").rstrip(), flush=True)
     for event in client.watch(args.prefix, since=since):
         _print_event(event, output)
         printed += 1
@@ -233,7 +247,7 @@ def _print_event(event: Event, output: str) -> None:
     if output == "value":
         _write_value(event.value if event.value is not None else b"", newline=True)
     elif output == "table":
-        print(f"{event.type:<7} {event.mod_version:<12} {event.key}  {_cell(event.value)}", flush=True)
+        print(WATCH_ROW.format(event.type, event.mod_version, event.key, _cell(event.value)), flush=True)
     else:
         _print_json(event.as_json())
 
@@ -247,7 +261,8 @@ def _txn(client: Client, args: argparse.Namespace, output: str) -> int:
         body = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"txn: the body is not JSON: {exc}") from None
-    if not isinstance(body, dict) or not set(body) <= {"compare", "success", "failure"}:
+    if not isinstance(body, dict) or not set(body) <= {"compare", "success", "failure"} or not all(
+            isinstance(member, list) for member in body.values()):
         raise ConfigError('txn: expected a JSON object with "compare", "success" and "failure" lists')
     txn = client.txn()
     txn.compare, txn.success, txn.failure = (list(body.get(name, [])) for name in ("compare", "success", "failure"))

@@ -46,16 +46,19 @@ def restore_snapshot(path: Path, data_dir: Path) -> SnapshotId:
     """Build ``data_dir`` (absent or empty) from the snapshot file at ``path``; on any
     failure nothing is left in it."""
     if not path.is_file():
-        raise RestoreError(f"{path}: no such file")
-    if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
-        raise RestoreError(f"--data-dir {data_dir} exists and is not empty: restore into a new directory")
-    snapshot_id = snapshot_id_of(path)
-    created = not data_dir.exists()
+        raise RestoreError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
     try:
-        _install(path, data_dir, snapshot_id)
-    except BaseException:
-        _remove_contents(data_dir, remove_dir=created)
-        raise
+        if data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
+            raise RestoreError(f"--data-dir {data_dir} exists and is not empty: restore into a new directory")
+        snapshot_id = snapshot_id_of(path)
+        created = not data_dir.exists()
+        try:
+            _install(path, data_dir, snapshot_id)
+        except BaseException:
+            _remove_contents(data_dir, remove_dir=created)
+            raise
+    except OSError as exc:  # a directory that cannot be made, a file that cannot be read: one line
+        raise RestoreError(f"{exc.filename or data_dir}: {exc.strerror or exc}") from None
     return snapshot_id
 
 

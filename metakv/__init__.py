@@ -7,6 +7,7 @@ typed errors; docs/client.md is the reference.
 from metakv.aio import AsyncClient, AsyncTxn
 from metakv.client import Client, Txn
 from metakv.errors import (
+    ClientClosed,
     Compacted,
     Conflict,
     Forbidden,
@@ -23,7 +24,7 @@ from metakv.routing import RetryPolicy
 from metakv.snapshots import SnapshotSaved
 
 __all__ = [
-    "AsyncClient", "AsyncTxn", "Client", "Compacted", "Conflict", "DeleteResult", "Event", "Forbidden",
+    "AsyncClient", "AsyncTxn", "Client", "ClientClosed", "Compacted", "Conflict", "DeleteResult", "Event", "Forbidden",
     "Indeterminate", "InvalidRequest", "KeyValue", "ListResult", "MetakvError", "PutResult", "RetryPolicy",
     "ServerError", "SnapshotSaved", "Txn", "TxnResult", "Unauthorized", "Unavailable", "VersionNotReached",
 ]

@@ -25,9 +25,9 @@ from metakv.core import (
     ResultT,
 )
 from metakv.errors import MetakvError
-from metakv.protocol import Answer, Request, WatchCursor
+from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
-from metakv.routing import CLIENT_ERRORS, Call
+from metakv.routing import CLIENT_ERRORS, Call, closed_error
 from metakv.txn import TxnBuilder
 
 POOL_SHARD_CONNECTIONS = 8  # connections per httpx pool (see AsyncClient.__init__)
@@ -77,10 +77,17 @@ class AsyncClient(ClientCore):
 
     async def _attempt(self, call: Call) -> httpx.Response | Exception:
         self._next_pool = (self._next_pool + 1) % len(self._pools)
+        pool = self._pools[self._next_pool]
+        if pool.is_closed:
+            raise closed_error()
         try:
-            return await self._pools[self._next_pool].request(**call.send_options())
+            return await pool.request(**call.send_options())
         except CLIENT_ERRORS as exc:
             return exc
+        except RuntimeError:  # closed by another task meanwhile
+            if pool.is_closed:
+                raise closed_error() from None
+            raise
 
     async def run(self, plan: Plan[ResultT]) -> ResultT:
         steps = PlanRun(plan)
@@ -118,7 +125,7 @@ class AsyncClient(ClientCore):
         return await self.run(self.cas_plan(key, update, content_type, max_attempts))
 
     async def status(self) -> dict[str, Any]:
-        return dict((await self.call(Request("GET", "/v1/status"))).json())
+        return parse_status(await self.call(Request("GET", "/v1/status")))
 
     async def watch(self, prefix: str = "", *, since: int | None = None,
                     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS) -> AsyncIterator[Event]:

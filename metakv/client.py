@@ -29,9 +29,9 @@ from metakv.core import (
     ResultT,
 )
 from metakv.errors import MetakvError
-from metakv.protocol import Answer, Request, WatchCursor
+from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
-from metakv.routing import CLIENT_ERRORS, Call
+from metakv.routing import CLIENT_ERRORS, Call, closed_error
 from metakv.snapshots import SnapshotSaved, SnapshotWriter, snapshot_request
 from metakv.txn import TxnBuilder
 
@@ -74,10 +74,16 @@ class Client(ClientCore):
         return self.finished(call)
 
     def _attempt(self, call: Call) -> httpx.Response | Exception:
+        if self._http.is_closed:
+            raise closed_error()
         try:
             return self._http.request(**call.send_options())
         except CLIENT_ERRORS as exc:
             return exc
+        except RuntimeError:  # closed by another thread meanwhile
+            if self._http.is_closed:
+                raise closed_error() from None
+            raise
 
     def run(self, plan: Plan[ResultT]) -> ResultT:
         """Drive a plan of metakv/core.py: send each request it yields, hand back the answer."""
@@ -100,12 +106,14 @@ class Client(ClientCore):
     def put(self, key: str, value: bytes | str, *, content_type: str | None = None,
             if_version: int | None = None) -> PutResult:
         """Set the key. ``if_version``: only if its mod_version is that (0: missing), else
-        ``Conflict``. Without a condition an unknown outcome raises ``Indeterminate``; with
-        one the client re-sends it, since it can apply at most once."""
+        ``Conflict``. Without a condition (or with 0) an unknown outcome raises
+        ``Indeterminate``; with ``if_version >= 1`` the client re-sends it, since it can
+        apply at most once."""
         return self.run(self.put_plan(key, value, content_type, if_version))
 
     def create(self, key: str, value: bytes | str, *, content_type: str | None = None) -> PutResult:
-        """Set the key only if it does not exist, else ``Conflict``."""
+        """Set the key only if it does not exist, else ``Conflict``; an unknown outcome
+        raises ``Indeterminate`` (never re-sent: a delete in between would let it apply twice)."""
         return self.run(self.put_plan(key, value, content_type, None, create_only=True))
 
     def delete(self, key: str, *, if_version: int | None = None) -> DeleteResult:
@@ -142,12 +150,14 @@ class Client(ClientCore):
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/status`` of the node reads go to."""
-        return dict(self.call(Request("GET", "/v1/status")).json())
+        return parse_status(self.call(Request("GET", "/v1/status")))
 
     def save_snapshot(self, destination: BinaryIO) -> SnapshotSaved:
         """Take a snapshot on the node reads go to and stream its file into ``destination``."""
         call = self.new_call(snapshot_request())
         while True:
+            if self._http.is_closed:
+                raise closed_error()
             try:
                 with self._http.stream("POST", call.url) as response:
                     if response.status_code == 200:

@@ -89,8 +89,10 @@ class ClientCore:
         self.retry = options.get("retry") or RetryPolicy()
         self.timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
         self.read_your_writes = options.get("read_your_writes", True)
-        token = options.get("token")
-        self.headers = {"Authorization": f"Bearer {token.strip()}"} if token else {}
+        token = (options.get("token") or "").strip()
+        if not (token.isascii() and token.isprintable()) or " " in token:
+            raise InvalidRequest("Invalid token", "a bearer token is printable ASCII with no space")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         connections = options.get("max_connections", DEFAULT_MAX_CONNECTIONS)
         # What the httpx client of either kind is built with.
         self.http_settings: dict[str, Any] = {"headers": self.headers, "timeout": self.timeout_s, "limits": httpx.Limits(
@@ -171,11 +173,14 @@ class ClientCore:
         on a lost race (the retry reads at least the version that won)."""
         lost: Conflict | None = None
         for _ in range(max_attempts):
-            current = yield from self.get_plan(key, "local", lost.current_version if lost else None, None, None)
+            # After a lost race, read at least the winner's version (0, a delete: the session's).
+            floor = lost.current_version if lost and lost.current_version > 0 else None
+            current = yield from self.get_plan(key, "local", floor, None, None)
             version = current.mod_version if current is not None else 0
             new_value = update(current.value if current is not None else None)
+            kept_type = content_type or (current.content_type if current is not None else None)
             try:
-                return (yield from self.put_plan(key, new_value, content_type, version))
+                return (yield from self.put_plan(key, new_value, kept_type or None, version))
             except Conflict as exc:
                 lost = exc
         raise Conflict("Precondition failed", f"cas_loop on {key!r} lost the race {max_attempts} times in a row",

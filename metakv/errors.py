@@ -86,6 +86,11 @@ class Unavailable(MetakvError):
     help: no endpoint answered, no leader was elected, the nodes were not ready (503)."""
 
 
+class ClientClosed(MetakvError):
+    """The client was closed (``close()``, or the end of its ``with`` block), perhaps by
+    another thread while this call or watch was running; nothing more was sent."""
+
+
 class ServerError(MetakvError):
     """Any other answer (a 500, a 507 full disk, a body that is not what the API promises)."""
 

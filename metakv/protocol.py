@@ -3,13 +3,14 @@ async client send the same ``Request`` objects and parse answers with the same f
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote, urlencode
 
-from metakv.errors import ServerError
+from metakv.errors import InvalidRequest, ServerError
 from metakv.results import (
     DeleteResult,
     Event,
@@ -23,6 +24,20 @@ from metakv.results import (
 
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"  # what a str value is stored as
 OK = frozenset({200})
+Params = ParamSpec("Params")
+Parsed = TypeVar("Parsed")
+
+
+def parses_answer(parse: Callable[Params, Parsed]) -> Callable[Params, Parsed]:
+    """``parse`` with a body that is not what the API promises (a member missing, of another
+    type: another server behind the URL) raising ``ServerError``, not KeyError or TypeError."""
+    @functools.wraps(parse)
+    def checked(*args: Params.args, **kwargs: Params.kwargs) -> Parsed:
+        try:
+            return parse(*args, **kwargs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ServerError("Malformed answer", f"{parse.__name__}: {type(exc).__name__} {exc}") from None
+    return checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +56,7 @@ class Request:
     safe_to_resend: bool = True
     ok_statuses: frozenset[int] = OK
     timeout_s: float | None = None  # None: the client's own timeout
+    long_poll: bool = False  # the server may hold it open for long (a watch): see Call's deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +82,25 @@ def header_int(headers: Mapping[str, str], name: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def utf8(what: str, text: str) -> bytes:
+    """``text`` as UTF-8; a str that has none (a lone surrogate) is ``InvalidRequest``."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"Invalid {what}", f"{text!r} is not valid UTF-8 ({exc.reason})") from None
+
+
 def key_path(key: str) -> str:
-    """``/v1/kv/<key>`` with everything but unreserved characters and ``/`` percent-encoded."""
-    return "/v1/kv/" + quote(key, safe="/")
+    """``/v1/kv/<key>`` with everything but unreserved characters and ``/`` percent-encoded,
+    and the dots of a ``.`` or ``..`` segment too: URL normalization would resolve them
+    (``a/../b`` would write ``b``)."""
+    segments = utf8("key", key).split(b"/")
+    return "/v1/kv/" + "/".join("%2E" * len(segment) if segment in (b".", b"..") else quote(segment, safe="")
+                                for segment in segments)
 
 
 def with_query(path: str, params: Mapping[str, object | None]) -> str:
-    present = {name: str(value).lower() if isinstance(value, bool) else str(value)
+    present = {name: str(value).lower() if isinstance(value, bool) else utf8(name, str(value))
                for name, value in params.items() if value is not None}
     return f"{path}?{urlencode(present, quote_via=quote, safe='/')}" if present else path
 
@@ -80,7 +108,7 @@ def with_query(path: str, params: Mapping[str, object | None]) -> str:
 def value_bytes(value: bytes | str, content_type: str | None) -> tuple[bytes, str | None]:
     """A value to send: a str is UTF-8 text unless a content type says otherwise."""
     if isinstance(value, str):
-        return value.encode("utf-8"), content_type or TEXT_CONTENT_TYPE
+        return utf8("value", value), content_type or TEXT_CONTENT_TYPE
     return bytes(value), content_type
 
 
@@ -98,6 +126,7 @@ def get_request(key: str, params: Mapping[str, object | None]) -> Request:
                    ok_statuses=frozenset({200, 404}))
 
 
+@parses_answer
 def parse_get(key: str, answer: Answer) -> KeyValue | None:
     if answer.status == 404:
         return None
@@ -115,6 +144,7 @@ def list_request(prefix: str, limit: int, after: str | None, keys_only: bool,
     return Request("GET", with_query("/v1/kv", query), target_leader=params.get("consistency") is not None)
 
 
+@parses_answer
 def parse_list(answer: Answer) -> ListResult:
     body = answer.json()
     return ListResult(int(body["version"]), [key_value_of(item) if "value" in item else _key_only(item)
@@ -128,18 +158,28 @@ def _key_only(item: dict[str, Any]) -> KeyValue:
 # ---------------------------------------------------------------------------- writes
 
 
+def applies_at_most_once(if_version: int | None) -> bool:
+    """Whether a write with this condition can be re-sent after an unknown outcome: a first
+    apply moves the key's mod_version past ``if_version`` for good. Not so for "missing"
+    (0, or ``create``): a delete in between makes it hold again and a re-send apply twice."""
+    return if_version is not None and if_version > 0
+
+
 def put_request(key: str, value: bytes | str, content_type: str | None, if_version: int | None,
                 create_only: bool) -> Request:
     body, media_type = value_bytes(value, content_type)
+    if media_type is not None and not (media_type.isascii() and media_type.isprintable()):
+        raise InvalidRequest("Invalid Content-Type", f"{media_type!r}: a media type is printable ASCII")
     headers = {"Content-Type": media_type} if media_type else {}
     if if_version is not None:
         headers["If-Match"] = f'"{if_version}"'
     if create_only:
         headers["If-None-Match"] = "*"
-    conditional = if_version is not None or create_only
-    return Request("PUT", key_path(key), headers, body, target_leader=True, writes=True, safe_to_resend=conditional)
+    return Request("PUT", key_path(key), headers, body, target_leader=True, writes=True,
+                   safe_to_resend=applies_at_most_once(if_version))
 
 
+@parses_answer
 def parse_put(answer: Answer) -> PutResult:
     body = answer.json()
     return PutResult(str(body["key"]), int(body["version"]), bool(body.get("created", False)))
@@ -148,9 +188,10 @@ def parse_put(answer: Answer) -> PutResult:
 def delete_request(key: str, if_version: int | None) -> Request:
     headers = {"If-Match": f'"{if_version}"'} if if_version is not None else {}
     return Request("DELETE", key_path(key), headers, target_leader=True, writes=True,
-                   safe_to_resend=if_version is not None)
+                   safe_to_resend=applies_at_most_once(if_version))
 
 
+@parses_answer
 def parse_delete(answer: Answer) -> DeleteResult:
     body = answer.json()
     return DeleteResult(str(body["key"]), int(body["version"]), bool(body.get("deleted", True)))
@@ -162,6 +203,7 @@ def txn_request(body: dict[str, Any]) -> Request:
                    target_leader=True, writes=True, safe_to_resend=False)
 
 
+@parses_answer
 def parse_txn(answer: Answer) -> TxnResult:
     body = answer.json()
     results = []
@@ -170,6 +212,14 @@ def parse_txn(answer: Answer) -> TxnResult:
             result = {**result, "kv": key_value_of(result)}
         results.append(result)
     return TxnResult(bool(body["succeeded"]), int(body["version"]), results, list(body.get("failed_compares", [])))
+
+
+@parses_answer
+def parse_status(answer: Answer) -> dict[str, Any]:
+    body = answer.json()
+    if not isinstance(body, dict):
+        raise TypeError(f"a status is a JSON object, not {type(body).__name__}")
+    return body
 
 
 # ---------------------------------------------------------------------------- watch
@@ -190,8 +240,9 @@ class WatchCursor:
     def request(self) -> Request:
         query = {"prefix": self.prefix, "since": self.since, "timeout_ms": self.poll_timeout_ms}
         return Request("GET", with_query("/v1/watch", query),
-                       timeout_s=self.poll_timeout_ms / 1000 + WATCH_ANSWER_MARGIN_S)
+                       timeout_s=self.poll_timeout_ms / 1000 + WATCH_ANSWER_MARGIN_S, long_poll=True)
 
+    @parses_answer
     def accept(self, answer: Answer) -> list[Event]:
         body = answer.json()
         events = [event_of(item) for item in body["events"] if int(item["mod_version"]) > self.since]

@@ -8,7 +8,7 @@ or an exception. It does no I/O, so the sync and async clients drive the same de
 
 The one rule that matters: a write is re-sent only when it surely did not happen (refused
 connection, 503, 307) or when sending it again cannot apply it twice (``safe_to_resend``: a
-conditional write). Any other write whose outcome is unknown raises ``Indeterminate``.
+write conditional on a version >= 1). Any other write whose outcome is unknown raises ``Indeterminate``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from metakv.errors import (
+    ClientClosed,
     Conflict,
     Indeterminate,
     InvalidRequest,
@@ -37,6 +38,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 MAX_REDIRECTS_PER_ATTEMPT = 4  # a follower redirects once; more means the cluster disagrees
 # Failures that prove the request never reached a server (nothing can have happened).
 NOT_SENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Failures of the request itself, found before it left: sending it again cannot help.
+UNSENDABLE_ERRORS = (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 CLIENT_ERRORS = (httpx.HTTPError, httpx.InvalidURL)  # everything httpx raises for a request
 
 
@@ -52,6 +55,11 @@ class RetryPolicy:
     retry_after_max_s: float = 5.0
 
 
+def closed_error() -> ClientClosed:
+    """What a call on a closed client raises (httpx raises a bare RuntimeError)."""
+    return ClientClosed("Client closed", "the client was closed; nothing more is sent through it")
+
+
 def origin(url: str) -> str:
     """``scheme://host:port`` of a URL."""
     parts = urlsplit(url)
@@ -59,10 +67,10 @@ def origin(url: str) -> str:
 
 
 def parse_endpoints(text: str | Sequence[str]) -> list[str]:
-    """A comma-separated list (or a sequence) of node URLs, each checked and cut to its origin."""
+    """A comma-separated list (or a sequence) of node URLs, each checked to be an origin."""
     items = text.split(",") if isinstance(text, str) else list(text)
     urls = []
-    for item in (i.strip() for i in items):
+    for item in (str(i).strip() for i in items):
         if not item:
             continue
         parts = urlsplit(item)
@@ -72,6 +80,10 @@ def parse_endpoints(text: str | Sequence[str]) -> list[str]:
             parts.port  # noqa: B018  (raises on a port that is not a number)
         except ValueError:
             raise InvalidRequest("Invalid endpoint", f"{item!r} has an invalid port") from None
+        if parts.path.strip("/") or parts.query or parts.fragment or "@" in parts.netloc:
+            # Requests go to /v1/... at the origin: a prefix would be dropped silently.
+            raise InvalidRequest("Invalid endpoint", f"{item!r}: a node URL is scheme://host:port, "
+                                 "without user, path, query or fragment")
         urls.append(origin(item))
     if not urls:
         raise InvalidRequest("Invalid endpoint", "no endpoint given")
@@ -136,6 +148,7 @@ class Call:
         self._rng = rng or random.Random()
         self._deadline = clock() + policy.deadline_s
         self._failures = 0
+        self._not_reached = 0  # 504 version-not-reached answers: one try per endpoint
         self._redirects = 0
         self._maybe_applied = False  # an earlier attempt of this write may have happened
         self._last_error = ""
@@ -171,8 +184,8 @@ class Call:
             self._redirects += 1
             if self._redirects > MAX_REDIRECTS_PER_ATTEMPT:
                 return self._retry(base, f"redirected more than {MAX_REDIRECTS_PER_ATTEMPT} times", 0.0)
-            self.endpoints.redirected_to(location)
-            self.url = str(httpx.URL(self.url).join(location))
+            self.url = str(httpx.URL(self.url).join(location))  # a relative Location too (a proxy's)
+            self.endpoints.redirected_to(self.url)
             return 0.0
         error = error_from_answer(status, answer.content)
         if isinstance(error, Conflict) and self._maybe_applied:
@@ -187,12 +200,16 @@ class Call:
             self._maybe_applied = True
             return self._retry(base, str(error), 0.0, error, leader_gone=False)
         if status == 504 and not isinstance(error, Indeterminate):  # min_version not reached: another node may have
-            return self._retry(base, str(error), 0.0, error)
+            self._not_reached += 1
+            if self._not_reached < len(self.endpoints.urls):  # each node already waited wait_ms: once each
+                return self._retry(base, str(error), 0.0, error)
         raise error
 
     def failed(self, exc: Exception) -> float:
         base = origin(self.url)
-        if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+        if isinstance(exc, httpx.LocalProtocolError):  # e.g. a header value holding a line break
+            raise InvalidRequest("Invalid request", f"it cannot be sent: {exc}") from None
+        if isinstance(exc, UNSENDABLE_ERRORS):
             raise InvalidRequest("Invalid endpoint", f"{self.url}: {exc}") from None
         if not isinstance(exc, httpx.TransportError):
             raise MetakvError("Client error", f"{type(exc).__name__}: {exc}") from None
@@ -207,6 +224,9 @@ class Call:
     def _retry(self, base: str, reason: str, at_least_s: float, error: MetakvError | None = None,
                leader_gone: bool = True) -> float:
         """Back off, then try again at the next endpoint (or the leader), within the deadline."""
+        if self._failures == 0 and self.request.long_poll:
+            # A long-poll waits longer than the deadline by design: retrying starts now.
+            self._deadline = self._clock() + self.policy.deadline_s
         self._failures += 1
         self._last_error = reason
         self.endpoints.failed(base, leader_gone)

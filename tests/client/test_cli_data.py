@@ -3,6 +3,7 @@ formats, exit codes, and a snapshot saved under writes, restored and served."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 
 from app.auth import hash_token
 from app.cli import main
+from app.cli_data import add_data_commands
 from loadtest.local_cluster import Node, free_ports
 from metakv import Client, Forbidden, RetryPolicy, Unauthorized
 from tests.cluster import Cluster, SteadyWriter
@@ -68,6 +70,9 @@ def test_put_get_list_del_in_each_output_format(node: str, run: Run, monkeypatch
     code, out, _ = run("list", "cfg/", "--keys-only")
     assert [item["key"] for item in json.loads(out)["items"]] == ["cfg/blob", "cfg/db"]
     assert "value" not in json.loads(out)["items"][0]
+    cut = json.loads(run("list", "cfg/", "--limit", "1")[1])
+    assert [item["key"] for item in cut["items"]] == ["cfg/blob"] and cut["next"] == "cfg/blob"  # more to come
+    assert json.loads(out)["next"] is None
     code, out, _ = run("del", "cfg/blob")
     assert code == 0 and json.loads(out)["deleted"] is True
     assert run("list", "cfg/", "-o", "value")[1] == "postgres://db\n"
@@ -78,6 +83,9 @@ def test_watch_and_txn(node: str, run: Run) -> None:
     run("put", "w/a", "2", "--endpoints", node)
     code, out, _ = run("watch", "w/", "--since", str(first - 1), "--count", "2", "--endpoints", node)
     assert code == 0 and [json.loads(line)["value"] for line in out.splitlines()] == ["1", "2"]
+    header, row, _ = run("watch", "w/", "--since", str(first - 1), "--count", "2", "-o", "table",
+                         "--endpoints", node)[1].splitlines()
+    assert [header.index(name) for name in ("MOD_VERSION", "KEY")] == [row.index(str(first)), row.index("w/a")]
     body = {"compare": [{"key": "w/a", "value": "2"}], "success": [{"op": "put", "key": "w/b", "value": "x"}],
             "failure": [{"op": "get", "key": "w/a"}]}
     code, out, _ = run("txn", "--endpoints", node, stdin=json.dumps(body).encode())
@@ -105,11 +113,13 @@ def test_a_cluster_error_exits_1_with_the_problems_title(node: str, run: Run) ->
     (("put", "k", "v", "--if-version", "x"), b"", "--if-version: expected an integer"),
     (("get", "k", "--consistency", "eventual"), b"", "--consistency: expected one of local, leader, linearizable"),
     (("txn",), b"{not json", "txn: the body is not JSON"),
+    (("txn",), b'{"compare": 5}', 'txn: expected a JSON object with "compare", "success" and "failure" lists'),
     (("watch", "--since", "-1"), b"", "--since: -1 is outside"),
     (("put", "k", "v", "--bogus"), b"", "unrecognized arguments: --bogus"),
 ])
 def test_bad_input_exits_2_with_one_line(run: Run, args: tuple[str, ...], stdin: bytes, expected: str) -> None:
-    code, out, err = run(*args, "--endpoints", "http://127.0.0.1:1") if "--endpoints" not in args else run(*args)
+    endpoints = () if "--endpoints" in args else ("--endpoints", "http://127.0.0.1:1")
+    code, out, err = run(*args, *endpoints, stdin=stdin)
     assert (code, out) == (2, "") and expected in err and err.count("\n") == 1, err
 
 
@@ -185,3 +195,57 @@ def test_a_token_follows_the_redirect_and_refusals_are_typed(cluster_factory: Ca
     assert run("get", "a/k", "-o", "value", "--endpoints", ",".join(follower_first))[:2] == (0, "v")
     code, _, err = run("put", "a/k", "w", "--endpoints", ",".join(follower_first))
     assert code == 1 and err.startswith("metakv: Forbidden")
+
+
+def test_dot_segments_are_part_of_the_key(node: str, run: Run) -> None:
+    """``a/../b`` is a key of its own, not a path that resolves to ``b``."""
+    assert json.loads(run("put", "dots/../b", "1", "--endpoints", node)[1])["key"] == "dots/../b"
+    assert json.loads(run("put", "dots/.", "2", "--endpoints", node)[1])["key"] == "dots/."
+    assert run("get", "dots/../b", "-o", "value", "--endpoints", node)[1] == "1"
+    listing = json.loads(run("list", "dots/", "--keys-only", "--endpoints", node)[1])
+    assert [item["key"] for item in listing["items"]] == ["dots/.", "dots/../b"]
+    assert run("get", "b", "--endpoints", node)[0] == 1
+
+
+class ClosedPipe(io.RawIOBase):
+    """stdout whose reader went away (``metakv list | head -1``)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("output", ["json", "value", "table"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(node: str, run: Run, output: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    run("put", "pipe/a", "1", "--endpoints", node)
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(ClosedPipe())))
+    code, _, err = run("list", "pipe/", "-o", output, "--endpoints", node)
+    assert (code, err) == (141, "")
+
+
+def test_every_argument_of_the_data_commands_is_explained() -> None:
+    commands = argparse.ArgumentParser(prog="metakv").add_subparsers(dest="command")
+    add_data_commands(commands)
+    snapshot = commands.choices["snapshot"]
+    [snapshot_actions] = [action for action in snapshot._actions if isinstance(action, argparse._SubParsersAction)]
+    for command in [*(commands.choices[name] for name in ("get", "put", "del", "list", "watch", "txn")),
+                    *snapshot_actions.choices.values()]:
+        unexplained = [action.dest for action in command._actions if not action.help]
+        assert not unexplained, (command.prog, unexplained)
+    put_help = " ".join(commands.choices["put"].format_help().split())
+    assert "application/octet-stream for stdin" in put_help  # what a value from stdin is stored as
+
+
+def test_restore_into_a_directory_that_cannot_be_made_exits_2_with_one_line(node: str, run: Run,
+                                                                            tmp_path: Path) -> None:
+    backup = tmp_path / "backup.snapshot"
+    run("put", "r/a", "1", "--endpoints", node)
+    assert run("snapshot", "save", str(backup), "--endpoints", node)[0] == 0
+    (tmp_path / "a-file").write_text("")
+    code, out, err = run("snapshot", "restore", str(backup), "--data-dir", str(tmp_path / "a-file" / "new"))
+    assert (code, out) == (2, "") and "Not a directory" in err and err.count("\n") == 1, err
+    code, _, err = run("snapshot", "restore", str(tmp_path), "--data-dir", str(tmp_path / "new"))
+    assert code == 2 and f"{tmp_path}: not a file" in err

@@ -13,16 +13,19 @@ import pytest
 from metakv import (
     AsyncClient,
     Client,
+    ClientClosed,
     Compacted,
     Conflict,
     Forbidden,
     Indeterminate,
+    InvalidRequest,
     MetakvError,
     RetryPolicy,
     ServerError,
     Unavailable,
+    VersionNotReached,
 )
-from metakv.protocol import Answer, Request
+from metakv.protocol import Answer, Request, WatchCursor
 from metakv.routing import Call, Endpoints
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
@@ -54,7 +57,7 @@ class Recorder:
         return self.handler(request)
 
     def client(self, endpoints: str = f"{A},{B},{C}", **kwargs: Any) -> Client:
-        return Client(endpoints, transport=httpx.MockTransport(self), retry=QUICK, **kwargs)
+        return Client(endpoints, transport=httpx.MockTransport(self), **{"retry": QUICK, **kwargs})
 
     def hosts(self) -> list[str]:
         return [request.url.host for request in self.seen]
@@ -174,8 +177,18 @@ def test_a_conditional_put_with_an_unknown_outcome_is_resent_since_it_applies_at
             412, "precondition-failed", "Precondition failed", current_version=12))
     nodes = Recorder(timeout_after_send(applied_first))
     with nodes.client(B) as kv, pytest.raises(Indeterminate) as raised:
-        kv.create("k", "x")
+        kv.put("k", "x", if_version=4)
     assert "12" in raised.value.detail  # it may have been this client's own first attempt
+
+
+def test_a_create_with_an_unknown_outcome_is_not_resent() -> None:
+    """"Missing" can hold again (a delete in between): a re-sent create could apply twice."""
+    for write in (lambda kv: kv.create("k", "x"), lambda kv: kv.put("k", "x", if_version=0),
+                  lambda kv: kv.delete("k", if_version=0)):
+        nodes = Recorder(timeout_after_send(leader_b))
+        with nodes.client(B) as kv, pytest.raises(Indeterminate):
+            write(kv)
+        assert len(nodes.seen) == 1
 
 
 def test_problem_documents_become_typed_errors() -> None:
@@ -260,3 +273,157 @@ def test_the_async_client_drives_the_same_calls() -> None:
     asyncio.run(scenario())
     assert nodes.hosts() == ["a", "b", "b", "a"]
     assert nodes.seen[-1].url.params["min_version"] == "14"
+
+
+def test_a_watch_fails_over_when_its_node_dies_after_a_poll_longer_than_the_deadline() -> None:
+    """A long-poll is held open for up to its timeout (30 s by default), longer than the
+    deadline (15 s): retrying starts when it fails, not when it was sent. Still bounded."""
+    now = [0.0]
+    request = WatchCursor("p/", 5, 30_000).request()
+    call = Call(request, Endpoints([A, B]), RetryPolicy(deadline_s=15.0, backoff_max_s=0.001), clock=lambda: now[0])
+    now[0] = 31.0  # the poll waited 31 s, then the node died
+    assert call.failed(httpx.RemoteProtocolError("Server disconnected without sending a response")) is not None
+    assert call.url.startswith(B) and "since=5" in call.url
+    now[0] = 47.0  # 16 s of failures since
+    with pytest.raises(Unavailable):
+        call.failed(httpx.ConnectError("refused"))
+
+
+def test_dot_segments_of_a_key_are_sent_encoded_not_resolved() -> None:
+    nodes = Recorder(leader_b)
+    with nodes.client(B) as kv:
+        kv.put("a/../b", "x")
+        kv.put(".", "x")
+        kv.get("a/./..")
+    assert [request.url.raw_path.split(b"?")[0] for request in nodes.seen] == [
+        b"/v1/kv/a/%2E%2E/b", b"/v1/kv/%2E", b"/v1/kv/a/%2E/%2E%2E"]
+
+
+def test_input_that_cannot_be_sent_is_invalid_request_and_nothing_is_sent() -> None:
+    nodes = Recorder(leader_b)
+    with pytest.raises(InvalidRequest, match="Invalid token"):
+        nodes.client(token="abc\nX-Injected: 1")
+    with nodes.client(B) as kv:
+        for bad_call in (lambda: kv.put("k", "v", content_type="text/plain\r\nX-Injected: 1"),
+                         lambda: kv.put("k", "v", content_type="text/plain; name=\u00e9"),
+                         lambda: kv.put("k\udcff", "v"), lambda: kv.put("k", "v\udcff"),
+                         lambda: kv.list("p\udcff"), lambda: kv.get("\udcff")):
+            with pytest.raises(InvalidRequest):
+                bad_call()
+    assert nodes.seen == []
+
+    def refuses_locally(request: httpx.Request) -> httpx.Response:
+        raise httpx.LocalProtocolError("Illegal header value")
+    nodes = Recorder(refuses_locally)
+    with nodes.client(B) as kv, pytest.raises(InvalidRequest):
+        kv.put("k", "v")  # never sent: not Indeterminate, and not retried
+    assert len(nodes.seen) == 1
+
+
+def test_version_not_reached_tries_each_node_once_then_raises() -> None:
+    """Each node already waited wait_ms; trying them again until the deadline only delays
+    the answer (a wait_ms=100 read took the whole 15 s deadline)."""
+    nodes = Recorder(lambda request: httpx.Response(504, headers=node_headers(request), content=problem(
+        504, "version-not-reached", "Version not reached", current_version=7)))
+    with nodes.client(retry=RetryPolicy(deadline_s=60.0, backoff_base_s=0.001, backoff_max_s=0.002)) as kv, \
+            pytest.raises(VersionNotReached) as raised:
+        kv.get("k", min_version=10**9, wait_ms=100)
+    assert nodes.hosts() == ["a", "b", "c"] and raised.value.current_version == 7
+
+
+def test_cas_loop_keeps_the_keys_content_type() -> None:
+    def json_key(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, headers={**node_headers(request), "ETag": '"5"', "X-Create-Version": "3",
+                                                "Content-Type": "application/json"}, content=b'{"n": 1}')
+        return leader_b(request)
+    nodes = Recorder(json_key)
+    with nodes.client(B) as kv:
+        kv.cas_loop("k", lambda value: '{"n": 2}')
+        kv.cas_loop("k", lambda value: b"raw", content_type="application/octet-stream")
+    put, other = (request for request in nodes.seen if request.method == "PUT")
+    assert put.headers["content-type"] == "application/json" and put.headers["if-match"] == '"5"'
+    assert other.headers["content-type"] == "application/octet-stream"
+
+
+def test_an_endpoint_with_a_path_is_refused_not_cut_to_its_origin() -> None:
+    """Requests go to /v1/... at the origin: http://proxy/metakv would be served by the proxy's root."""
+    for endpoint in ("http://proxy:80/metakv", "http://a:1?x=1", "http://user:secret@a:1"):
+        with pytest.raises(InvalidRequest, match="Invalid endpoint"):
+            Client(endpoint)
+    with Client("http://a:1/, http://b:2") as kv:
+        assert kv.endpoints.urls == [A, B]
+
+
+@pytest.mark.parametrize("body", [{"unexpected": [1]}, [1, 2], {"key": "k", "version": "seven"}])
+def test_an_answer_that_is_not_the_apis_is_a_server_error(body: object) -> None:
+    """Another server behind the URL answers 200 with other JSON: ServerError, never KeyError."""
+    nodes = Recorder(lambda request: httpx.Response(200, headers={**node_headers(request), "ETag": '"1"',
+                                                                  "X-Create-Version": "1"}, json=body))
+    with nodes.client(B) as kv:
+        for call in (lambda: kv.put("k", "v"), lambda: kv.delete("k"), kv.list, kv.txn().commit,
+                     lambda: next(kv.watch("", since=1))):
+            with pytest.raises(ServerError, match="Malformed answer"):
+                call()
+        if not isinstance(body, dict):
+            with pytest.raises(ServerError):
+                kv.status()
+
+
+def test_a_closed_client_raises_client_closed_also_in_a_running_watch() -> None:
+    """Closing the client is how another thread ends a watch: at its next poll, typed."""
+    import asyncio
+
+    def changes(request: httpx.Request) -> httpx.Response:
+        since = int(request.url.params["since"])
+        return httpx.Response(200, headers=node_headers(request), json={"version": since + 1, "events": [
+            {"type": "delete", "key": "p/1", "mod_version": since + 1}]})
+    kv = Recorder(changes).client(B)
+    watch = kv.watch("p/", since=1)
+    assert next(watch).mod_version == 2
+    kv.close()
+    with pytest.raises(ClientClosed):
+        next(watch)
+    with pytest.raises(ClientClosed):
+        kv.get("k")
+
+    async def scenario() -> None:
+        async with AsyncClient(B, transport=httpx.MockTransport(changes), retry=QUICK) as akv:
+            pass
+        with pytest.raises(ClientClosed):
+            await akv.put("k", "v")
+    asyncio.run(scenario())
+
+
+def test_a_relative_location_is_resolved_before_it_names_the_leader() -> None:
+    """A proxy may rewrite Location to a path: the leader is then that same origin."""
+    redirected: list[str] = []
+
+    def proxy(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and not redirected:
+            redirected.append(request.url.host)
+            return httpx.Response(307, headers={"Location": "/v1/kv/k"})
+        return httpx.Response(200, json={"key": "k", "version": 12, "created": False})
+    nodes = Recorder(proxy)
+    with nodes.client(C) as kv:
+        kv.put("k", "x")
+        kv.put("k", "y")
+        assert kv.endpoints.leader_url == C
+    assert nodes.hosts() == ["c", "c", "c"]
+
+
+def test_cas_loop_rereads_at_the_sessions_version_after_losing_to_a_delete() -> None:
+    """A Conflict with current_version 0 (the key was deleted) must not drop the re-read's
+    floor to nothing: a lagging node could show the deleted key again."""
+    def deleted_meanwhile(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and request.headers.get("if-match") == '"5"':
+            return httpx.Response(412, headers=node_headers(request), content=problem(
+                412, "precondition-failed", "Precondition failed", current_version=0))
+        if request.method == "GET" and len(nodes.seen) > 1:
+            return httpx.Response(404, headers=node_headers(request), content=problem(404, "key-not-found", "Key not found"))
+        return leader_b(request)
+    nodes = Recorder(deleted_meanwhile)
+    with nodes.client(B) as kv:
+        assert kv.cas_loop("k", lambda value: "fresh").version == 12
+    reread = [request for request in nodes.seen if request.method == "GET"][1]
+    assert reread.url.params["min_version"] == "7"  # the session's, seen in the first read's answer
