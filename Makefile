@@ -59,7 +59,7 @@ lint: $(STAMP)
 # The tests use etcd (tests/loadtest), Java (tests/pipeline), wrk (tests/loadtest) and
 # chromium (tests/ui).
 test: $(STAMP) system lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
 .PHONY: test-storage-crash bench-storage
