@@ -46,6 +46,7 @@ from app.config import (
     parse_int,
     parse_url,
 )
+from app.process_setup import prepare_serving_process
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -193,6 +194,7 @@ def serve(config: NodeConfig) -> int:
     # can report the flush (every commit waits on that report); 0.5 ms measured ~10 % more
     # in-process group-commit throughput at 64 concurrent writers.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    prepare_serving_process()  # raise the descriptor limit (app/process_setup.py)
     try:
         import uvloop
     except ImportError:  # uvicorn[standard] brings uvloop; fall back rather than fail
