@@ -194,7 +194,7 @@ def serve(config: NodeConfig) -> int:
     # can report the flush (every commit waits on that report); 0.5 ms measured ~10 % more
     # in-process group-commit throughput at 64 concurrent writers.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    prepare_serving_process()  # raise the descriptor limit (app/process_setup.py)
+    prepare_serving_process()  # descriptor limit, umask 0o077 (app/process_setup.py)
     try:
         import uvloop
     except ImportError:  # uvicorn[standard] brings uvloop; fall back rather than fail

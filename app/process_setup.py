@@ -2,14 +2,19 @@
 
 - The soft file-descriptor limit goes up to the hard one: every client and peer connection
   holds a descriptor, and the usual soft 1024 lets ~1,000 idle connections starve the node.
+- The umask becomes 0o077, so whatever the node creates (segments, quorum-state, state.db and
+  the WAL and SHM files SQLite makes on its own) is readable by its owner only, as etcd does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import resource
 
 logger = logging.getLogger("metakv.process")
+
+PRIVATE_UMASK = 0o077
 
 
 def raise_descriptor_limit() -> int:
@@ -27,5 +32,6 @@ def raise_descriptor_limit() -> int:
 
 def prepare_serving_process() -> None:
     """The settings of the module docstring; called once, first thing in ``serve``."""
+    os.umask(PRIVATE_UMASK)
     limit = raise_descriptor_limit()
     logger.info("file descriptor limit %d", limit)

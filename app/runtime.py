@@ -69,7 +69,13 @@ from storage.compaction_policy import (
     snapshot_helps,
     trim_batches,
 )
-from storage.data_dir import DataDirError, DataDirLock, check_identity, refetch_from_leader
+from storage.data_dir import (
+    DataDirError,
+    DataDirLock,
+    check_identity,
+    make_private_data_dir,
+    refetch_from_leader,
+)
 from storage.descriptors import FlushDeferredError
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import SegmentLog
@@ -160,7 +166,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         """Open storage, recover the state machine, start the transport and the timer."""
         self._loop = asyncio.get_running_loop()
         self._applied_changed = asyncio.Event()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private_data_dir(self.data_dir)
         # Before anything is opened: log recovery may cut a tail and delete files.
         self._data_dir_lock = DataDirLock(self.data_dir)
         try:
