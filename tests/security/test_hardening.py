@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Callable
+from pathlib import Path
 
+import httpx
+
+from app.auth import hash_token
+from app.http.log_text import loggable
 from tests.cluster import Cluster
 
 GROUP_OR_OTHER = stat.S_IRWXG | stat.S_IRWXO
@@ -24,3 +29,29 @@ def test_the_data_directory_and_every_file_in_it_are_the_owners_only(
     exposed = {str(path.relative_to(node.data_dir)): oct(stat.S_IMODE(path.stat().st_mode))
                for path in entries if path.stat().st_mode & GROUP_OR_OTHER}
     assert exposed == {}
+
+
+def test_a_newline_in_a_path_cannot_forge_a_log_line(tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens.toml"
+    token_file.write_text(f'[[tokens]]\nname = "reader"\nsha256 = "{hash_token("reader-secret")}"\n'
+                          'rules = { "" = "read" }\n')
+    cluster = Cluster(tmp_path / "cluster", voters=1, settings={"auth_file": token_file}, token="reader-secret")
+    try:
+        cluster.start()
+        node = cluster.wait_for_leader()
+        forged = "/v1/kv/a%0Aforged%20line%0D%1B[31m"
+        with httpx.Client(timeout=10.0) as http:
+            assert http.get(node.url + forged).status_code == 401
+            assert http.put(node.url + forged, content=b"v",
+                            headers={"Authorization": "Bearer reader-secret"}).status_code == 403
+        log_lines = node.log_tail().splitlines()
+        assert sum("auth: " in line and "/v1/kv/a\\nforged line\\r\\x1b[31m" in line for line in log_lines) == 2
+        assert not any(line.startswith("forged") for line in log_lines)
+        assert "\x1b" not in node.log_tail()
+    finally:
+        cluster.close()
+
+
+def test_loggable_escapes_control_characters_and_keeps_printable_text() -> None:
+    assert loggable("/v1/kv/a\nb\r\x1b\u2028é") == "/v1/kv/a\\nb\\r\\x1b\\u2028é"
+    assert loggable("/v1/kv/plain key") == "/v1/kv/plain key"
