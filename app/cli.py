@@ -68,6 +68,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 SERVE_HELP = {
+    "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
     "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
     "cleaner_min_dirty_ratio": "clean only when uncleaned bytes below the dirty offset are at least this fraction of the log (0..1)",
     "min_compaction_lag_ms": "leave records younger than this uncleaned, so at_version reads and watches reach back at least this far",

@@ -50,6 +50,7 @@ from app.service import (
     WriteRejectedError,
     WriteTooLargeError,
 )
+from app.storage_quota import StorageQuota, state_db_bytes
 from app.watch_hub import WatchHub
 from raft.messages import Envelope
 from raft.node import NotLeaderError as RaftNotLeaderError
@@ -139,6 +140,8 @@ class NodeRuntime(NodeReads, NodeWrites):
             "metakv_apply_latency_seconds", "Duration of one state machine apply call (one SQLite transaction)",
             registry=self.metrics, buckets=LATENCY_BUCKETS_S)
         self.metrics.register(StateCollector(self, monotonic_ms))
+        self.quota = StorageQuota(config.quota_bytes, lambda: self.log.size_bytes() + state_db_bytes(self.data_dir),
+                                  self.metrics)
         self._loop_lag = LoopLagProbe(self.metrics, LATENCY_BUCKETS_S)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drive_scheduled = False
@@ -633,6 +636,8 @@ class NodeRuntime(NodeReads, NodeWrites):
     async def propose(self, command: Command) -> ApplyResult:
         if self._closing or not self._started:
             raise WriteRejectedError("node is shutting down")
+        if self.node.role == Role.LEADER:  # the leader decides on its own size; followers redirect
+            self.quota.check(command)
         record = encode_command(command)
         batch_bytes = len(record) + RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES
         if batch_bytes > self.config.max_batch_bytes:

@@ -55,3 +55,47 @@ def test_a_newline_in_a_path_cannot_forge_a_log_line(tmp_path: Path) -> None:
 def test_loggable_escapes_control_characters_and_keeps_printable_text() -> None:
     assert loggable("/v1/kv/a\nb\r\x1b\u2028é") == "/v1/kv/a\\nb\\r\\x1b\\u2028é"
     assert loggable("/v1/kv/plain key") == "/v1/kv/plain key"
+
+
+QUOTA_BYTES = 1024 * 1024
+QUOTA_VALUE = b"q" * 8192
+QUOTA_MAX_WRITES = 1000  # 8 MiB: far past the quota, a bound on the loop
+
+
+def metric(http: httpx.Client, url: str, name: str) -> float:
+    for line in http.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} metric")
+
+
+def test_past_the_quota_writes_answer_507_and_reads_and_deletes_still_work(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    cluster = cluster_factory(voters=1, settings={"quota_bytes": QUOTA_BYTES})
+    node = cluster.wait_for_leader()
+    http = cluster.client()
+    assert metric(http, node.url, "metakv_quota_exceeded") == 0
+    assert metric(http, node.url, "metakv_quota_used_bytes") < QUOTA_BYTES
+    refused = None
+    for index in range(QUOTA_MAX_WRITES):
+        response = cluster.put(f"quota/{index}", QUOTA_VALUE)
+        if response.status_code != 200:
+            refused = response
+            break
+    assert refused is not None, f"{QUOTA_MAX_WRITES} writes of {len(QUOTA_VALUE)} bytes all fit a {QUOTA_BYTES}-byte quota"
+    assert index > 0
+    assert refused.status_code == 507, refused.text
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    problem = refused.json()
+    assert problem["title"] == "Storage quota exceeded" and "quota-exceeded" in problem["type"]
+    assert "--quota-bytes" in problem["detail"]
+    assert metric(http, node.url, "metakv_quota_exceeded") == 1
+    assert metric(http, node.url, "metakv_quota_used_bytes") > QUOTA_BYTES
+    assert http.get(f"{node.url}/v1/kv/quota/0").content == QUOTA_VALUE  # reads work
+    assert http.delete(f"{node.url}/v1/kv/quota/0").status_code == 200  # deletes work
+    assert http.get(f"{node.url}/v1/kv/quota/0").status_code == 404
+    deletes_and_gets = {"success": [{"op": "delete", "key": "quota/1"}, {"op": "get", "key": "quota/2"}]}
+    assert http.post(f"{node.url}/v1/txn", json=deletes_and_gets).status_code == 200, "a txn that adds nothing"
+    with_a_put = {"success": [{"op": "delete", "key": "quota/3"}, {"op": "put", "key": "quota/x", "value": "v"}]}
+    assert http.post(f"{node.url}/v1/txn", json=with_a_put).status_code == 507
+    assert http.get(f"{node.url}/v1/kv/quota/3").status_code == 200  # that txn changed nothing
