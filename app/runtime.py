@@ -7,6 +7,7 @@ Inputs are coalesced: many messages or proposals arriving in one loop iteration 
 ``take_ready`` (the core accumulates its outputs), which is what lets group commit work.
 Snapshots and cleaning: ``NodeRuntime.maintenance`` (app/runtime_maintenance.py); reads:
 app/node_reads.py; watches: app/watch_hub.py, which apply feeds.
+Over 800 lines: the loop's inputs and Ready steps share one state; what need not is split off.
 """
 
 from __future__ import annotations

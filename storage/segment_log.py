@@ -1,5 +1,6 @@
 """The raft log on disk (``SegmentLog``): appends, reads, flushes, truncations, snapshots
 and compacted prefixes over a directory of segment files.
+Over 800 lines: every operation shares one lock and the durability rules below.
 
 Layout of ``log_dir`` (normally ``<data-dir>/log``), and the modules that own each file::
 
