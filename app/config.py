@@ -113,6 +113,8 @@ class NodeConfig:
     allowed_observers: frozenset[int] = frozenset()
     insecure: bool = False
     # --- end of security
+    # --- storage quota (docs/security.md): past it the leader refuses writes that add data.
+    quota_bytes: int = 0  # state.db + log bytes; 0 = no quota
 
     @property
     def peers(self) -> dict[int, HostPort]:
@@ -319,6 +321,8 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "peer_tls_ca_file": lambda name, raw: Path(_non_empty(name, raw)),
     "allowed_observers": lambda name, raw: parse_node_ids(name, raw),
     "insecure": parse_bool,
+    # --- storage quota
+    "quota_bytes": _bytes(0),
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 

@@ -7,6 +7,7 @@ Inputs are coalesced: many messages or proposals arriving in one loop iteration 
 ``take_ready`` (the core accumulates its outputs), which is what lets group commit work.
 Snapshots and cleaning: ``NodeRuntime.maintenance`` (app/runtime_maintenance.py); reads:
 app/node_reads.py; watches: app/watch_hub.py, which apply feeds.
+Over 800 lines: the loop's inputs and Ready steps share one state; what need not is split off.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
@@ -50,6 +51,7 @@ from app.service import (
     WriteRejectedError,
     WriteTooLargeError,
 )
+from app.storage_quota import StorageQuota, state_db_bytes
 from app.watch_hub import WatchHub
 from raft.messages import Envelope
 from raft.node import NotLeaderError as RaftNotLeaderError
@@ -69,7 +71,14 @@ from storage.compaction_policy import (
     snapshot_helps,
     trim_batches,
 )
-from storage.data_dir import DataDirError, DataDirLock, check_identity, refetch_from_leader
+from storage.data_dir import (
+    DataDirError,
+    DataDirLock,
+    check_identity,
+    make_private_data_dir,
+    refetch_from_leader,
+)
+from storage.descriptors import FlushDeferredError
 from storage.quorum_state import QuorumStateFile
 from storage.segment_log import SegmentLog
 from storage.snapshot_store import SnapshotStore
@@ -83,6 +92,7 @@ logger = logging.getLogger("metakv.runtime")
 # Bounds on the work one loop turn may do, so a catching-up replica keeps answering HTTP.
 APPLY_MAX_READS_PER_TURN = 8
 APPLY_READ_BYTES = 1024 * 1024  # per log read while applying; whole batches may exceed it
+FLUSH_RETRY_DELAY_S = 0.1  # a flush that found no file descriptor is tried again this much later
 MAX_TIMER_DELAY_S = 3600.0  # the core answers 'never' with a huge deadline; re-check hourly
 LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
                      0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -124,10 +134,15 @@ class NodeRuntime(NodeReads, NodeWrites):
         self._fsync_latency = Histogram(
             "metakv_fsync_latency_seconds", "Duration of one log flush (fsync)",
             registry=self.metrics, buckets=LATENCY_BUCKETS_S)
+        self._flush_deferrals = Counter(
+            "metakv_flush_deferrals", "Log flushes retried because no file descriptor was left",
+            registry=self.metrics)
         self._apply_latency = Histogram(
             "metakv_apply_latency_seconds", "Duration of one state machine apply call (one SQLite transaction)",
             registry=self.metrics, buckets=LATENCY_BUCKETS_S)
         self.metrics.register(StateCollector(self, monotonic_ms))
+        self.quota = StorageQuota(config.quota_bytes, lambda: self.log.size_bytes() + state_db_bytes(self.data_dir),
+                                  self.metrics)
         self._loop_lag = LoopLagProbe(self.metrics, LATENCY_BUCKETS_S)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drive_scheduled = False
@@ -138,6 +153,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         # One flush at a time, on its own thread (the core never asks for two at once).
         self._flush_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flush-{config.node_id}")
         self._flush_wanted = False
+        self._flush_deferred = False  # the last flush found no file descriptor (logged once)
         self._pending: dict[int, _PendingWrite] = {}  # base offset -> waiting proposal
         self._reads: dict[int, asyncio.Future[int]] = {}  # read_index token -> future(offset)
         self._applied_changed = asyncio.Event()
@@ -154,7 +170,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         """Open storage, recover the state machine, start the transport and the timer."""
         self._loop = asyncio.get_running_loop()
         self._applied_changed = asyncio.Event()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private_data_dir(self.data_dir)
         # Before anything is opened: log recovery may cut a tail and delete files.
         self._data_dir_lock = DataDirLock(self.data_dir)
         try:
@@ -445,10 +461,16 @@ class NodeRuntime(NodeReads, NodeWrites):
 
     def _after_flush(self, flushing: concurrent.futures.Future[None], started_s: float) -> None:
         error = flushing.exception()
+        if isinstance(error, FlushDeferredError):  # out of descriptors: nothing lost, retry soon
+            self._defer_flush(error)
+            return
         if error is not None:  # a failed fsync cannot be retried safely: fail-stop
             self._fatal(error)
             return
         self._fsync_latency.observe(time.perf_counter() - started_s)
+        if self._flush_deferred:
+            self._flush_deferred = False
+            logger.warning("node %d: the log flushes again", self.node_id)
         if self._closed:
             return
         try:
@@ -458,6 +480,15 @@ class NodeRuntime(NodeReads, NodeWrites):
             return
         self._drive()
         self._maybe_start_flush()
+
+    def _defer_flush(self, error: FlushDeferredError) -> None:
+        if not self._flush_deferred:  # once per shortage, not at every retry
+            logger.warning("node %d: %s every %.1fs", self.node_id, error, FLUSH_RETRY_DELAY_S)
+        self._flush_deferred = True
+        self._flush_deferrals.inc()
+        self._flush_wanted = True
+        if self._loop is not None and not self._closed:
+            self._loop.call_later(FLUSH_RETRY_DELAY_S, self._maybe_start_flush)
 
     def _apply_committed(self, high_watermark: int) -> None:
         """Apply batches below the high watermark in order; complete the proposals they hold.
@@ -606,6 +637,8 @@ class NodeRuntime(NodeReads, NodeWrites):
     async def propose(self, command: Command) -> ApplyResult:
         if self._closing or not self._started:
             raise WriteRejectedError("node is shutting down")
+        if self.node.role == Role.LEADER:  # the leader decides on its own size; followers redirect
+            self.quota.check(command)
         record = encode_command(command)
         batch_bytes = len(record) + RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES
         if batch_bytes > self.config.max_batch_bytes:

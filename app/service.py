@@ -63,6 +63,11 @@ class WriteTooLargeError(WriteRejectedError):
     did not happen, and unlike its base class, retrying it can never succeed."""
 
 
+class QuotaExceededError(ServiceError):
+    """The leader's storage is past ``--quota-bytes``: the write surely did not happen, and
+    writes that add data are refused until deletes and cleaning bring it back under."""
+
+
 class SnapshotStorageError(ServiceError):
     """A snapshot failed on the disk and nothing was published: ``disk_full`` when the disk
     is full (only freeing space cures it), else an I/O error that may pass, so a retry may

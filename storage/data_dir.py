@@ -10,6 +10,8 @@ A directory copied from another node or another cluster would be adopted silentl
 keys served as this cluster's, its vote record taken for this node's, which may let one
 node vote twice in an epoch). ``check_identity`` records the cluster id and node id in
 ``<data-dir>/identity.json`` at the first start and refuses a later start under another.
+
+The directory is 0700 (``make_private_data_dir``); ``serve``'s umask 0o077 keeps the files in it 0600.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from storage.durable_files import write_file_atomically
 
+DATA_DIR_MODE = 0o700  # as etcd: the keys, tokens' effects and votes are the owner's only
 LOCK_FILE_NAME = "LOCK"
 IDENTITY_FILE_NAME = "identity.json"
 IDENTITY_MAX_BYTES = 64 * 1024
@@ -30,6 +33,13 @@ IDENTITY_MAX_BYTES = 64 * 1024
 
 class DataDirError(Exception):
     """The data directory cannot be used by this process: one line saying why and what to do."""
+
+
+def make_private_data_dir(data_dir: Path) -> None:
+    """Create ``data_dir`` if needed and make it the owner's only (also one made earlier with
+    wider permissions: what it holds then becomes unreachable to others)."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=DATA_DIR_MODE)
+    os.chmod(data_dir, DATA_DIR_MODE)
 
 
 class DataDirLock:

@@ -1,5 +1,6 @@
 """The raft log on disk (``SegmentLog``): appends, reads, flushes, truncations, snapshots
 and compacted prefixes over a directory of segment files.
+Over 800 lines: every operation shares one lock and the durability rules below.
 
 Layout of ``log_dir`` (normally ``<data-dir>/log``), and the modules that own each file::
 
@@ -60,6 +61,7 @@ from storage.cleaned_segments import (
     write_cleaned_segments,
     write_swap_marker,
 )
+from storage.descriptors import deferred_flush, out_of_descriptors
 from storage.durable_files import fsync_directory, write_all_parts
 from storage.failpoints import Failpoints
 from storage.log_checkpoints import (
@@ -241,7 +243,12 @@ class SegmentLog:
             generation = self._truncation_generation
             segment = self._segments[-1]
             captured_bytes = segment.size_bytes
-            fd = os.dup(segment.fd)
+            try:
+                fd = os.dup(segment.fd)
+            except OSError as exc:
+                if out_of_descriptors(exc):  # a dup writes nothing: retryable, not an fsync failure
+                    raise deferred_flush(exc) from exc
+                raise
             sync_directory = self._directory_dirty
             self._directory_dirty = False
         try:
@@ -252,6 +259,9 @@ class SegmentLog:
                 fsync_directory(self._log_dir)
         except OSError as exc:
             with self._lock:
+                if out_of_descriptors(exc):  # opening the directory, not an fsync: nothing lost
+                    self._directory_dirty = True
+                    raise deferred_flush(exc) from exc
                 raise self._fail(exc) from exc
         finally:
             os.close(fd)

@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import Access, AuthTokens, Token
 from app.http.client_certs import client_cert_names
+from app.http.log_text import loggable
 from app.http.parsing import KEY_PATH_PREFIX, key_of_path
 from app.http.problems import ProblemError, problem_body, problem_content, problem_start
 
@@ -126,8 +127,9 @@ class DeniedLog:
         held_back, self._held_back = self._held_back, 0
         client = scope.get("client")
         address = f"{client[0]}:{client[1]}" if client else "unknown"
-        log.warning("auth: %d %s %s from %s: %s%s", status, scope.get("method", "?"), scope.get("path", "?"),
-                    address, detail, f" ({held_back} more denied requests not logged)" if held_back else "")
+        log.warning("auth: %d %s %s from %s: %s%s", status, loggable(scope.get("method", "?")),
+                    loggable(scope.get("path", "?")), address, loggable(detail),
+                    f" ({held_back} more denied requests not logged)" if held_back else "")
 
 
 def token_of_certificate(tokens: AuthTokens, cert_names: tuple[str, ...]) -> Token | None:

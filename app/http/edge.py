@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.http.log_text import loggable
 from app.http.parsing import KEY_PATH_PREFIX, KEY_ROUTE_TEMPLATE
 from app.http.problems import internal_error_body, problem_start
 from app.service import KVService, NodeHeaders
@@ -115,7 +116,7 @@ class EdgeMiddleware:
         try:
             await self.app(scope, receive, send_with_headers)
         except Exception:
-            log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"))
+            log.exception("unexpected error serving %s %s", loggable(scope.get("method")), loggable(scope.get("path")))
             if not response_started:
                 body = internal_error_body()
                 await send_with_headers(problem_start(500, body))

@@ -27,6 +27,7 @@ from app.service import (
     IndeterminateError,
     NotLeaderError,
     NotReadyError,
+    QuotaExceededError,
     ServiceError,
     SnapshotStorageError,
     VersionWaitTimeoutError,
@@ -160,6 +161,8 @@ def as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
         if exc.disk_full:
             return ProblemError(507, "insufficient-storage", "Insufficient storage", str(exc))
         return ProblemError(503, "snapshot-io-error", "Snapshot I/O error", str(exc), headers=retry)
+    if isinstance(exc, QuotaExceededError):
+        return ProblemError(507, "quota-exceeded", "Storage quota exceeded", f"the write did not happen: {exc}")
     if isinstance(exc, WriteTooLargeError):
         return ProblemError(413, "write-too-large", "Write too large", str(exc))
     if isinstance(exc, WriteRejectedError):
