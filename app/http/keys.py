@@ -100,6 +100,7 @@ def key_documentation_router(endpoints: KeyEndpoints) -> APIRouter:
     router = APIRouter(tags=["keys"])
     read_statuses = problem_responses(307, 400, 404, 410, 413, 503, 504)
     write_statuses = problem_responses(307, 400, 412, 413, 503, 504)
+    put_statuses = problem_responses(307, 400, 412, 413, 503, 504, 507)
     value_response = {200: {
         "description": "the value as raw bytes with its stored Content-Type",
         "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
@@ -117,7 +118,7 @@ def key_documentation_router(endpoints: KeyEndpoints) -> APIRouter:
                    **read_statuses})
     router.add_api_route(
         KEY_ROUTE_TEMPLATE, endpoints.put_key, methods=["PUT"], name="put_key",
-        summary="Set a key to the request body", response_model=WriteResult, responses=write_statuses,
+        summary="Set a key to the request body", response_model=WriteResult, responses=put_statuses,
         openapi_extra={"requestBody": {"required": False, "description": "the value; its Content-Type is stored",
                                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                                                    "text/plain": {"schema": {"type": "string"}}}}})

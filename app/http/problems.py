@@ -254,6 +254,7 @@ _STATUS_DESCRIPTIONS = {
     422: "the body is not JSON of the documented schema",
     503: "no leader known, write rejected, or this node is not ready; retry after Retry-After",
     504: "indeterminate write outcome, or min_version not reached within wait_ms",
+    507: "the leader's storage is past --quota-bytes (or its disk is full): the write did not happen",
 }
 
 

@@ -63,7 +63,7 @@ def txn_router(service: KVService, settings: HttpSettings) -> APIRouter:
     router = APIRouter(tags=["keys"])
 
     @router.post("/v1/txn", summary="Atomic compare-and-apply over several keys",
-                 response_model=TxnResponse, responses=problem_responses(307, 400, 413, 422, 503, 504),
+                 response_model=TxnResponse, responses=problem_responses(307, 400, 413, 422, 503, 504, 507),
                  openapi_extra={"requestBody": {"required": True, "content": {
                      "application/json": {"schema": {"$ref": "#/components/schemas/TxnRequest"}}}}})
     async def txn(request: Request) -> Response:
