@@ -83,7 +83,7 @@ class FollowerHandlers(NodeBase):
         read_nonce = state.read_nonce if isinstance(state, FollowerState) and state.leader_id == dst else 0
         self._send(dst, FetchRequest(
             epoch, self._id, log.end_offset(), log.last_epoch(), self.high_watermark,
-            self.config.fetch_max_wait_ms, self.config.endpoint, read_nonce,
+            self.config.fetch_max_wait_ms, self.config.endpoint, read_nonce, log.cleaned_end(),
         ))
 
     def _observer_probe(self, now_ms: int, state: UnattachedState) -> None:
@@ -180,13 +180,21 @@ class FollowerHandlers(NodeBase):
         # counts as cleaned prefix, and no state inside it is taken for a real version
         # (is_real_state); an offset gap alone missed the gap-free copies (found by the
         # compaction simulator with multi-op transactions; tests/sim/test_compaction_sim.py).
-        end = copied_end = log.end_offset()
-        for batch in response.records:
-            if batch.next_offset > response.cleaned_end:
-                break
-            copied_end = max(copied_end, batch.next_offset)
-        if copied_end > end and copied_end > log.cleaned_end():
-            log.allow_gaps_below(copied_end)
+        #
+        # Those batches were cleaned relative to the leader's cleaned end C, not to where this
+        # copy stops: a record at e < C is gone when a later one in [e, C) supersedes it. So
+        # the copy counts as cleaned up to C (recorded durably before the first such batch is
+        # appended), not up to where it stops; no state below C is real, and the rest of
+        # [end, C) may only come from a log cleaned at least to C. A leader cleaned less
+        # (raw records there would be evaluated on a state missing the superseded ops) sends
+        # a snapshot at or above C instead: the Fetch request names this log's cleaned end.
+        end = log.end_offset()
+        if end < log.cleaned_end() and response.cleaned_end < log.cleaned_end():
+            return  # the leader should have sent a snapshot (an older leader's answer): ask again
+        copies = any(batch.next_offset > end and batch.base_offset < response.cleaned_end
+                     for batch in response.records)
+        if copies and response.cleaned_end > log.cleaned_end():
+            log.allow_gaps_below(response.cleaned_end)
         for batch in response.records:
             end = log.end_offset()
             if batch.next_offset <= end:

@@ -190,7 +190,14 @@ class LeaderHandlers(NodeBase):
             self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
             return
         unsafe_below = self.tombstone_unsafe_below()
-        if 0 < request.fetch_offset < unsafe_below:
+        if not 0 < request.fetch_offset < unsafe_below:
+            unsafe_below = 0
+        if request.fetch_offset < request.cleaned_end and log.cleaned_end() < request.cleaned_end:
+            # docs/compaction.md rule 5: the fetcher holds part of a copy of a prefix cleaned
+            # to request.cleaned_end; ours is cleaned less, so our records below that end
+            # would be evaluated on a state missing the ops that copy left out.
+            unsafe_below = max(unsafe_below, request.cleaned_end)
+        if unsafe_below > 0:
             # docs/compaction.md rule 5: tombstones at or above this fetcher's offset may
             # have been dropped from our cleaned prefix; it may hold keys whose deletes it
             # will never see. Only a snapshot at or above that point may replace its state.

@@ -82,6 +82,9 @@ class FetchRequest:
     max_wait_ms: int
     replica_endpoint: str  # the fetcher's advertised HTTP URL ("" when none)
     read_nonce: int = 0  # the latest read_nonce this leader sent the fetcher (0: none)
+    # The fetcher's log cleaned_end: above its log end when it holds part of a copy of a
+    # leader's cleaned prefix (relative to that end); a leader cleaned less sends a snapshot.
+    cleaned_end: int = 0
 
 
 @dataclass(frozen=True, slots=True)

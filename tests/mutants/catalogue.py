@@ -198,12 +198,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "rule 11: a prospective round running when shutdown began never turns into a vote"),
     # ------------------------------------------------------------------ copy rules (cleaned prefix)
     Mutant("copy_only_at_offset_gaps", FOLLOWER,
-           "            if batch.next_offset > response.cleaned_end:\n                break",
-           "            if batch.next_offset > response.cleaned_end or batch.base_offset <= end:\n                break",
+           "        copies = any(batch.next_offset > end and batch.base_offset < response.cleaned_end",
+           "        copies = bool(response.records) and response.records[0].base_offset > end and any(\n"
+           "            batch.base_offset < response.cleaned_end",
            "copy rule (issue 20, defect 2): every batch below the leader's cleaned end the log lacked "
            "is a copy, gap or not"),
     Mutant("copy_gaps_refused", FOLLOWER,
-           "            log.allow_gaps_below(copied_end)",
+           "            log.allow_gaps_below(response.cleaned_end)",
            "            pass",
            "copy rule: offsets may jump inside the leader's cleaned prefix"),
     Mutant("unequal_retention_followed", FOLLOWER,
@@ -221,12 +222,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "docs/compaction.md rule 7: a state is real only once a leader's dirty offset was learned in this run"),
     # ------------------------------------------------------------------ re-bootstrap rules
     Mutant("rebootstrap_off", LEADER,
-           "        if 0 < request.fetch_offset < unsafe_below:",
-           "        if False:",
+           "        if not 0 < request.fetch_offset < unsafe_below:",
+           "        if True:",
            "docs/compaction.md rule 5: a fetcher below the dropped tombstones gets a snapshot, not records"),
     Mutant("rebootstrap_off_by_one", LEADER,
-           "        if 0 < request.fetch_offset < unsafe_below:",
-           "        if 0 < request.fetch_offset < unsafe_below - 1:",
+           "        if not 0 < request.fetch_offset < unsafe_below:",
+           "        if not 0 < request.fetch_offset < unsafe_below - 1:",
            "docs/compaction.md rule 5: every fetch offset below tombstone_unsafe_below re-bootstraps"),
     Mutant("rebootstrap_ignores_retention_window", LEADER,
            "retained_from = max(0, self._log.cleaned_end() - self.config.tombstone_retention_records)",

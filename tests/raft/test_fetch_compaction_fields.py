@@ -75,7 +75,9 @@ def test_a_copy_spanning_several_answers_stays_cleaned_prefix_up_to_the_cleaned_
     node = _follower(log)
     first = (Batch(10, EPOCH, 0, False, (_record(Op(OpKind.PUT, "a", b"1")),)),)
     node.handle(1, _answer(10, first, cleaned_end=13, dirty_offset=14))
-    assert log.cleaned_end() == 11
+    # Cleaned relative to 13, not to 11 where the copy stopped (a record in [10, 11) is gone
+    # when one in [11, 13) supersedes it): the copy counts as cleaned prefix up to 13.
+    assert log.end_offset() == 11 and log.cleaned_end() == 13
     log.flush()
     node.on_flushed(2)  # the next Fetch (from 11) goes once its offset is durable
     node.take_ready()
@@ -131,3 +133,43 @@ def test_the_leader_announces_its_cleaned_end_and_retention() -> None:
     assert isinstance(answer, FetchResponse) and answer.error == ErrorCode.NONE
     assert (answer.cleaned_end, answer.tombstone_retention_records) == (log.cleaned_end(), 6)
     assert answer.cleaned_end > 0
+
+
+def test_a_partial_copy_takes_nothing_below_its_cleaned_end_from_a_leader_cleaned_less() -> None:
+    """The copy [10, 11) was cleaned relative to 13: records of keys superseded in [11, 13)
+    are gone. Raw records from a leader cleaned only to 8 would be evaluated on a state
+    missing them (a deleted key back, a PUT's create_version wrong: compaction sim seed
+    5163), so the follower appends nothing there and names its cleaned end in its Fetch."""
+    log = _log_until(10)
+    node = _follower(log)
+    node.handle(1, _answer(10, (Batch(10, EPOCH, 0, False, (_record(Op(OpKind.PUT, "a", b"1")),)),),
+                           cleaned_end=13, dirty_offset=14))
+    log.flush()
+    node.on_flushed(2)
+    fetch = [e.message for e in node.take_ready().messages if isinstance(e.message, FetchRequest)]
+    assert fetch and (fetch[-1].fetch_offset, fetch[-1].cleaned_end) == (11, 13)
+    raw = (Batch(11, EPOCH, 0, False, (_record(Op(OpKind.PUT, "x", b"raw")),)),)
+    node.handle(3, _answer(11, raw, cleaned_end=8, dirty_offset=14))
+    assert log.end_offset() == 11 and log.cleaned_end() == 13
+
+
+def test_the_leader_sends_a_snapshot_to_a_partial_copy_cleaned_further_than_its_log() -> None:
+    """A fetcher inside a copy cleaned to 40 (its Fetch says so) fetching from a leader
+    cleaned less gets no records below 40: a snapshot at or above 40 (asked for here)."""
+    config = RaftConfig(node_id=1, voters=frozenset({1}), endpoint="http://n1", tombstone_retention_records=6)
+    log = MemoryLog()
+    node = RaftNode(config, log, None, random.Random(1), MemorySnapshotStore(), 0)
+    while node.role != Role.LEADER:
+        node.tick(node.next_deadline_ms())
+    node.propose(5_000, [b"r%d" % i for i in range(60)])
+    log.flush()
+    node.on_flushed(5_001)
+    node.take_ready()
+    assert log.cleaned_end() == 0
+    node.handle(5_002, Envelope(9, 1, FetchRequest(node.epoch, 9, 20, node.epoch, 0, 0, "", 0, 40)))
+    answer = node.take_ready().messages[-1].message
+    assert isinstance(answer, FetchResponse) and answer.error == ErrorCode.SNAPSHOT_NOT_FOUND
+    assert node.snapshot_wanted_offset == 40
+    node.handle(5_003, Envelope(9, 1, FetchRequest(node.epoch, 9, 40, node.epoch, 0, 0, "", 0, 40)))
+    answer = node.take_ready().messages[-1].message
+    assert isinstance(answer, FetchResponse) and answer.error == ErrorCode.NONE and answer.records

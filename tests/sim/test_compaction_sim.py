@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from raft.messages import FetchResponse
+from raft.messages import FetchRequest, FetchResponse
 from tests.sim.cluster import InvariantViolation
 from tests.sim.compaction import Plan, draw_plan, run_compaction_seed
 
@@ -32,7 +32,10 @@ from tests.sim.compaction import Plan, draw_plan, run_compaction_seed
 # applied as history. 7: a late voter with another tombstone retention followed.
 # With today's plan: 42 and 72: a re-bootstrapped observer's cleaned log ended the
 # snapshot's epoch at the snapshot, not where the next epoch starts.
-REGRESSIONS = [7, 42, 58, 72, 82, 242, 2003, 2027, 2055, 2207]
+# 5163, 5989 and 6228: a copy that stopped inside a leader's cleaned prefix counted as
+# cleaned only up to where it stopped (5163: then completed with raw records from a leader
+# cleaned less; 5989, 6228: a log from 0 whose cleaned range did not replay to its end).
+REGRESSIONS = [7, 42, 58, 72, 82, 242, 2003, 2027, 2055, 2207, 5163, 5989, 6228]
 SEEDS = sorted({*range(45), *REGRESSIONS})
 
 
@@ -105,6 +108,32 @@ def test_the_simulation_catches_unequal_retentions(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(node._HANDLERS, FetchResponse, no_check)  # every answer looks equal
     seeds = _seeds(lambda plan: plan.late_voter is not None and plan.late_retention != plan.retention, 3)
     assert _failures(seeds, "to different bytes") >= 2
+
+
+def test_the_simulation_catches_a_partial_copy_completed_from_a_leader_cleaned_less(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the copy-target rule (rule 5: a fetcher inside a copy cleaned to C takes
+    nothing below C from a leader cleaned less; that leader sends a snapshot at or above C),
+    seed 5163's observer, which copied [499, 515) of a prefix cleaned to 519, takes the raw
+    [515, 519) from the next leader (cleaned to 444): at 519 k40's create_version is wrong."""
+    from raft import node
+    from raft.follower import FollowerHandlers
+
+    original_fetch = node._HANDLERS[FetchRequest]
+    original_append = FollowerHandlers._follower_append
+
+    def fetch_without_target(self: Any, now_ms: int, src: int, request: FetchRequest) -> None:
+        original_fetch(self, now_ms, src, dataclasses.replace(request, cleaned_end=0))
+
+    def append_anything(self: Any, response: FetchResponse) -> None:
+        log = self._log
+        if log.end_offset() < log.cleaned_end():
+            response = dataclasses.replace(response, cleaned_end=max(response.cleaned_end, log.cleaned_end()))
+        original_append(self, response)
+
+    monkeypatch.setitem(node._HANDLERS, FetchRequest, fetch_without_target)
+    monkeypatch.setattr(FollowerHandlers, "_follower_append", append_anything)
+    assert _failures([5163], "no committed history produces") == 1
 
 
 def _seeds(wanted: Callable[[Plan], bool], count: int) -> list[int]:
