@@ -68,6 +68,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 SERVE_HELP = {
+    "max_header_bytes": "answer 431 and close a connection whose request line and headers pass this many bytes",
+    "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
     "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
     "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
     "cleaner_min_dirty_ratio": "clean only when uncleaned bytes below the dirty offset are at least this fraction of the log (0..1)",
@@ -218,7 +220,11 @@ async def _serve(config: NodeConfig) -> int:
 async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
     from app.http.client_certs import ClientCertHttpToolsProtocol
-    from app.http.uvicorn_protocol import CoalescingHttpToolsProtocol
+    from app.http.uvicorn_protocol import (
+        CoalescingHttpToolsProtocol,
+        ConnectionLimits,
+        connections_closed_counter,
+    )
     from app.runtime import NodeRuntime
     from app.sighup import reload_on_sighup
     from app.tls import http_server_context
@@ -242,9 +248,12 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     # stall, measured; one shows up in every p99).
     gc.collect()
     gc.freeze()
+    limits = ConnectionLimits(config.max_header_bytes, config.header_timeout_ms / 1000,
+                              connections_closed_counter(runtime.metrics))
+    protocol = CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
-        http=CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol,
+        http=protocol.with_limits(limits),
         lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
         ssl_context_factory=None if http_context is None else lambda _config, _default: http_context,

@@ -115,6 +115,12 @@ class NodeConfig:
     # --- end of security
     # --- storage quota (docs/security.md): past it the leader refuses writes that add data.
     quota_bytes: int = 0  # state.db + log bytes; 0 = no quota
+    # --- HTTP abuse limits (docs/security.md "Connection limits")
+    # Literals, as app/http/settings.py's defaults: importing app.http here would load FastAPI
+    # for every CLI command.
+    max_header_bytes: int = 64 * 1024  # request line + headers, else 431
+    header_timeout_ms: int = 10_000  # headers not complete by then: 408, closed
+    # --- end of HTTP abuse limits
 
     @property
     def peers(self) -> dict[int, HostPort]:
@@ -323,6 +329,9 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "insecure": parse_bool,
     # --- storage quota
     "quota_bytes": _bytes(0),
+    # --- HTTP abuse limits
+    "max_header_bytes": _bytes(1024),
+    "header_timeout_ms": _ms(100),
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 

@@ -16,6 +16,8 @@ LIST_LIMIT_MAX = 1000
 WATCH_EVENTS_MAX = 1000  # events per long-poll answer or per SSE read
 DEFAULT_WAIT_MS = 5000
 DEFAULT_WATCH_TIMEOUT_MS = 30_000
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024  # request line and headers (nginx allows 32 KiB, Node 16 KiB)
+DEFAULT_HEADER_TIMEOUT_MS = 10_000  # from connect (or a request's first byte) to complete headers
 
 
 @dataclass(frozen=True, slots=True)

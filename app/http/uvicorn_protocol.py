@@ -15,18 +15,28 @@ One more difference: a request the parser refuses before the app sees it (raw no
 bytes or a space in the request target, a malformed request line or header) is answered
 with an RFC 9457 problem document, like every other error of the API, instead of uvicorn's
 ``text/plain`` "Invalid HTTP request received.".
+
+And two limits a slowloris client meets before the app (and auth) can run, since both need
+complete headers (docs/security.md "Connection limits"): a request whose headers pass
+``max_header_bytes`` is answered 431 and closed (httptools would buffer a header of any
+size), and a connection whose request headers are not complete ``header_timeout_s`` after it
+opened (or after the request's first byte) is answered 408 and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
+import weakref
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import httptools
+from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.http.problems import PROBLEM_MEDIA_TYPE, problem_body
+from app.http.settings import DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_HEADER_BYTES
 
 
 class CoalescingTransport:
@@ -73,12 +83,95 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+_CLOSED_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
+
+
+def connections_closed_counter(registry: CollectorRegistry) -> Counter:
+    """``metakv_http_connections_closed_total{reason}``, once per registry."""
+    counter = _CLOSED_BY_REGISTRY.get(registry)
+    if counter is None:
+        counter = Counter("metakv_http_connections_closed", "HTTP connections the node closed for a limit, by reason",
+                          ("reason",), registry=registry)
+        _CLOSED_BY_REGISTRY[registry] = counter
+    return counter
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What a connection may do before its request headers are complete."""
+
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # request line and headers
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_MS / 1000
+    closed: Counter | None = None  # connections_closed_counter, when metrics are kept
+
+    def count_closed(self, reason: str) -> None:
+        if self.closed is not None:
+            self.closed.labels(reason).inc()
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """``uvicorn.Config(http=CoalescingHttpToolsProtocol)``: httptools with coalesced writes."""
+    """``uvicorn.Config(http=CoalescingHttpToolsProtocol)``: httptools with coalesced writes.
+    ``with_limits`` makes a subclass with other connection limits (uvicorn builds the protocol
+    itself, so the limits travel as a class attribute)."""
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0
+
+    @classmethod
+    def with_limits(cls, limits: ConnectionLimits) -> type[CoalescingHttpToolsProtocol]:
+        return type(cls.__name__, (cls,), {"limits": limits})
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # The real transport keeps calling pause_writing/resume_writing on this protocol.
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self._await_headers()
+
+    def _await_headers(self) -> None:
+        """Start the header clock (a new connection, or a new request's first byte)."""
+        if self._header_timer is None:
+            self._header_bytes = 0
+            self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._header_timeout)
+
+    def _stop_header_clock(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_timer is None or self.transport.is_closing():
+            return
+        # Headers still incomplete: all of this chunk counts (at most one read's worth more
+        # than the headers themselves when a previous request's body shared the chunk).
+        self._header_bytes += len(data)
+        if self._header_bytes > self.limits.max_header_bytes:
+            self._stop_header_clock()
+            self.limits.count_closed("header_bytes")
+            self._answer_and_close(431, problem_body(
+                431, "header-too-large", "Request header fields too large",
+                f"the request line and headers exceed {self.limits.max_header_bytes} bytes"))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._await_headers()
+
+    def on_headers_complete(self) -> None:
+        self._stop_header_clock()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_header_clock()
+        super().connection_lost(exc)
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        self.limits.count_closed("header_timeout")
+        self._answer_and_close(408, problem_body(
+            408, "header-timeout", "Request timeout",
+            f"the request headers were not complete within {self.limits.header_timeout_s:g} s"))
 
     def send_400_response(self, msg: str) -> None:
         """The parser refused the request: a 400 problem document, then the connection closes
@@ -98,7 +191,16 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         else:
             body = problem_body(400, "bad-request", "Bad request",
                                 f"the request is not valid HTTP/1.1 ({error or msg})")
-        content = [STATUS_LINE[400]]
+        self._stop_header_clock()
+        self._answer_and_close(400, body)
+
+    def _answer_and_close(self, status: int, body: bytes) -> None:
+        """A problem document written straight to the transport, then close; only a close while
+        a pipelined earlier request's response is still being written (no interleaving)."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()
+            return
+        content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
         content.extend([b"content-type: ", PROBLEM_MEDIA_TYPE.encode(), b"\r\n",
