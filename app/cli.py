@@ -69,6 +69,8 @@ class _Parser(argparse.ArgumentParser):
 
 SERVE_HELP = {
     "max_header_bytes": "answer 431 and close a connection whose request line and headers pass this many bytes",
+    "max_watchers": "answer 429 to a watch (long-poll or SSE) past this many open on the node",
+    "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
     "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
     "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
     "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
@@ -220,6 +222,7 @@ async def _serve(config: NodeConfig) -> int:
 async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
     from app.http.client_certs import ClientCertHttpToolsProtocol
+    from app.http.settings import HttpSettings
     from app.http.uvicorn_protocol import (
         CoalescingHttpToolsProtocol,
         ConnectionLimits,
@@ -241,7 +244,9 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
         logging.getLogger("metakv").debug("startup failed", exc_info=exc)
         print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    app = create_app(runtime, ui=config.ui)
+    app = create_app(runtime, HttpSettings(
+        max_value_bytes=runtime.max_value_bytes, max_watchers=config.max_watchers,
+        max_watchers_per_token=config.max_watchers_per_token), ui=config.ui)
     # Everything built so far (modules, FastAPI app, pydantic schemas, SQLAlchemy metadata)
     # lives as long as the process: move it out of the collector's reach, so a full
     # collection no longer scans ~85,000 startup objects on the event loop (a 10-250 ms

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from app.http.collectors import PerRegistry
 from app.http.problems import PROBLEM_MEDIA_TYPE, problem_body
 from app.http.settings import DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_HEADER_BYTES
 
@@ -83,17 +83,10 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-_CLOSED_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
-
-
-def connections_closed_counter(registry: CollectorRegistry) -> Counter:
-    """``metakv_http_connections_closed_total{reason}``, once per registry."""
-    counter = _CLOSED_BY_REGISTRY.get(registry)
-    if counter is None:
-        counter = Counter("metakv_http_connections_closed", "HTTP connections the node closed for a limit, by reason",
-                          ("reason",), registry=registry)
-        _CLOSED_BY_REGISTRY[registry] = counter
-    return counter
+# connections_closed_counter(registry): metakv_http_connections_closed_total{reason}
+connections_closed_counter = PerRegistry(lambda registry: Counter(
+    "metakv_http_connections_closed", "HTTP connections the node closed for a limit, by reason",
+    ("reason",), registry=registry))
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,3 +123,54 @@ def test_keep_alive_connection_serves_requests_past_the_header_timeout(node_clus
             served += 1
             time.sleep(0.2)
         assert served >= 2
+
+
+WATCHER_CAP = 5
+LONG_POLL_MS = 3000
+
+
+def watchers_gauge(client: httpx.Client, url: str) -> float:
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("metakv_http_watchers "):
+            return float(line.split()[1])
+    raise AssertionError("no metakv_http_watchers gauge")
+
+
+def wait_for_gauge(client: httpx.Client, url: str, value: float) -> None:
+    deadline_s = time.monotonic() + CLOSE_WAIT_S
+    while watchers_gauge(client, url) != value:
+        assert time.monotonic() < deadline_s, f"metakv_http_watchers never reached {value}"
+        time.sleep(0.05)
+
+
+def test_past_the_watcher_cap_a_watch_gets_429_and_reads_still_work(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path / "watchers", voters=1, settings={"max_watchers": WATCHER_CAP})
+    polls: list[socket.socket] = []
+    try:
+        cluster.start()
+        cluster.wait_for_leader()
+        url = cluster.nodes[1].url
+        with httpx.Client(timeout=10.0) as client:
+            version = client.put(f"{url}/v1/kv/k", content=b"v").headers["x-metadata-version"]
+            request = (f"GET /v1/watch?prefix=w/&since={version}&timeout_ms={LONG_POLL_MS} HTTP/1.1\r\n"
+                       "Host: metakv\r\n\r\n").encode()
+            for _ in range(WATCHER_CAP):
+                conn = socket.create_connection(("127.0.0.1", cluster.nodes[1].http_port), timeout=CLOSE_WAIT_S)
+                conn.sendall(request)
+                polls.append(conn)
+            wait_for_gauge(client, url, WATCHER_CAP)
+            refused = client.get(f"{url}/v1/watch", params={"prefix": "w/", "since": version, "timeout_ms": 0})
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["retry-after"] == "1"
+            assert refused.json()["type"] == "urn:metakv:problem:too-many-watchers"
+            assert client.get(f"{url}/v1/kv/k").content == b"v"
+            # The long-polls end (their timeout): the slots are free again.
+            assert all(conn.recv(65536).startswith(b"HTTP/1.1 200 ") for conn in polls)
+            wait_for_gauge(client, url, 0)
+            again = client.get(f"{url}/v1/watch", params={"prefix": "w/", "since": version, "timeout_ms": 0})
+            assert again.status_code == 200, again.text
+    finally:
+        for conn in polls:
+            conn.close()
+        print(cluster.logs())
+        cluster.close()
