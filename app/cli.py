@@ -69,6 +69,7 @@ class _Parser(argparse.ArgumentParser):
 
 SERVE_HELP = {
     "max_header_bytes": "answer 431 and close a connection whose request line and headers pass this many bytes",
+    "write_stall_timeout_ms": "disconnect a client whose send buffer stays full this long (one that stopped reading)",
     "max_watchers": "answer 429 to a watch (long-poll or SSE) past this many open on the node",
     "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
     "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
@@ -254,7 +255,7 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     gc.collect()
     gc.freeze()
     limits = ConnectionLimits(config.max_header_bytes, config.header_timeout_ms / 1000,
-                              connections_closed_counter(runtime.metrics))
+                              config.write_stall_timeout_ms / 1000, connections_closed_counter(runtime.metrics))
     protocol = CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",

@@ -20,7 +20,11 @@ And two limits a slowloris client meets before the app (and auth) can run, since
 complete headers (docs/security.md "Connection limits"): a request whose headers pass
 ``max_header_bytes`` is answered 431 and closed (httptools would buffer a header of any
 size), and a connection whose request headers are not complete ``header_timeout_s`` after it
-opened (or after the request's first byte) is answered 408 and closed.
+opened (or after the request's first byte) is answered 408 and closed. A third bounds a
+client that stops reading (an SSE watcher): a connection whose send buffer stays above the
+high-water mark (writes paused) for ``write_stall_timeout_s`` is aborted, so the response's
+writer, waiting on the paused transport, ends with the connection instead of holding a
+watch and its buffers for the stream's lifetime.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.http.collectors import PerRegistry
 from app.http.problems import PROBLEM_MEDIA_TYPE, problem_body
-from app.http.settings import DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_HEADER_BYTES
+from app.http.settings import (
+    DEFAULT_HEADER_TIMEOUT_MS,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_WRITE_STALL_TIMEOUT_MS,
+)
 
 
 class CoalescingTransport:
@@ -95,6 +103,7 @@ class ConnectionLimits:
 
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # request line and headers
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_MS / 1000
+    write_stall_timeout_s: float = DEFAULT_WRITE_STALL_TIMEOUT_MS / 1000
     closed: Counter | None = None  # connections_closed_counter, when metrics are kept
 
     def count_closed(self, reason: str) -> None:
@@ -109,6 +118,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     _header_timer: asyncio.TimerHandle | None = None
+    _stall_timer: asyncio.TimerHandle | None = None
     _header_bytes = 0
 
     @classmethod
@@ -155,7 +165,30 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_clock()
+        self._stop_stall_clock()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.limits.write_stall_timeout_s, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        self._stop_stall_clock()
+        super().resume_writing()
+
+    def _stop_stall_clock(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _write_stalled(self) -> None:
+        """The client read nothing for the whole timeout: drop what is queued and the
+        connection (connection_lost then wakes the writer, which sees a disconnect)."""
+        self._stall_timer = None
+        if not self.transport.is_closing():
+            self.limits.count_closed("write_stall")
+        self.transport.abort()
 
     def _header_timeout(self) -> None:
         self._header_timer = None

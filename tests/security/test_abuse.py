@@ -16,6 +16,9 @@ import pytest
 from tests.cluster import Cluster
 
 HEADER_TIMEOUT_MS = 2000
+WRITE_STALL_TIMEOUT_MS = 1000
+SLOW_READER_VALUES = 60
+SLOW_READER_VALUE = b"s" * (256 * 1024)  # 15 MiB of events in all: more than every buffer on the way
 HUGE_HEADER_BYTES = 200 * 1024 * 1024
 CHUNK = b"a" * (1024 * 1024)
 RSS_GROWTH_BOUND_KIB = 50 * 1024  # the unbounded parser grew by ~330 MiB (audit)
@@ -27,7 +30,8 @@ HALF_SENT = b"GET /v1/kv/k HTTP/1.1\r\nHost: metakv\r\nX-Slow: "
 @pytest.fixture(scope="module")
 def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster = Cluster(tmp_path_factory.mktemp("abuse"), voters=1,
-                      settings={"header_timeout_ms": HEADER_TIMEOUT_MS})
+                      settings={"header_timeout_ms": HEADER_TIMEOUT_MS,
+                                "write_stall_timeout_ms": WRITE_STALL_TIMEOUT_MS})
     try:
         cluster.start()
         cluster.wait_for_leader()
@@ -174,3 +178,31 @@ def test_past_the_watcher_cap_a_watch_gets_429_and_reads_still_work(tmp_path: Pa
             conn.close()
         print(cluster.logs())
         cluster.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmRSS in /proc")
+def test_an_sse_client_that_never_reads_is_disconnected_and_memory_stays_bounded(node_cluster: Cluster) -> None:
+    node = node_cluster.nodes[1]
+    with httpx.Client(timeout=10.0) as client:
+        version = client.get(f"{node.url}/v1/kv/k").headers["x-metadata-version"]
+        stalled_before = closed_metric(client, node.url, "write_stall")
+        assert node.pid is not None
+        rss_before = rss_kib(node.pid)
+        with socket.socket() as reader:
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+            reader.settimeout(CLOSE_WAIT_S)
+            reader.connect(("127.0.0.1", node.http_port))
+            reader.sendall(f"GET /v1/watch?prefix=slow/&since={version}&timeout_ms=300000 HTTP/1.1\r\n"
+                           "Host: metakv\r\nAccept: text/event-stream\r\n\r\n".encode())
+            wait_for_gauge(client, node.url, 1)
+            for index in range(SLOW_READER_VALUES):  # the reader reads none of it
+                assert client.put(f"{node.url}/v1/kv/slow/{index}", content=SLOW_READER_VALUE).status_code == 200
+            deadline_s = time.monotonic() + CLOSE_WAIT_S
+            while closed_metric(client, node.url, "write_stall") == stalled_before:
+                assert time.monotonic() < deadline_s, "the stalled SSE stream was never closed"
+                time.sleep(0.05)
+            wait_for_gauge(client, node.url, 0)  # the watch and its slot were released
+            assert client.get(f"{node.url}/v1/kv/k").content == b"v"
+        # The values themselves (SQLite's cache, the log) account for some growth; the
+        # unread stream may not add the 15 MiB of events on top.
+        assert rss_kib(node.pid) - rss_before < RSS_GROWTH_BOUND_KIB
