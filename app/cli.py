@@ -20,6 +20,7 @@ import contextlib
 import gc
 import logging
 import os
+import resource
 import shlex
 import signal
 import socket
@@ -70,6 +71,8 @@ class _Parser(argparse.ArgumentParser):
 SERVE_HELP = {
     "max_header_bytes": "answer 431 and close a connection whose request line and headers pass this many bytes",
     "write_stall_timeout_ms": "disconnect a client whose send buffer stays full this long (one that stopped reading)",
+    "max_connections": "answer 503 and close an HTTP connection past this many open on the node (kept below the descriptor limit)",
+    "max_connections_per_client": "answer 503 and close an HTTP connection past this many open from one client address",
     "max_watchers": "answer 429 to a watch (long-poll or SSE) past this many open on the node",
     "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
     "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
@@ -255,7 +258,8 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     gc.collect()
     gc.freeze()
     limits = ConnectionLimits(config.max_header_bytes, config.header_timeout_ms / 1000,
-                              config.write_stall_timeout_ms / 1000, connections_closed_counter(runtime.metrics))
+                              config.write_stall_timeout_ms / 1000, _connection_cap(config.max_connections),
+                              config.max_connections_per_client, closed=connections_closed_counter(runtime.metrics))
     protocol = CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
@@ -285,6 +289,18 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     finally:
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
+
+
+def _connection_cap(configured: int) -> int:
+    """``--max-connections``, lowered to leave descriptors for the log, raft and SQLite
+    (a quarter of the limit, at most 256): HTTP clients alone cannot exhaust them."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    cap = max(1, min(configured, soft - min(256, soft // 4)))
+    if cap < configured:
+        logging.getLogger("metakv").info("HTTP connections capped at %d (file descriptor limit %d)", cap, soft)
+    return cap
 
 
 class _StartupError(Exception):

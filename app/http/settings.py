@@ -19,6 +19,8 @@ DEFAULT_WATCH_TIMEOUT_MS = 30_000
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024  # request line and headers (nginx allows 32 KiB, Node 16 KiB)
 DEFAULT_HEADER_TIMEOUT_MS = 10_000  # from connect (or a request's first byte) to complete headers
 DEFAULT_WRITE_STALL_TIMEOUT_MS = 30_000  # a client reading nothing this long is disconnected
+DEFAULT_MAX_CONNECTIONS = 10_000  # HTTP connections per node (serve also keeps it below the fd limit)
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1000  # HTTP connections per client address
 DEFAULT_MAX_WATCHERS = 10_000  # open watches (long-polls and SSE streams) per node
 DEFAULT_MAX_WATCHERS_PER_TOKEN = 1000  # per token (auth on) per node
 

@@ -24,14 +24,17 @@ opened (or after the request's first byte) is answered 408 and closed. A third b
 client that stops reading (an SSE watcher): a connection whose send buffer stays above the
 high-water mark (writes paused) for ``write_stall_timeout_s`` is aborted, so the response's
 writer, waiting on the paused transport, ends with the connection instead of holding a
-watch and its buffers for the stream's lifetime.
+watch and its buffers for the stream's lifetime. Last, connections are capped per client
+address and per node: one past a cap is answered 503 ``too-many-connections`` at once and
+closed, so idle connections cannot take every descriptor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import httptools
@@ -39,9 +42,11 @@ from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.http.collectors import PerRegistry
-from app.http.problems import PROBLEM_MEDIA_TYPE, problem_body
+from app.http.problems import PROBLEM_MEDIA_TYPE, RETRY_AFTER_SECONDS, problem_body
 from app.http.settings import (
     DEFAULT_HEADER_TIMEOUT_MS,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_WRITE_STALL_TIMEOUT_MS,
 )
@@ -97,13 +102,37 @@ connections_closed_counter = PerRegistry(lambda registry: Counter(
     ("reason",), registry=registry))
 
 
+class ClientConnections:
+    """Open connections by client address (one table per server, shared by its protocols)."""
+
+    __slots__ = ("by_address",)
+
+    def __init__(self) -> None:
+        self.by_address: dict[str, int] = {}  # addresses with open connections only
+
+    def add(self, address: str) -> int:
+        count = self.by_address.get(address, 0) + 1
+        self.by_address[address] = count
+        return count
+
+    def remove(self, address: str) -> None:
+        count = self.by_address.get(address, 0) - 1
+        if count > 0:
+            self.by_address[address] = count
+        else:
+            self.by_address.pop(address, None)
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """What a connection may do before its request headers are complete."""
+    """The bounds every connection of one server meets (the module docstring says which)."""
 
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # request line and headers
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_MS / 1000
     write_stall_timeout_s: float = DEFAULT_WRITE_STALL_TIMEOUT_MS / 1000
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # per node
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT  # per client address
+    clients: ClientConnections = field(default_factory=ClientConnections)
     closed: Counter | None = None  # connections_closed_counter, when metrics are kept
 
     def count_closed(self, reason: str) -> None:
@@ -119,6 +148,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     _header_timer: asyncio.TimerHandle | None = None
     _stall_timer: asyncio.TimerHandle | None = None
+    _counted_address: str | None = None
     _header_bytes = 0
 
     @classmethod
@@ -128,7 +158,25 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # The real transport keeps calling pause_writing/resume_writing on this protocol.
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        if self.client is not None:
+            self._counted_address = self.client[0]
+            from_client = self.limits.clients.add(self._counted_address)
+            if from_client > self.limits.max_connections_per_client:
+                self._refuse_connection("client", f"this client address holds its maximum of "
+                                        f"{self.limits.max_connections_per_client} connections to this node")
+                return
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse_connection("node", f"this node holds its maximum of {self.limits.max_connections} connections")
+            return
         self._await_headers()
+
+    def _refuse_connection(self, cap: str, detail: str) -> None:
+        """Answered before any request is read (a client sends its request anyway, and reads
+        this as the answer), then closed."""
+        self.limits.count_closed(f"connections_per_{cap}")
+        self._answer_and_close(503, problem_body(
+            503, "too-many-connections", "Too many connections", f"{detail}; retry later"),
+            [(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
 
     def _await_headers(self) -> None:
         """Start the header clock (a new connection, or a new request's first byte)."""
@@ -166,6 +214,9 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_clock()
         self._stop_stall_clock()
+        if self._counted_address is not None:
+            self.limits.clients.remove(self._counted_address)
+            self._counted_address = None
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -220,14 +271,14 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         self._stop_header_clock()
         self._answer_and_close(400, body)
 
-    def _answer_and_close(self, status: int, body: bytes) -> None:
+    def _answer_and_close(self, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         """A problem document written straight to the transport, then close; only a close while
         a pipelined earlier request's response is still being written (no interleaving)."""
         if self.cycle is not None and not self.cycle.response_complete:
             self.transport.close()
             return
         content = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
+        for name, value in [*self.server_state.default_headers, *headers]:
             content.extend([name, b": ", value, b"\r\n"])
         content.extend([b"content-type: ", PROBLEM_MEDIA_TYPE.encode(), b"\r\n",
                         b"content-length: ", str(len(body)).encode("ascii"), b"\r\n",

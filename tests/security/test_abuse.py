@@ -206,3 +206,69 @@ def test_an_sse_client_that_never_reads_is_disconnected_and_memory_stays_bounded
         # The values themselves (SQLite's cache, the log) account for some growth; the
         # unread stream may not add the 15 MiB of events on top.
         assert rss_kib(node.pid) - rss_before < RSS_GROWTH_BOUND_KIB
+
+
+PER_CLIENT_CAP = 50
+NODE_CONNECTION_CAP = 120
+IDLE_CONNECTIONS = 1000
+
+
+def idle_connections(source: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` connections from the loopback address ``source`` that send nothing."""
+    opened = []
+    for _ in range(count):
+        conn = socket.socket()
+        opened.append(conn)
+        conn.settimeout(CLOSE_WAIT_S)
+        conn.bind((source, 0))
+        conn.connect(("127.0.0.1", port))
+    return opened
+
+
+def wait_for_closed(client: httpx.Client, url: str, reason: str, count: float) -> None:
+    deadline_s = time.monotonic() + CLOSE_WAIT_S
+    while closed_metric(client, url, reason) < count:
+        assert time.monotonic() < deadline_s, f"fewer than {count} connections closed for {reason}"
+        time.sleep(0.05)
+
+
+def test_idle_connections_meet_the_per_client_and_node_caps_and_others_are_served(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path / "connections", voters=1, settings={
+        "max_connections_per_client": PER_CLIENT_CAP, "max_connections": NODE_CONNECTION_CAP,
+        "header_timeout_ms": 600_000})  # the idle connections stay until the test closes them
+    idle: list[socket.socket] = []
+    try:
+        cluster.start()
+        cluster.wait_for_leader()
+        node = cluster.nodes[1]
+        with httpx.Client(timeout=10.0) as client:
+            assert client.put(f"{node.url}/v1/kv/k", content=b"v").status_code == 200
+            idle += idle_connections("127.0.0.2", node.http_port, IDLE_CONNECTIONS)
+            wait_for_closed(client, node.url, "connections_per_client", IDLE_CONNECTIONS - PER_CLIENT_CAP)
+            assert closed_metric(client, node.url, "connections_per_client") == IDLE_CONNECTIONS - PER_CLIENT_CAP
+            # A refused connection reads a 503 problem document, then the close.
+            refused = read_until_closed(idle[-1])
+            assert refused.startswith(b"HTTP/1.1 503 ") and b"urn:metakv:problem:too-many-connections" in refused
+            assert client.get(f"{node.url}/v1/kv/k").content == b"v"  # another client is served
+            # Two more addresses fill the node: a new connection from anywhere is refused.
+            idle += idle_connections("127.0.0.3", node.http_port, PER_CLIENT_CAP)
+            idle += idle_connections("127.0.0.4", node.http_port, PER_CLIENT_CAP)
+            wait_for_closed(client, node.url, "connections_per_node", 1)
+            with httpx.Client(timeout=10.0) as newcomer:
+                full = newcomer.get(f"{node.url}/v1/kv/k")
+            assert full.status_code == 503 and full.json()["type"] == "urn:metakv:problem:too-many-connections"
+            assert full.headers["retry-after"] == "1"
+            for conn in idle:
+                conn.close()
+            idle.clear()
+            deadline_s = time.monotonic() + CLOSE_WAIT_S
+            with httpx.Client(timeout=10.0) as newcomer:
+                while (answer := newcomer.get(f"{node.url}/v1/kv/k")).status_code == 503:
+                    assert time.monotonic() < deadline_s, "the node stayed full after the clients left"
+                    time.sleep(0.05)
+                assert answer.content == b"v"
+    finally:
+        for conn in idle:
+            conn.close()
+        print(cluster.logs())
+        cluster.close()
