@@ -272,3 +272,41 @@ def test_idle_connections_meet_the_per_client_and_node_caps_and_others_are_serve
             conn.close()
         print(cluster.logs())
         cluster.close()
+
+
+NESTING_DEPTH = 100_000
+ANNOUNCED_BODY_BYTES = 1024 ** 3
+
+
+def test_deeply_nested_txn_json_is_a_4xx_problem(node_cluster: Cluster) -> None:
+    node = node_cluster.nodes[1]
+    with httpx.Client(timeout=10.0) as client:
+        nested = b'{"compare": ' + b"[" * NESTING_DEPTH + b"]" * NESTING_DEPTH + b"}"
+        response = client.post(f"{node.url}/v1/txn", content=nested, headers={"Content-Type": "application/json"})
+        assert response.status_code == 422, response.text
+        assert response.json()["type"] == "urn:metakv:problem:invalid-body"
+        assert client.get(f"{node.url}/v1/kv/k").content == b"v"
+
+
+def test_a_list_page_or_a_txn_past_its_cap_is_a_4xx_problem(node_cluster: Cluster) -> None:
+    node = node_cluster.nodes[1]
+    with httpx.Client(timeout=10.0) as client:
+        page = client.get(f"{node.url}/v1/kv", params={"limit": 10**9})
+        assert page.status_code == 400 and page.json()["type"] == "urn:metakv:problem:invalid-parameter"
+        ops = [{"op": "get", "key": f"k{index}"} for index in range(129)]  # the cap is 128 per branch
+        assert client.post(f"{node.url}/v1/txn", json={"success": ops[:128]}).status_code == 200
+        txn = client.post(f"{node.url}/v1/txn", json={"success": ops})
+        assert txn.status_code == 422 and txn.json()["type"] == "urn:metakv:problem:invalid-body"
+
+
+def test_a_1_gib_content_length_is_refused_without_reading_the_body(node_cluster: Cluster) -> None:
+    node = node_cluster.nodes[1]
+    for target in ("/v1/txn", "/v1/kv/big"):
+        method = "POST" if target == "/v1/txn" else "PUT"
+        with socket.create_connection(("127.0.0.1", node.http_port), timeout=CLOSE_WAIT_S) as conn:
+            # Only the headers are sent: an answer proves the node did not wait for the body.
+            conn.sendall(f"{method} {target} HTTP/1.1\r\nHost: metakv\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {ANNOUNCED_BODY_BYTES}\r\n\r\n".encode())
+            answer = conn.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert b"application/problem+json" in answer
