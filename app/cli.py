@@ -20,6 +20,7 @@ import contextlib
 import gc
 import logging
 import os
+import resource
 import shlex
 import signal
 import socket
@@ -68,6 +69,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 SERVE_HELP = {
+    "max_header_bytes": "answer 431 and close a connection whose request line and headers pass this many bytes",
+    "write_stall_timeout_ms": "disconnect a client whose send buffer stays full this long (one that stopped reading)",
+    "max_connections": "answer 503 and close an HTTP connection past this many open on the node (kept below the descriptor limit)",
+    "max_connections_per_client": "answer 503 and close an HTTP connection past this many open from one client address",
+    "max_watchers": "answer 429 to a watch (long-poll or SSE) past this many open on the node",
+    "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
+    "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
     "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
     "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
     "cleaner_min_dirty_ratio": "clean only when uncleaned bytes below the dirty offset are at least this fraction of the log (0..1)",
@@ -218,7 +226,12 @@ async def _serve(config: NodeConfig) -> int:
 async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     from app.http import create_app
     from app.http.client_certs import ClientCertHttpToolsProtocol
-    from app.http.uvicorn_protocol import CoalescingHttpToolsProtocol
+    from app.http.settings import HttpSettings
+    from app.http.uvicorn_protocol import (
+        CoalescingHttpToolsProtocol,
+        ConnectionLimits,
+        connections_closed_counter,
+    )
     from app.runtime import NodeRuntime
     from app.sighup import reload_on_sighup
     from app.tls import http_server_context
@@ -235,16 +248,22 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
         logging.getLogger("metakv").debug("startup failed", exc_info=exc)
         print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    app = create_app(runtime, ui=config.ui)
+    app = create_app(runtime, HttpSettings(
+        max_value_bytes=runtime.max_value_bytes, max_watchers=config.max_watchers,
+        max_watchers_per_token=config.max_watchers_per_token), ui=config.ui)
     # Everything built so far (modules, FastAPI app, pydantic schemas, SQLAlchemy metadata)
     # lives as long as the process: move it out of the collector's reach, so a full
     # collection no longer scans ~85,000 startup objects on the event loop (a 10-250 ms
     # stall, measured; one shows up in every p99).
     gc.collect()
     gc.freeze()
+    limits = ConnectionLimits(config.max_header_bytes, config.header_timeout_ms / 1000,
+                              config.write_stall_timeout_ms / 1000, _connection_cap(config.max_connections),
+                              config.max_connections_per_client, closed=connections_closed_counter(runtime.metrics))
+    protocol = CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol
     server = _Server(uvicorn.Config(
         app, host=config.listen_http.host, port=config.listen_http.port, loop="none",
-        http=CoalescingHttpToolsProtocol if http_context is None else ClientCertHttpToolsProtocol,
+        http=protocol.with_limits(limits),
         lifespan="off", access_log=False, log_level="warning",
         timeout_graceful_shutdown=2, server_header=False, proxy_headers=False,
         ssl_context_factory=None if http_context is None else lambda _config, _default: http_context,
@@ -270,6 +289,18 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     finally:
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
+
+
+def _connection_cap(configured: int) -> int:
+    """``--max-connections``, lowered to leave descriptors for the log, raft and SQLite
+    (a quarter of the limit, at most 256): HTTP clients alone cannot exhaust them."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    cap = max(1, min(configured, soft - min(256, soft // 4)))
+    if cap < configured:
+        logging.getLogger("metakv").info("HTTP connections capped at %d (file descriptor limit %d)", cap, soft)
+    return cap
 
 
 class _StartupError(Exception):

@@ -115,6 +115,17 @@ class NodeConfig:
     # --- end of security
     # --- storage quota (docs/security.md): past it the leader refuses writes that add data.
     quota_bytes: int = 0  # state.db + log bytes; 0 = no quota
+    # --- HTTP abuse limits (docs/security.md "Connection limits")
+    # Literals, as app/http/settings.py's defaults: importing app.http here would load FastAPI
+    # for every CLI command.
+    max_header_bytes: int = 64 * 1024  # request line + headers, else 431
+    header_timeout_ms: int = 10_000  # headers not complete by then: 408, closed
+    write_stall_timeout_ms: int = 30_000  # a client that reads nothing this long is disconnected
+    max_connections: int = 10_000  # HTTP connections per node, else 503 (kept below the fd limit)
+    max_connections_per_client: int = 1000  # HTTP connections per client address, else 503
+    max_watchers: int = 10_000  # open watches per node, else 429
+    max_watchers_per_token: int = 1000  # open watches per token per node, else 429
+    # --- end of HTTP abuse limits
 
     @property
     def peers(self) -> dict[int, HostPort]:
@@ -323,6 +334,14 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "insecure": parse_bool,
     # --- storage quota
     "quota_bytes": _bytes(0),
+    # --- HTTP abuse limits
+    "max_header_bytes": _bytes(1024),
+    "header_timeout_ms": _ms(100),
+    "write_stall_timeout_ms": _ms(100),
+    "max_connections": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
+    "max_connections_per_client": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
+    "max_watchers": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
+    "max_watchers_per_token": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 

@@ -52,6 +52,7 @@ _WRITE_METHODS = frozenset({"PUT", "DELETE"})
 # Cluster views: topology, offsets and URLs, never keys or values. Any valid token may
 # read them (`metakv status` and every client's leader discovery need them).
 _AUTHENTICATED_ONLY_PATHS = frozenset({"/v1/status", "/v1/quorum"})
+TOKEN_NAME_SCOPE_KEY = "metakv.token_name"  # set once authenticated; per-token caps read it
 # Probes and scrapers, and the API's own description: open, like etcd's /health and /metrics.
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -132,6 +133,11 @@ class DeniedLog:
                     f" ({held_back} more denied requests not logged)" if held_back else "")
 
 
+def token_name(scope: Scope) -> str | None:
+    """The name of the token that authenticated the request (None with auth off)."""
+    return scope.get(TOKEN_NAME_SCOPE_KEY)
+
+
 def token_of_certificate(tokens: AuthTokens, cert_names: tuple[str, ...]) -> Token | None:
     """The token named like the certificate's first name that names one (CN, then SANs)."""
     if not cert_names:
@@ -168,6 +174,7 @@ class AuthMiddleware:
             await self._answer(send, method, 401, "unauthorized", "Unauthorized", problem,
                                [(b"www-authenticate", self._challenge(problem).encode())])
             return
+        scope[TOKEN_NAME_SCOPE_KEY] = token.name
         if requirement.need == Need.TXN:
             await self._txn(scope, receive, send, token)
             return

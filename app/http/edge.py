@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.http.collectors import PerRegistry
 from app.http.log_text import loggable
 from app.http.parsing import KEY_PATH_PREFIX, KEY_ROUTE_TEMPLATE
 from app.http.problems import internal_error_body, problem_start
@@ -53,22 +53,16 @@ class HttpMetrics:
     latency: Histogram
 
 
-_METRICS_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, HttpMetrics] = weakref.WeakKeyDictionary()
+def _build_http_metrics(registry: CollectorRegistry) -> HttpMetrics:
+    return HttpMetrics(
+        Counter("metakv_http_requests", "HTTP requests by route template, method and status",
+                ("route", "method", "status"), registry=registry),
+        Histogram("metakv_http_request_duration_seconds", "HTTP request latency until the response ends",
+                  ("route", "method"), buckets=LATENCY_BUCKETS_SECONDS, registry=registry),
+    )
 
 
-def http_metrics(registry: CollectorRegistry) -> HttpMetrics:
-    """One set of collectors per registry: a second app on the same service (tests, reloads)
-    reuses them instead of failing on a duplicate registration."""
-    metrics = _METRICS_BY_REGISTRY.get(registry)
-    if metrics is None:
-        metrics = HttpMetrics(
-            Counter("metakv_http_requests", "HTTP requests by route template, method and status",
-                    ("route", "method", "status"), registry=registry),
-            Histogram("metakv_http_request_duration_seconds", "HTTP request latency until the response ends",
-                      ("route", "method"), buckets=LATENCY_BUCKETS_SECONDS, registry=registry),
-        )
-        _METRICS_BY_REGISTRY[registry] = metrics
-    return metrics
+http_metrics = PerRegistry(_build_http_metrics)  # http_metrics(registry): the request metrics
 
 
 class EdgeMiddleware:

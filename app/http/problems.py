@@ -252,6 +252,7 @@ _STATUS_DESCRIPTIONS = {
     412: "the If-Match / If-None-Match condition failed (current_version)",
     413: "key or value (or body) too large",
     422: "the body is not JSON of the documented schema",
+    429: "too many open watches on this node or for this token; retry after Retry-After",
     503: "no leader known, write rejected, or this node is not ready; retry after Retry-After",
     504: "indeterminate write outcome, or min_version not reached within wait_ms",
     507: "the leader's storage is past --quota-bytes (or its disk is full): the write did not happen",
@@ -269,7 +270,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         entry: dict[str, Any] = {"description": _STATUS_DESCRIPTIONS[status], "content": problem_content()}
         if status == 307:
             entry["headers"] = {"Location": {"schema": {"type": "string"}, "description": "the leader's URL for this request"}}
-        if status == 503:
+        if status in (429, 503):
             entry["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
         responses[status] = entry
     return responses

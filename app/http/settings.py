@@ -16,6 +16,13 @@ LIST_LIMIT_MAX = 1000
 WATCH_EVENTS_MAX = 1000  # events per long-poll answer or per SSE read
 DEFAULT_WAIT_MS = 5000
 DEFAULT_WATCH_TIMEOUT_MS = 30_000
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024  # request line and headers (nginx allows 32 KiB, Node 16 KiB)
+DEFAULT_HEADER_TIMEOUT_MS = 10_000  # from connect (or a request's first byte) to complete headers
+DEFAULT_WRITE_STALL_TIMEOUT_MS = 30_000  # a client reading nothing this long is disconnected
+DEFAULT_MAX_CONNECTIONS = 10_000  # HTTP connections per node (serve also keeps it below the fd limit)
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1000  # HTTP connections per client address
+DEFAULT_MAX_WATCHERS = 10_000  # open watches (long-polls and SSE streams) per node
+DEFAULT_MAX_WATCHERS_PER_TOKEN = 1000  # per token (auth on) per node
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +36,12 @@ class HttpSettings:
     max_watch_timeout_ms: int = 300_000  # watch long-polls and SSE stream lifetime
     sse_keepalive_ms: int = 15_000  # comment lines that keep idle proxies from closing streams
     watch_events_max: int = WATCH_EVENTS_MAX  # events per long-poll answer or per SSE read
+    max_watchers: int = DEFAULT_MAX_WATCHERS  # past it: 429 too-many-watchers
+    max_watchers_per_token: int = DEFAULT_MAX_WATCHERS_PER_TOKEN
 
     def __post_init__(self) -> None:
-        for name in ("max_value_bytes", "max_txn_body_bytes", "max_wait_ms", "max_watch_timeout_ms"):
+        for name in ("max_value_bytes", "max_txn_body_bytes", "max_wait_ms", "max_watch_timeout_ms",
+                     "max_watchers", "max_watchers_per_token"):
             if getattr(self, name) < 0:
                 raise ValueError(f"HttpSettings.{name} must be >= 0")
         # A zero keepalive would make an idle SSE stream a busy loop.

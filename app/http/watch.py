@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
@@ -16,6 +16,7 @@ from app.http.models import WatchResponse
 from app.http.problems import ProblemError, history_compacted_body, problem_body, problem_responses
 from app.http.render import render_event
 from app.http.settings import DEFAULT_WATCH_TIMEOUT_MS, MAX_VERSION, HttpSettings, clamp_ms
+from app.http.watch_limits import WatcherSlots, watcher_metrics
 from app.service import ChangeWatch, Event, HistoryCompactedError, KVService
 
 VERSION_TEXT_PATTERN = re.compile(r"[0-9]{1,19}")
@@ -36,10 +37,11 @@ def _sse_events(events: list[Event], version: int) -> bytes:
     return b"".join(parts)
 
 
-async def sse_stream(watch: ChangeWatch, settings: HttpSettings, since: int, timeout_ms: int) -> AsyncIterator[bytes]:
+async def sse_stream(watch: ChangeWatch, settings: HttpSettings, since: int, timeout_ms: int,
+                     release: Callable[[], None]) -> AsyncIterator[bytes]:
     """Events as Server-Sent Events; the id of the last event of each read is a version
     to resume from (Last-Event-ID or since=) without gaps, even when one version holds
-    several events."""
+    several events. ``release`` frees the stream's watcher slot when it ends."""
     try:
         stream_end_s = time.monotonic() + timeout_ms / 1000
         keepalive_s = settings.sse_keepalive_ms / 1000
@@ -77,16 +79,18 @@ async def sse_stream(watch: ChangeWatch, settings: HttpSettings, since: int, tim
             since = resume_id = page.version
     finally:
         watch.close()
+        release()
 
 
 def watch_router(service: KVService, settings: HttpSettings) -> APIRouter:
     router = APIRouter(tags=["keys"])
+    slots = WatcherSlots(settings.max_watchers, settings.max_watchers_per_token, watcher_metrics(service.metrics))
 
     @router.get("/v1/watch", summary="Changes after a version (long-poll, or SSE)",
                 response_model=WatchResponse, responses={
                     200: {"description": "events (JSON), or a text/event-stream when asked for",
                           "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-                    **problem_responses(400, 410, 503)})
+                    **problem_responses(400, 410, 429, 503)})
     async def watch(
         request: Request,
         prefix: Annotated[str, Query(description="only keys starting with this")] = "",
@@ -105,17 +109,23 @@ def watch_router(service: KVService, settings: HttpSettings) -> APIRouter:
                 raise ProblemError(400, "invalid-parameter", "Invalid Last-Event-ID",
                                    f"Last-Event-ID must be a version between 0 and {MAX_VERSION}")
             since = int(resume)
-        # Opened (its first page read) before answering, so a stale since is a 410 status,
-        # not an error mid-stream.
-        watch = service.watch(prefix, since, settings.watch_events_max)
+        release = slots.take(request.scope)  # 429 past the node's or the token's cap
+        try:
+            # Opened (its first page read) before answering, so a stale since is a 410
+            # status, not an error mid-stream.
+            watch = service.watch(prefix, since, settings.watch_events_max)
+        except BaseException:
+            release()
+            raise
         if wants_sse:
-            return StreamingResponse(sse_stream(watch, settings, since, timeout_ms),
+            return StreamingResponse(sse_stream(watch, settings, since, timeout_ms, release),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             page = await watch.next(time.monotonic() + timeout_ms / 1000)
         finally:
             watch.close()
+            release()
         return JSONResponse({"version": page.version, "events": [render_event(e) for e in page.events]})
 
     return router
