@@ -171,6 +171,7 @@ class Cluster:
         # Each node's epoch when the window began: a node cut off for good may already be
         # in a later epoch (an election its side began before), which others may learn.
         self.window_epochs: dict[int, int] = {}
+        self.window_max_epoch = 0  # the highest of window_epochs, taken once per window
         self.quorum_watch: dict[int, QuorumWatch] = {}  # leader id -> who it heard from (check-quorum)
         # More checks of each performed Ready (tests/sim/election_checks.py), and observers
         # of a lost disk, called after the crash and before the log is wiped.
@@ -689,6 +690,7 @@ class Cluster:
         self.stable_leader = (leader_id, core.epoch)
         self.window_epochs = {node.node_id: node.core.epoch for node in self.nodes.values()
                               if node.core is not None}
+        self.window_max_epoch = max(self.window_epochs.values(), default=core.epoch)
 
     def end_stable_window(self) -> None:
         self.stable_leader = None
@@ -697,9 +699,8 @@ class Cluster:
         assert self.stable_leader is not None and changed.core is not None
         leader_id, epoch = self.stable_leader
         core = changed.core
-        known_epoch = max(self.window_epochs.values(), default=epoch)
         own_epoch = self.window_epochs.get(changed.node_id, epoch)
-        if core.epoch > epoch and (core.epoch > known_epoch
+        if core.epoch > epoch and (core.epoch > self.window_max_epoch
                                    or (core.role == Role.CANDIDATE and core.epoch > own_epoch)):
             raise InvariantViolation(f"t={self.now_ms} fault-free window: node {changed.node_id} raised the epoch "
                                      f"{epoch} -> {core.epoch} under healthy leader {leader_id}")
