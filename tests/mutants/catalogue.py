@@ -207,6 +207,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "            log.allow_gaps_below(response.cleaned_end)",
            "            pass",
            "copy rule: offsets may jump inside the leader's cleaned prefix"),
+    Mutant("copy_target_is_copy_end", FOLLOWER,
+           "        if copies and response.cleaned_end > log.cleaned_end():\n"
+           "            log.allow_gaps_below(response.cleaned_end)",
+           "        copied_end = max([end] + [b.next_offset for b in response.records\n"
+           "                                  if b.next_offset <= response.cleaned_end])\n"
+           "        if copies and copied_end > log.cleaned_end():\n"
+           "            log.allow_gaps_below(copied_end)",
+           "copy rule (docs/compaction.md rule 4): a partial copy counts as cleaned up to the leader's "
+           "cleaned end, not to where the copy stops"),
     Mutant("unequal_retention_followed", FOLLOWER,
            "        if response.tombstone_retention_records != self.config.tombstone_retention_records:",
            "        if False:",
@@ -320,4 +329,6 @@ QUICK: frozenset[str] = frozenset({
     "rule6_hw_commits_old_epoch",  # sim seed 1: figure 8, a committed record about to be cut
     "rule7_ack_never_falls",  # sim seed 2: offset below the HW not durable on a majority (lost disk)
     "read_index_stale_fetch_confirms",  # sim seed 20: stale read from a deposed leader
+    "copy_target_is_copy_end",  # compaction seed 0: a copied cleaned log replays to another state
+    "real_state_before_dirty_known",  # compaction seed 0: exposed before it heard a leader
 })

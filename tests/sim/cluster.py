@@ -176,6 +176,8 @@ class Cluster:
         # More checks of each performed Ready (tests/sim/election_checks.py), and observers
         # of a lost disk, called after the crash and before the log is wiped.
         self.ready_checks: list[Callable[[SimNode, Ready], None]] = []
+        # Called with each message just before its node handles it (a model's view of the wire).
+        self.delivery_observers: list[Callable[[SimNode, Envelope], None]] = []
         self.disk_loss_observers: list[Callable[[SimNode], None]] = []
         for node_id in range(1, voters + observers + 1):
             config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
@@ -338,6 +340,8 @@ class Cluster:
             if self.lost_disk_held:
                 self._note_fetch_from_lost_disk(node, envelope)
             self._note_resignation(node, envelope)
+            for observe in self.delivery_observers:
+                observe(node, envelope)
             following = (core.role, core.epoch, core.leader_id)
             core.handle(self.now_ms, envelope)
             self._check_resigned_leader_unfollowed(node, following)

@@ -13,7 +13,8 @@ holds lands exactly at (or one offset below) the leader's re-bootstrap bound
 min(tombstone horizon, cleaned end - retention) when it returns (compaction_faults.py),
 otherwise it returns lagging just around that bound, or wiped; later it is away once more
 (wiped, or crashed and back around the bound). A replica copying the cleaned log from 0
-restarts gracefully inside the copy in some seeds; in half a replica loses power right after
+restarts gracefully inside the copy in some seeds, or its leader (cleaned just before)
+crashes inside the copy, so that the copy goes on from a leader cleaned less; in half a replica loses power right after
 a cleaning (on a log from 0 with state.db restored from an older copy); in some a voter starts late with an
 empty log and copies the cleaned log from 0, with another retention than the others in half
 of those (the core must refuse to follow a leader announcing another one, rule 3).
@@ -27,11 +28,14 @@ Invariants, on top of tests/sim/cluster.py's:
   the rule the runtime's readiness uses), at every version it passes through, equals the
   state the committed records up to that version produce: no two replicas expose different
   states at one version, and no deleted key reappears (checked after every applied batch);
+- a restarted replica exposes no state before it heard a leader (a Fetch answer) or led
+  since the restart (rule 7);
 - epoch lookups stay right on cleaned and copied logs: ``end_offset_for_epoch`` of every
   committed epoch ends it where the committed history starts the next (rule 2; divergence
   checks rely on it);
 - a cleaned log from 0 replayed from the empty state produces the committed state at its
-  cleaned end (at the end of the run); no restart reaches a state the runtime refuses.
+  cleaned end: at the end of the run, and whenever a copy of a leader's cleaned prefix
+  moved that end and the log holds it; no restart reaches a state the runtime refuses.
 
 The state machine's durability is modelled as the runtime has it (SQLite with relaxed sync):
 a crash keeps the state as of its last sync (taken before every cleaning, which cleans only
@@ -57,9 +61,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from raft.log import MemoryLog
+from raft.messages import Envelope, FetchResponse
 from raft.node import Proposal, Ready, Role
 from raft.snapshots import MemorySnapshotStore
-from raft.types import Batch, SnapshotId
+from raft.types import Batch, ErrorCode, SnapshotId
 from storage import compaction_policy as policy
 from storage.cleaning_run import run_cleaning
 from storage.commands import (
@@ -72,7 +77,12 @@ from storage.commands import (
 )
 from storage.state_types import Entry
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode
-from tests.sim.compaction_faults import MidCopyRestart, TombstoneAtBound, restart_after_cleaning
+from tests.sim.compaction_faults import (
+    CopyHandover,
+    MidCopyRestart,
+    TombstoneAtBound,
+    restart_after_cleaning,
+)
 from tests.sim.compaction_state import CommittedHistory, ModelState, decode, rows_difference
 
 RUN_MS = 6_000  # simulated
@@ -95,6 +105,7 @@ class Plan:
     gap_free: bool  # every record also writes a key of its own: cleanings leave no offset gap
     again_fresh: bool  # the observer's second absence wipes its data (else a crash, back around the bound)
     copy_restart: bool  # a replica copying the cleaned log from 0 restarts inside the copy
+    copy_handover: bool  # ... or its leader crashes inside the copy (instead of the restart)
     restart_after_cleaning_ms: int  # a replica loses power right after a cleaning then (0: never)
     restart_on_snapshot_log: bool  # ... one whose log starts at a snapshot (waited for)
 
@@ -108,10 +119,11 @@ def draw_plan(seed: int, voters: int) -> Plan:
     if late_voter is not None and rng.random() < 0.5:
         late_retention = retention + rng.choice((-1, 1)) * rng.randrange(1, 20)
         late_retention = late_retention if late_retention >= 0 else retention + 7
-    return Plan(keys, retention, int(400 * 10 ** rng.random()), late_voter, rng.randrange(800, 2500), late_retention,
+    plan = Plan(keys, retention, int(400 * 10 ** rng.random()), late_voter, rng.randrange(800, 2500), late_retention,
                 rng.randrange(-4, 5), rng.choice(("at", "below", "", "")), rng.random() < 0.35, rng.random() < 0.5,
-                rng.random() < 0.6,
+                rng.random() < 0.6, False,
                 rng.randrange(1500, 5000) if rng.random() < 0.5 else 0, rng.random() < 0.5)
+    return dataclasses.replace(plan, copy_handover=rng.random() < 0.3)  # drawn last: the rest as before
 
 
 @dataclass
@@ -166,6 +178,13 @@ class CompactionSim:
         self.kept_states: set[int] = set()  # restarted gracefully: state.db as it was
         self.restored: dict[int, tuple[int, ModelState]] = {}  # node -> an older copy of state.db
         self.unique_keys = 0
+        # node -> the incarnation in which it last heard a leader (a Fetch answer) or led:
+        # docs/compaction.md rule 7, a restarted replica exposes nothing before that.
+        self.heard_leader: dict[int, int] = {}
+        # node -> the cleaned end its log was last replayed at (or cleaned to by clean()):
+        # a copy of a leader's cleaned prefix is checked as soon as the log holds it.
+        self.replayed_at: dict[int, int] = {}
+        self.cluster.delivery_observers.append(self._note_fetch_answer)
         self.cluster.after_ready = self._after_ready
         for node in self.cluster.nodes.values():  # nodes started before the hook existed
             self._after_ready(node, Ready())
@@ -237,10 +256,17 @@ class CompactionSim:
             raise InvariantViolation(f"snapshot {snapshot_id} holds version {applied}")
         model.applied, model.state = applied, ModelState(dict(state))
 
+    def _note_fetch_answer(self, node: SimNode, envelope: Envelope) -> None:
+        message = envelope.message
+        if isinstance(message, FetchResponse) and message.error == ErrorCode.NONE:
+            self.heard_leader[node.node_id] = node.incarnation
+
     def _after_ready(self, node: SimNode, ready: Ready) -> None:
         core = node.core
         if core is None:
             return
+        if core.role == Role.LEADER:
+            self.heard_leader[node.node_id] = node.incarnation
         model = self._model(node)
         if ready.snapshot_to_install is not None:
             self._load(model, ready.snapshot_to_install, node)
@@ -250,6 +276,11 @@ class CompactionSim:
             self._maybe_snapshot(node, model)
         self._check_exposed(node, model)
         self._check_epochs(node)
+        cleaned_end = node.log.cleaned_end()
+        if self.replayed_at.get(node.node_id) != cleaned_end and node.log.end_offset() >= cleaned_end:
+            self.replayed_at[node.node_id] = cleaned_end
+            self.cluster.stats["sim_copies_replayed"] += 1
+            self._check_cleaned_replay(node)
 
     def _maybe_snapshot(self, node: SimNode, model: _Model) -> None:
         """The runtime's Maintenance.maybe_snapshot, through the same policy, for the
@@ -317,6 +348,9 @@ class CompactionSim:
         real = core.is_real_state(model.applied)  # the rule the runtime's readiness uses
         if not real or model.applied == model.exposed:
             return
+        if self.heard_leader.get(node.node_id) != node.incarnation:
+            raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id} exposes version {model.applied} "
+                                     "before it heard a leader since its restart (docs/compaction.md rule 7)")
         model.exposed = model.applied
         self.cluster.stats["sim_real_versions_checked"] += 1
         self._advance_reference()
@@ -432,6 +466,7 @@ class CompactionSim:
             raise InvariantViolation(f"t={self.cluster.now_ms} nodes {first[0]} and {node_id} cleaned "
                                      f"[{start}, {result.clean_end}) to different bytes")
         self.cluster.stats["sim_cleanings"] += 1
+        self.replayed_at[node_id] = log.cleaned_end()  # (compared with the other replicas' bytes above)
         if start > 0:
             self.cluster.stats["sim_cleanings_from_snapshot"] += 1
         self.cluster.stats["sim_tombstones_dropped"] += result.tombstones_dropped
@@ -626,8 +661,12 @@ class CompactionSim:
             cluster.at(cluster.now_ms + 20, lambda: self._restart_after_cleaning(on_snapshot_log))
 
     def _restart_mid_copy(self, node_id: int, from_ms: int) -> None:
-        """In some seeds a replica copying the cleaned log from 0 restarts gracefully halfway."""
-        if self.plan.copy_restart:
+        """In some seeds a replica copying the cleaned log from 0 restarts gracefully halfway,
+        in others its leader crashes halfway (the copy goes on from another leader)."""
+        if self.plan.copy_handover:
+            handover = CopyHandover(self, node_id, from_ms + 2000)
+            self.cluster.at(from_ms + 1, handover.watch)
+        elif self.plan.copy_restart:
             watch = MidCopyRestart(self, node_id, self.rng.randrange(1, 30), from_ms + 2000)
             self.cluster.at(from_ms + 1, watch.watch)
 

@@ -13,6 +13,10 @@ compaction rules are easiest to get wrong by one, set up exactly rather than hop
   leader's re-bootstrap bound, is sent a snapshot), its state kept at the copied end: no
   state inside the copy may count as real before it heard a leader again
   (docs/compaction.md rule 7).
+- ``CopyHandover``: the leader crashes while a replica copies its cleaned log from 0; the
+  copy goes on from the next leader, which may be cleaned less (it must then send a
+  snapshot at or above the first leader's cleaned end, never raw records inside that end:
+  docs/compaction.md rule 5), or more.
 - ``restart_after_cleaning``: right after a cleaning, a replica loses power; on a log from 0
   its state.db comes back restored from an older copy, behind its own cleaned prefix (rule
   9): recovery must not replay that state through the prefix whose tombstones were dropped.
@@ -32,6 +36,7 @@ from storage import compaction_policy as policy
 from storage.commands import Command, Op, OpKind, encode_command
 
 if TYPE_CHECKING:
+    from tests.sim.cluster import SimNode
     from tests.sim.compaction import CompactionSim
 
 POLL_MS = 2
@@ -174,15 +179,54 @@ class MidCopyRestart:
         model = sim.models.get(self.node_id)
         if (node.core is not None and leader is not None and model is not None
                 and model.incarnation == node.incarnation):
-            # Inside the copy: everything it holds was copied, and the leader's cleaned
-            # prefix goes on past it (so its state lacks ops the rest of the copy supersedes).
-            copied = node.log.cleaned_end()
-            target = leader.log.cleaned_end()
-            if 0 < copied == node.log.end_offset() < target and model.applied >= copied:
+            if inside_copy(node, leader) and model.applied >= node.log.end_offset():
                 cluster.stats["sim_mid_copy_restarts"] += 1
                 sim.graceful_restart(self.node_id, self.down_ms)
                 return
         cluster.at(cluster.now_ms + POLL_MS, self.watch)
+
+
+def inside_copy(node: SimNode, leader: SimNode) -> bool:
+    """Whether ``node`` is inside a copy of ``leader``'s cleaned prefix: everything it holds
+    was copied, and the prefix goes on past it (so its state lacks ops the rest of the copy
+    supersedes)."""
+    end = node.log.end_offset()
+    return 0 < end <= node.log.cleaned_end() and end < leader.log.cleaned_end()
+
+
+class CopyHandover:
+    """See the module docstring: watches ``node_id`` from its restart on and, once it copied
+    part of the leader's cleaned prefix, cleans the leader to its dirty offset (so that the
+    other voters are likely cleaned less) and crashes it; it comes back 150-400 ms later."""
+
+    def __init__(self, sim: CompactionSim, node_id: int, give_up_ms: int) -> None:
+        self.sim, self.node_id, self.give_up_ms = sim, node_id, give_up_ms
+
+    def watch(self) -> None:
+        sim, cluster = self.sim, self.sim.cluster
+        if cluster.now_ms > self.give_up_ms:
+            cluster.stats["sim_copy_handovers_missed"] += 1
+            return
+        node, leader = cluster.nodes[self.node_id], cluster.leader()
+        if node.core is not None and leader is not None and inside_copy(node, leader):
+            sim.clean(leader.node_id)
+            cleaned_end = leader.log.cleaned_end()
+            cluster.crash(leader.node_id)
+            cluster.stats["sim_copy_handovers"] += 1
+            cluster.at(cluster.now_ms + POLL_MS, lambda: self._next_leader(cleaned_end, cluster.now_ms + 1000))
+            cluster.at(cluster.now_ms + sim.rng.randrange(150, 400), lambda: cluster.restart(leader.node_id))
+            return
+        cluster.at(cluster.now_ms + POLL_MS, self.watch)
+
+    def _next_leader(self, cleaned_end: int, give_up_ms: int) -> None:
+        """Count whether the copy went on from a leader cleaned less than the first."""
+        cluster = self.sim.cluster
+        leader = cluster.leader()
+        if leader is not None and leader.core is not None:
+            less = leader.log.cleaned_end() < cleaned_end
+            cluster.stats["sim_copy_handovers_to_less_cleaned" if less else "sim_copy_handovers_to_cleaned"] += 1
+        elif cluster.now_ms < give_up_ms:
+            cluster.at(cluster.now_ms + POLL_MS, lambda: self._next_leader(cleaned_end, give_up_ms))
 
 
 def restart_after_cleaning(sim: CompactionSim, node_id: int, down_ms: int) -> None:
