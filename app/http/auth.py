@@ -14,6 +14,11 @@ Over HTTPS with client certificates (app/http/client_certs.py), a request withou
 Authorization header whose certificate names a token (CN or SAN equal to its name) is that
 token's request, as etcd's --client-cert-auth maps a certificate to a user.
 
+A token the token file no longer holds (or no longer grants what a request needs) ends the
+reads still open with it when SIGHUP reloads the file: a watch stream, a long-poll or a
+min_version wait answers 401 or 403 then, or, once an SSE stream has started, ends with a
+final ``event: error`` carrying that problem document (docs/security.md "Reloading").
+
 Every 401 and 403 is logged at WARNING (method, path, client address, why), at most
 ``DENIED_LOG_PER_S`` lines a second so a client hammering with a bad token cannot flood the
 log; the lines held back are counted in the next one.
@@ -21,12 +26,13 @@ log; the lines held back are counted in the next one.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
@@ -146,6 +152,23 @@ def token_of_certificate(tokens: AuthTokens, cert_names: tuple[str, ...]) -> Tok
     return next((by_name[name] for name in cert_names if name in by_name), None)
 
 
+@dataclass(eq=False, slots=True)
+class OpenRead:
+    """A read in progress under a token, rechecked when the token file is reloaded."""
+
+    token: Token
+    requirement: Requirement
+    task: asyncio.Task[Any]
+    streaming: bool = False  # an SSE answer started: it ends with a final error event
+    answered: bool = False  # another answer started, or the stream ended: it runs to its end
+    revoked: tuple[int, str] | None = field(default=None)  # (status, detail) once revoked
+
+
+def _is_event_stream(message: Message) -> bool:
+    return any(name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+               for name, value in message.get("headers", ()))
+
+
 class AuthMiddleware:
     """Answers 401 without a valid bearer token and 403 when the token lacks the right the
     request needs; everything else reaches the app unchanged (a txn's body replayed)."""
@@ -157,6 +180,26 @@ class AuthMiddleware:
         self.max_txn_body_bytes = max_txn_body_bytes
         self.open_paths = open_paths
         self.denied_log = denied_log if denied_log is not None else DeniedLog()
+        self.open_reads: set[OpenRead] = set()  # GET/HEAD requests in progress
+        tokens.on_reload(self.tokens_reloaded)
+
+    def tokens_reloaded(self) -> None:
+        """The token file changed: end every open read whose token is gone (401) or no longer
+        grants what it reads (403), by cancelling it where it waits (``_read``)."""
+        by_name = {token.name: token for token in self.tokens.policy.tokens}
+        for read in list(self.open_reads):
+            if read.revoked is not None or read.answered:
+                continue
+            name = read.token.name
+            now = by_name.get(name)
+            if now is None or now.sha256_hex != read.token.sha256_hex:
+                read.revoked = (401, f"the token is not valid: {name!r} was revoked (the token file changed)")
+            else:
+                denied = self._denied(now, read.requirement)
+                if not denied:
+                    continue
+                read.revoked = (403, f"{denied} (the token file changed)")
+            read.task.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -183,7 +226,52 @@ class AuthMiddleware:
             self.denied_log.denied(scope, 403, denied)
             await self._answer(send, method, 403, "forbidden", "Forbidden", denied)
             return
+        if method in _READ_METHODS:
+            await self._read(scope, receive, send, token, requirement)
+            return
         await self.app(scope, receive, send)
+
+    async def _read(self, scope: Scope, receive: Receive, send: Send, token: Token, requirement: Requirement) -> None:
+        """Serve a read that a reload of the token file may end (``tokens_reloaded``). Only
+        reads: cancelling a write could answer 401 for a write that committed."""
+        task = asyncio.current_task()
+        if task is None:
+            await self.app(scope, receive, send)
+            return
+        read = OpenRead(token, requirement, task)
+
+        async def send_tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if _is_event_stream(message):
+                    read.streaming = True
+                else:
+                    read.answered = True
+            elif not message.get("more_body", False):
+                read.answered = True  # the stream's last message
+            await send(message)
+
+        self.open_reads.add(read)
+        try:
+            await self.app(scope, receive, send_tracked)
+        except asyncio.CancelledError:
+            if read.revoked is None:
+                raise
+        finally:
+            self.open_reads.discard(read)
+        if read.revoked is None:
+            return
+        task.uncancel()  # our cancel, delivered (or swallowed by the app): the request goes on
+        status, detail = read.revoked
+        self.denied_log.denied(scope, status, detail)
+        slug, title = ("unauthorized", "Unauthorized") if status == 401 else ("forbidden", "Forbidden")
+        if read.answered:
+            return
+        if read.streaming:
+            event = b"event: error\ndata: " + problem_body(status, slug, title, detail) + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        else:
+            challenge = [(b"www-authenticate", self._challenge(detail).encode())] if status == 401 else []
+            await self._answer(send, str(scope.get("method")), status, slug, title, detail, challenge)
 
     def _authenticate(self, scope: Scope) -> tuple[Token | None, str]:
         values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]
