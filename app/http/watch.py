@@ -3,23 +3,26 @@ stream of Server-Sent Events (docs/http.md, GET /v1/watch)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive
 
 from app.http.models import WatchResponse
 from app.http.problems import ProblemError, history_compacted_body, problem_body, problem_responses
 from app.http.render import render_event
 from app.http.settings import DEFAULT_WATCH_TIMEOUT_MS, MAX_VERSION, HttpSettings, clamp_ms
 from app.http.watch_limits import WatcherSlots, watcher_metrics
-from app.service import ChangeWatch, Event, HistoryCompactedError, KVService
+from app.service import ChangePage, ChangeWatch, Event, HistoryCompactedError, KVService
 
 VERSION_TEXT_PATTERN = re.compile(r"[0-9]{1,19}")
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client closed the connection first
 
 
 def _sse_events(events: list[Event], version: int) -> bytes:
@@ -82,6 +85,27 @@ async def sse_stream(watch: ChangeWatch, settings: HttpSettings, since: int, tim
         release()
 
 
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has gone (a GET's empty body comes first)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(waiting: Coroutine[Any, Any, ChangePage], receive: Receive) -> ChangePage | None:
+    """``waiting``'s page, or None as soon as the client disconnects: a long-poll whose
+    client left frees its watcher slot then, not when its timeout ends."""
+    page_task = asyncio.ensure_future(waiting)
+    gone_task = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((page_task, gone_task), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        page_task.cancel()
+        gone_task.cancel()
+    if page_task.done() and not page_task.cancelled():
+        return page_task.result()  # HistoryCompactedError included
+    return None
+
+
 def watch_router(service: KVService, settings: HttpSettings) -> APIRouter:
     router = APIRouter(tags=["keys"])
     slots = WatcherSlots(settings.max_watchers, settings.max_watchers_per_token, watcher_metrics(service.metrics))
@@ -122,10 +146,12 @@ def watch_router(service: KVService, settings: HttpSettings) -> APIRouter:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            page = await watch.next(time.monotonic() + timeout_ms / 1000)
+            page = await _unless_disconnected(watch.next(time.monotonic() + timeout_ms / 1000), request.receive)
         finally:
             watch.close()
             release()
+        if page is None:  # nobody to answer: the status only reaches the request metrics
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         return JSONResponse({"version": page.version, "events": [render_event(e) for e in page.events]})
 
     return router
