@@ -137,7 +137,7 @@ def watch_router(service: KVService, settings: HttpSettings) -> APIRouter:
         try:
             # Opened (its first page read) before answering, so a stale since is a 410
             # status, not an error mid-stream.
-            watch = service.watch(prefix, since, settings.watch_events_max)
+            watch = service.watch(prefix, since, settings.watch_events_max, settings.max_answer_bytes)
         except BaseException:
             release()
             raise
