@@ -19,9 +19,8 @@ reads still open with it when SIGHUP reloads the file: a watch stream, a long-po
 min_version wait answers 401 or 403 then, or, once an SSE stream has started, ends with a
 final ``event: error`` carrying that problem document (docs/security.md "Reloading").
 
-Every 401 and 403 is logged at WARNING (method, path, client address, why), at most
-``DENIED_LOG_PER_S`` lines a second so a client hammering with a bad token cannot flood the
-log; the lines held back are counted in the next one.
+Every 401 and 403 gets its line in the audit log (app/http/audit.py): method, path, client
+address, token, why.
 """
 
 from __future__ import annotations
@@ -29,9 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-import logging
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,17 +39,15 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import Access, AuthTokens, Token
+from app.http.audit import ADMIN_PATH_PREFIX, AuditLog
 from app.http.client_certs import client_cert_names
-from app.http.log_text import loggable
 from app.http.parsing import KEY_PATH_PREFIX, key_of_path
 from app.http.problems import ProblemError, problem_body, problem_content, problem_start
 
 SECURITY_SCHEME = "bearerAuth"
 REALM = "metakv"
 AUTHORIZATION_MAX_BYTES = 8192  # a longer Authorization header is refused without hashing it
-DENIED_LOG_PER_S = 10  # denied-request log lines per second at most; the rest are counted
 
-_ADMIN_PREFIX = "/v1/admin/"
 _READ_METHODS = frozenset({"GET", "HEAD"})
 _WRITE_METHODS = frozenset({"PUT", "DELETE"})
 # Cluster views: topology, offsets and URLs, never keys or values. Any valid token may
@@ -62,7 +57,6 @@ TOKEN_NAME_SCOPE_KEY = "metakv.token_name"  # set once authenticated; per-token 
 # Probes and scrapers, and the API's own description: open, like etcd's /health and /metrics.
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
-log = logging.getLogger("metakv.auth")
 
 
 class Need(enum.Enum):
@@ -107,36 +101,9 @@ def requirement_for(method: str, path: str, raw_path: bytes | None, query_string
         return _AUTHENTICATED
     if path == "/v1/txn":
         return Requirement(Need.TXN) if method == "POST" else _AUTHENTICATED
-    if path.startswith(_ADMIN_PREFIX):
+    if path.startswith(ADMIN_PATH_PREFIX):
         return Requirement(Need.ADMIN, Access.ADMIN, "")
     return _AUTHENTICATED  # /v1/status, /v1/quorum, and paths no route serves (404)
-
-
-class DeniedLog:
-    """WARNING lines for refused requests, at most ``per_s`` a second (the rest counted)."""
-
-    def __init__(self, per_s: int = DENIED_LOG_PER_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._per_s = per_s
-        self._clock = clock
-        self._window_start_s = -1.0
-        self._logged = 0
-        self._held_back = 0
-
-    def denied(self, scope: Scope, status: int, detail: str) -> None:
-        now_s = self._clock()
-        if now_s - self._window_start_s >= 1.0:
-            self._window_start_s = now_s
-            self._logged = 0
-        if self._logged >= self._per_s:
-            self._held_back += 1
-            return
-        self._logged += 1
-        held_back, self._held_back = self._held_back, 0
-        client = scope.get("client")
-        address = f"{client[0]}:{client[1]}" if client else "unknown"
-        log.warning("auth: %d %s %s from %s: %s%s", status, loggable(scope.get("method", "?")),
-                    loggable(scope.get("path", "?")), address, loggable(detail),
-                    f" ({held_back} more denied requests not logged)" if held_back else "")
 
 
 def token_name(scope: Scope) -> str | None:
@@ -174,12 +141,12 @@ class AuthMiddleware:
     request needs; everything else reaches the app unchanged (a txn's body replayed)."""
 
     def __init__(self, app: ASGIApp, tokens: AuthTokens, max_txn_body_bytes: int,
-                 open_paths: frozenset[str] = _OPEN_PATHS, denied_log: DeniedLog | None = None) -> None:
+                 open_paths: frozenset[str] = _OPEN_PATHS, audit: AuditLog | None = None) -> None:
         self.app = app
         self.tokens = tokens
         self.max_txn_body_bytes = max_txn_body_bytes
         self.open_paths = open_paths
-        self.denied_log = denied_log if denied_log is not None else DeniedLog()
+        self.audit = audit if audit is not None else AuditLog()
         self.open_reads: set[OpenRead] = set()  # GET/HEAD requests in progress
         tokens.on_reload(self.tokens_reloaded)
 
@@ -213,7 +180,7 @@ class AuthMiddleware:
             return
         token, problem = self._authenticate(scope)
         if token is None:
-            self.denied_log.denied(scope, 401, problem)
+            self.audit.denied(scope, 401, problem, None)
             await self._answer(send, method, 401, "unauthorized", "Unauthorized", problem,
                                [(b"www-authenticate", self._challenge(problem).encode())])
             return
@@ -223,7 +190,7 @@ class AuthMiddleware:
             return
         denied = self._denied(token, requirement)
         if denied:
-            self.denied_log.denied(scope, 403, denied)
+            self.audit.denied(scope, 403, denied, token.name)
             await self._answer(send, method, 403, "forbidden", "Forbidden", denied)
             return
         if method in _READ_METHODS:
@@ -262,7 +229,7 @@ class AuthMiddleware:
             return
         task.uncancel()  # our cancel, delivered (or swallowed by the app): the request goes on
         status, detail = read.revoked
-        self.denied_log.denied(scope, status, detail)
+        self.audit.denied(scope, status, detail, read.token.name)
         slug, title = ("unauthorized", "Unauthorized") if status == 401 else ("forbidden", "Forbidden")
         if read.answered:
             return
@@ -346,7 +313,7 @@ class AuthMiddleware:
         for key, access in needed:
             denied = self._denied(token, Requirement(Need.KEY, access, key))
             if denied:
-                self.denied_log.denied(scope, 403, f"txn: {denied}")
+                self.audit.denied(scope, 403, f"txn: {denied}", token.name)
                 await self._answer(send, method, 403, "forbidden", "Forbidden", f"txn: {denied}")
                 return
         replayed = False

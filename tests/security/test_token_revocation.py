@@ -93,7 +93,7 @@ def test_a_reload_ends_the_open_reads_of_a_revoked_or_narrowed_token(tmp_path: P
             events = root_poll.result(timeout=ENDED_WITHIN_S).json()["events"]
             assert [event["key"] for event in events] == ["app/y"]
             cluster.wait_until(lambda: watchers(http, node.url) == 0, timeout_s=ENDED_WITHIN_S)
-            assert "auth: 401 GET /v1/watch from 127.0.0.1:" in node.log_tail()
+            assert "audit: 401 GET /v1/watch from 127.0.0.1:" in node.log_tail()
     finally:
         print(cluster.logs())
         cluster.close()
