@@ -5,8 +5,7 @@ say where to continue, and nothing is skipped; building one never holds every va
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -27,21 +26,9 @@ def value(index: int) -> bytes:
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[InProcessService]:
-    node = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"), max_value_bytes=MIB)
-    try:
-        yield node
-    finally:
-        node.close()
-
-
-@pytest.fixture
 async def client(service: InProcessService) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with the default answer cap over tests/http's service (values up to 1 MiB)."""
+    assert service.max_value_bytes == MIB
     settings = HttpSettings(max_value_bytes=MIB, max_watch_timeout_ms=3000, sse_keepalive_ms=200)
     assert settings.max_answer_bytes == CAP_BYTES
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service, settings)),
