@@ -336,3 +336,25 @@ def test_a_long_poll_whose_client_left_frees_its_watcher_slot_at_once(tmp_path: 
     finally:
         print(cluster.logs())
         cluster.close()
+
+
+def test_the_answer_cap_and_the_longest_watch_are_serve_settings(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path / "settings", voters=1, settings={"max_answer_bytes": 2048,
+                                                                 "max_watch_timeout_ms": 1500})
+    try:
+        cluster.start()
+        cluster.wait_for_leader()
+        node = cluster.nodes[1]
+        with httpx.Client(timeout=CLOSE_WAIT_S) as client:
+            for index in range(3):
+                assert client.put(f"{node.url}/v1/kv/s/{index}", content=b"x" * 1024).status_code == 200
+            page = client.get(f"{node.url}/v1/kv", params={"prefix": "s/"}).json()
+            assert [item["key"] for item in page["items"]] == ["s/0", "s/1"] and page["next"] == "s/1"
+            # An SSE stream asking for 300 s ends at the node's longest watch instead.
+            with client.stream("GET", f"{node.url}/v1/watch", params={"prefix": "s/", "timeout_ms": 300_000},
+                               headers={"Accept": "text/event-stream"}) as stream:
+                text = "".join(stream.iter_text())
+            assert text.count("event: put") == 3
+    finally:
+        print(cluster.logs())
+        cluster.close()
