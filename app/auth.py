@@ -13,7 +13,8 @@ installed, and nothing changes.
 
 Operations: SIGHUP makes ``metakv serve`` read its token file again (``AuthTokens.reload``),
 so tokens are added and revoked without a restart; a file that no longer validates is
-refused with a log line and the tokens loaded before stay in force.
+refused with a log line and the tokens loaded before stay in force. Requests still open
+then (watch streams, long-polls) are rechecked against the new file (``on_reload``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import hashlib
 import hmac
 import logging
 import os
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +104,14 @@ class AuthTokens:
 
     def __init__(self, policy: AuthPolicy) -> None:
         self.policy = policy
+        # Told after every reload that took effect (open requests recheck their token);
+        # weak, so an app built and dropped (tests build many) leaves nothing behind.
+        self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+    def on_reload(self, listener: Callable[[], None]) -> None:
+        """Call the bound method ``listener`` after every reload that took effect."""
+        self._listeners = [ref for ref in self._listeners if ref() is not None]
+        self._listeners.append(weakref.WeakMethod(listener))
 
     def reload(self) -> bool:
         """Read the token file again; on any problem keep the current tokens. Says what
@@ -116,6 +127,10 @@ class AuthTokens:
         self.policy = policy
         log.warning("auth: reloaded %s: %d tokens (added %s, removed %s)", policy.path, len(policy.tokens),
                     sorted(after - before) or "none", sorted(before - after) or "none")
+        for ref in self._listeners:
+            listener = ref()
+            if listener is not None:
+                listener()
         return True
 
 

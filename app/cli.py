@@ -75,6 +75,8 @@ SERVE_HELP = {
     "max_connections_per_client": "answer 503 and close an HTTP connection past this many open from one client address",
     "max_watchers": "answer 429 to a watch (long-poll or SSE) past this many open on the node",
     "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
+    "max_answer_bytes": "end a list page or a watch answer early (with where to continue) past this many bytes of values",
+    "max_watch_timeout_ms": "longest watch: a long-poll's timeout_ms and an SSE stream's lifetime are clamped to it",
     "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
     "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
     "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
@@ -250,7 +252,8 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
         return EXIT_FAILURE
     app = create_app(runtime, HttpSettings(
         max_value_bytes=runtime.max_value_bytes, max_watchers=config.max_watchers,
-        max_watchers_per_token=config.max_watchers_per_token), ui=config.ui)
+        max_watchers_per_token=config.max_watchers_per_token, max_answer_bytes=config.max_answer_bytes,
+        max_watch_timeout_ms=config.max_watch_timeout_ms), ui=config.ui)
     # Everything built so far (modules, FastAPI app, pydantic schemas, SQLAlchemy metadata)
     # lives as long as the process: move it out of the collector's reach, so a full
     # collection no longer scans ~85,000 startup objects on the event loop (a 10-250 ms

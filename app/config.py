@@ -125,6 +125,8 @@ class NodeConfig:
     max_connections_per_client: int = 1000  # HTTP connections per client address, else 503
     max_watchers: int = 10_000  # open watches per node, else 429
     max_watchers_per_token: int = 1000  # open watches per token per node, else 429
+    max_answer_bytes: int = 4 * 1024 * 1024  # values per list page or watch answer; past it the page ends
+    max_watch_timeout_ms: int = 300_000  # longest long-poll, and SSE stream lifetime (idle or not)
     # --- end of HTTP abuse limits
 
     @property
@@ -342,6 +344,8 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "max_connections_per_client": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
     "max_watchers": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
     "max_watchers_per_token": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
+    "max_answer_bytes": _bytes(1024),
+    "max_watch_timeout_ms": _ms(1000),
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 

@@ -47,16 +47,17 @@ class NodeReads:
             version, entry = self.state.get(key, at_version=at_version)
         return KeyRead(version, entry)
 
-    def changes(self, prefix: str, since: int, limit: int) -> ChangePage:
+    def changes(self, prefix: str, since: int, limit: int, max_bytes: int | None = None) -> ChangePage:
         with _service_errors():
-            version, events = self.state.changes(prefix, since, limit)
+            version, events = self.state.changes(prefix, since, limit, max_bytes)
         return ChangePage(version, events)
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
-             at_version: int | None = None) -> ListPage:
+             at_version: int | None = None, max_bytes: int | None = None) -> ListPage:
         with _service_errors():
-            version, entries, next_key = self.state.list(prefix, after=after, limit=limit, at_version=at_version)
+            version, entries, next_key = self.state.list(prefix, after=after, limit=limit, at_version=at_version,
+                                                         max_bytes=max_bytes)
         return ListPage(version, entries, next_key)
 
-    def watch(self, prefix: str, since: int, limit: int) -> ChangeWatch:
-        return self.watch_hub.open(prefix, since, limit)
+    def watch(self, prefix: str, since: int, limit: int, max_bytes: int | None = None) -> ChangeWatch:
+        return self.watch_hub.open(prefix, since, limit, max_bytes)

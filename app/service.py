@@ -279,19 +279,21 @@ class KVService(Protocol):
         ...
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
-             at_version: int | None = None) -> ListPage:
-        """Up to ``limit`` entries under ``prefix`` after ``after``; errors as ``get``."""
+             at_version: int | None = None, max_bytes: int | None = None) -> ListPage:
+        """Up to ``limit`` entries under ``prefix`` after ``after``, ending early after the
+        entry whose values reach ``max_bytes`` (``next_key`` continues); errors as ``get``."""
         ...
 
-    def changes(self, prefix: str, since: int, limit: int) -> ChangePage:
-        """Up to about ``limit`` changes under ``prefix`` newer than ``since`` (all of the
-        last version's). Raises HistoryCompactedError."""
+    def changes(self, prefix: str, since: int, limit: int, max_bytes: int | None = None) -> ChangePage:
+        """Up to about ``limit`` changes under ``prefix`` newer than ``since``, fewer once
+        their values reach ``max_bytes`` (all of the last version's). Raises
+        HistoryCompactedError."""
         ...
 
-    def watch(self, prefix: str, since: int, limit: int) -> ChangeWatch:
-        """A watch of the changes under ``prefix`` newer than ``since``, about ``limit`` per
-        answer, fed by apply (it reads history only to catch up). Raises
-        HistoryCompactedError at once for a ``since`` below the horizon."""
+    def watch(self, prefix: str, since: int, limit: int, max_bytes: int | None = None) -> ChangeWatch:
+        """A watch of the changes under ``prefix`` newer than ``since``, about ``limit`` (and
+        ``max_bytes`` of values) per answer, fed by apply (it reads history only to catch
+        up). Raises HistoryCompactedError at once for a ``since`` below the horizon."""
         ...
 
     def is_ready(self) -> bool:

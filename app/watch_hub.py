@@ -25,11 +25,13 @@ from collections.abc import Callable, Iterable
 from app.service import ApplyResult, ChangePage, Entry, Event, OpKind
 from raft.types import check
 
-# Events a watcher may hold unanswered before it is dropped to catching up from SQLite
-# (what a slow SSE client costs in memory: the events are shared between watchers).
+# Events, and bytes of their values, a watcher may hold unanswered before it is dropped to
+# catching up from SQLite (what a slow SSE client costs in memory: the events are shared
+# between watchers, so this bounds each one's share).
 WATCH_QUEUE_EVENTS = 10_000
+WATCH_QUEUE_BYTES = 64 * 1024 * 1024
 
-ReadChanges = Callable[[str, int, int], ChangePage]  # KVService.changes
+ReadChanges = Callable[[str, int, int, int | None], ChangePage]  # KVService.changes
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -42,14 +44,18 @@ class Watcher:
     the changes after the ones it answered last. Open it with ``WatchHub.open``; close it
     when done (it leaves the hub)."""
 
-    __slots__ = ("_hub", "_limit", "_live", "_position", "_queue", "_since", "_waiter", "prefix")
+    __slots__ = ("_hub", "_limit", "_live", "_max_bytes", "_position", "_queue", "_queued_bytes", "_since",
+                 "_waiter", "prefix")
 
-    def __init__(self, hub: WatchHub, prefix: str, since: int, limit: int, first: ChangePage) -> None:
+    def __init__(self, hub: WatchHub, prefix: str, since: int, limit: int, first: ChangePage,
+                 max_bytes: int | None = None) -> None:
         self._hub = hub
         self.prefix = prefix
         self._limit = limit
+        self._max_bytes = max_bytes  # of values per answer (None: no cap)
         self._since = since  # every change up to here was answered (or is not wanted)
         self._queue: list[Event] = list(first.events)
+        self._queued_bytes = 0  # values pushed by the hub and not answered yet
         # Not live: ``_queue`` holds every change under the prefix in (_since, _position].
         # Live: it holds those in (_since, hub.version] and the hub appends the newer ones;
         # ``_position`` is then the version below which it takes none (a watch may ask
@@ -97,7 +103,7 @@ class Watcher:
         empty, and nothing above ``_position`` was queued)."""
         hub = self._hub
         hub.catch_up_reads += 1
-        page = hub.read_changes(self.prefix, self._position, self._limit)
+        page = hub.read_changes(self.prefix, self._position, self._limit, self._max_bytes)
         # The hub publishes after apply commits, so the state is never behind it: a page
         # without events reached the hub's version (else this loop would spin).
         check(bool(page.events) or page.version >= hub.version,
@@ -107,18 +113,19 @@ class Watcher:
 
     def _answer(self) -> ChangePage:
         queue = self._queue
-        limit = self._limit
-        if len(queue) <= limit:
+        end = _page_end(queue, self._limit, self._max_bytes)
+        if end == len(queue):
             self._queue = []
+            self._queued_bytes = 0
             version = self._hub.version if self._live else self._position
             events = queue
-        else:  # a page of ``limit``, and the rest of its last version's events
-            end = limit
+        else:  # a page of ``limit`` (or ``max_bytes``), and the rest of its last version's events
             version = queue[end - 1].mod_version
             while end < len(queue) and queue[end].mod_version == version:
                 end += 1
             events = queue[:end]
             del queue[:end]
+            self._queued_bytes = max(0, self._queued_bytes - _values_bytes(events))
         self._since = version
         return ChangePage(version, events)
 
@@ -148,12 +155,14 @@ class Watcher:
             return True  # below what it already holds (it asked from a version not applied yet)
         queue = self._queue
         queue.append(event)
+        if event.value is not None:
+            self._queued_bytes += len(event.value)
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
             _wake(waiter)
         hub = self._hub
-        if len(queue) <= hub.queue_events:
+        if len(queue) <= hub.queue_events and self._queued_bytes <= hub.queue_bytes:
             return True
         hub.overflows += 1
         self._lag()
@@ -163,6 +172,7 @@ class Watcher:
         """Drop what is queued: the next read catches up from SQLite after what it answered."""
         self._live = False
         self._queue = []
+        self._queued_bytes = 0
         self._position = self._since
         waiter = self._waiter
         if waiter is not None:
@@ -173,10 +183,12 @@ class Watcher:
 class WatchHub:
     """Every open watch of a node, fed by its apply path (module docstring)."""
 
-    def __init__(self, read_changes: ReadChanges, version: int, *, queue_events: int = WATCH_QUEUE_EVENTS) -> None:
+    def __init__(self, read_changes: ReadChanges, version: int, *, queue_events: int = WATCH_QUEUE_EVENTS,
+                 queue_bytes: int = WATCH_QUEUE_BYTES) -> None:
         self.read_changes = read_changes
         self.version = version  # every change up to here was published
         self.queue_events = queue_events
+        self.queue_bytes = queue_bytes
         self.closed = False
         self._groups: dict[str, dict[Watcher, None]] = {}  # live watchers by prefix
         self._lengths: list[int] = []  # the distinct lengths of those prefixes, ascending
@@ -186,10 +198,11 @@ class WatchHub:
         self.overflows = 0  # watchers whose queue overflowed, so far
         self.catch_up_reads = 0  # reads of history by watchers that were behind, so far
 
-    def open(self, prefix: str, since: int, limit: int) -> Watcher:
-        """A watch of the changes under ``prefix`` newer than ``since``. Its first page is
-        read here, so a ``since`` below the horizon raises HistoryCompactedError at once."""
-        return Watcher(self, prefix, since, limit, self.read_changes(prefix, since, limit))
+    def open(self, prefix: str, since: int, limit: int, max_bytes: int | None = None) -> Watcher:
+        """A watch of the changes under ``prefix`` newer than ``since``, answering at most
+        about ``limit`` events and ``max_bytes`` of values at a time. Its first page is read
+        here, so a ``since`` below the horizon raises HistoryCompactedError at once."""
+        return Watcher(self, prefix, since, limit, self.read_changes(prefix, since, limit, max_bytes), max_bytes)
 
     def publish(self, version: int, results: Iterable[ApplyResult]) -> None:
         """The applied state moved to ``version`` through the records of ``results``."""
@@ -269,6 +282,26 @@ class WatchHub:
                             lagging.append(watcher)
         for watcher in lagging:
             self.leave(watcher)
+
+
+def _page_end(queue: list[Event], limit: int, max_bytes: int | None) -> int:
+    """How many queued events an answer takes before completing its last version: ``limit``,
+    or fewer ending with the one whose values reach ``max_bytes`` (at least one)."""
+    end = min(len(queue), limit)
+    if max_bytes is None:
+        return end
+    total = 0
+    for index in range(end):
+        value = queue[index].value
+        if value is not None:
+            total += len(value)
+            if total >= max_bytes:
+                return index + 1
+    return end
+
+
+def _values_bytes(events: list[Event]) -> int:
+    return sum(len(event.value) for event in events if event.value is not None)
 
 
 def _event(version: int, kind: OpKind, key: str, entry: Entry | None) -> Event:

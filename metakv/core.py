@@ -85,17 +85,18 @@ class ClientCore:
     """Settings, endpoints, the read session and the plans of one client."""
 
     def __init__(self, endpoints: str | Sequence[str], options: ClientOptions) -> None:
-        self.endpoints = Endpoints(parse_endpoints(endpoints))
         self.retry = options.get("retry") or RetryPolicy()
         self.timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
         self.read_your_writes = options.get("read_your_writes", True)
         token = (options.get("token") or "").strip()
         if not (token.isascii() and token.isprintable()) or " " in token:
             raise InvalidRequest("Invalid token", "a bearer token is printable ASCII with no space")
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Per request, never a client default: only the listed endpoints get it (Endpoints).
+        credentials = {"Authorization": f"Bearer {token}"} if token else {}
+        self.endpoints = Endpoints(parse_endpoints(endpoints), credentials)
         connections = options.get("max_connections", DEFAULT_MAX_CONNECTIONS)
         # What the httpx client of either kind is built with.
-        self.http_settings: dict[str, Any] = {"headers": self.headers, "timeout": self.timeout_s, "limits": httpx.Limits(
+        self.http_settings: dict[str, Any] = {"timeout": self.timeout_s, "limits": httpx.Limits(
             max_connections=connections, max_keepalive_connections=connections)}
         self._seen_version = 0
         self._seen_lock = threading.Lock()

@@ -93,8 +93,12 @@ def parse_endpoints(text: str | Sequence[str]) -> list[str]:
 class Endpoints:
     """The cluster as the client knows it; shared by every call of one client."""
 
-    def __init__(self, urls: Sequence[str]) -> None:
+    def __init__(self, urls: Sequence[str], credentials: Mapping[str, str] | None = None) -> None:
         self.urls = list(urls)
+        # The Authorization header goes only to the URLs the caller listed: a redirect or
+        # a leader elsewhere is asked without it (docs/security.md, the client and the token).
+        self._credentials = dict(credentials or {})
+        self._trusted = frozenset(origin(url) for url in self.urls)
         self._preferred = 0  # index of the endpoint reads go to (sticky until it fails)
         self._leader_url: str | None = None
         self._url_of_node: dict[int, str] = {}
@@ -103,6 +107,10 @@ class Endpoints:
     @property
     def leader_url(self) -> str | None:
         return self._leader_url
+
+    def credentials_for(self, url: str) -> dict[str, str]:
+        """The token's header for ``url`` when its origin is one the caller listed, else none."""
+        return self._credentials if origin(url) in self._trusted else {}
 
     def for_read(self) -> str:
         return self.urls[self._preferred]
@@ -159,7 +167,8 @@ class Call:
         """The httpx ``request`` arguments of the next attempt."""
         request = self.request
         timeout = request.timeout_s if request.timeout_s is not None else httpx.USE_CLIENT_DEFAULT
-        return {"method": request.method, "url": self.url, "headers": request.headers, "content": request.content,
+        headers = {**request.headers, **self.endpoints.credentials_for(self.url)}
+        return {"method": request.method, "url": self.url, "headers": headers, "content": request.content,
                 "timeout": timeout}
 
     def outcome(self, result: httpx.Response | Exception) -> float | None:
@@ -184,7 +193,10 @@ class Call:
             self._redirects += 1
             if self._redirects > MAX_REDIRECTS_PER_ATTEMPT:
                 return self._retry(base, f"redirected more than {MAX_REDIRECTS_PER_ATTEMPT} times", 0.0)
-            self.url = str(httpx.URL(self.url).join(location))  # a relative Location too (a proxy's)
+            target = str(httpx.URL(self.url).join(location))  # a relative Location too (a proxy's)
+            if self.url.startswith("https:") and not target.startswith("https:"):
+                return self._retry(base, f"refused a redirect from https to {origin(target)}", 0.0)
+            self.url = target
             self.endpoints.redirected_to(self.url)
             return 0.0
         error = error_from_answer(status, answer.content)

@@ -10,12 +10,14 @@ Each entry is ``name=action[@n]``. Actions:
 - ``crash``      ``os._exit(FAILPOINT_CRASH_EXIT_CODE)``: no cleanup, no flush, like a SIGKILL.
 - ``error``      raise ``OSError(EIO)`` as a failing disk would.
 - ``enospc``     raise ``OSError(ENOSPC)``: the disk is full.
+- ``emfile``     raise ``OSError(EMFILE)``: the process has no file descriptor left.
 - ``sleep(ms)``  pause for ``ms`` milliseconds (widens race windows; never used for timing).
 
 ``@n`` fires on the n-th time the point is reached and on every time after it (default 1).
 Points used by the segment log: ``segment.before_write``, ``segment.after_write``,
-``segment.before_fsync``, ``segment.after_fsync``, ``segment.after_roll`` (the new segment
-exists, the sealed segment's index is not written yet), ``segment.before_swap_marker``,
+``segment.before_fsync``, ``segment.after_fsync``, ``segment.before_create`` (a roll is about
+to create the next segment), ``segment.after_roll`` (the new segment exists, the sealed
+segment's index is not written yet), ``segment.before_swap_marker``,
 ``segment.before_swap``, ``segment.after_swap`` (replace_prefix); by the quorum-state file:
 ``quorum_state.before_rename``, ``quorum_state.after_rename``.
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 ENVIRONMENT_VARIABLE = "METAKV_FAILPOINTS"
 FAILPOINT_CRASH_EXIT_CODE = 86
-_ENTRY = re.compile(r"^\s*([a-z_.]+)\s*=\s*(crash|error|enospc|sleep\((\d+)\))\s*(?:@(\d+))?\s*$")
+_ENTRY = re.compile(r"^\s*([a-z_.]+)\s*=\s*(crash|error|enospc|emfile|sleep\((\d+)\))\s*(?:@(\d+))?\s*$")
 
 
 class FailpointSpecError(ValueError):
@@ -59,7 +61,7 @@ class Failpoints:
             if match is None:
                 raise FailpointSpecError(
                     f"bad failpoint entry {entry!r} in {ENVIRONMENT_VARIABLE}: "
-                    "expected name=crash|error|enospc|sleep(ms)[@n]"
+                    "expected name=crash|error|enospc|emfile|sleep(ms)[@n]"
                 )
             name, action, sleep_ms, fire_from = match.groups()
             kind = "sleep" if action.startswith("sleep") else action
@@ -71,6 +73,11 @@ class Failpoints:
 
     def armed(self) -> bool:
         return bool(self._points)
+
+    def disarm(self, name: str) -> None:
+        """Stop firing ``name`` (a shortage that ends, in a test that watches the recovery)."""
+        with self._lock:
+            self._points.pop(name, None)
 
     def hit(self, name: str) -> None:
         """Run the action armed for ``name`` once its hit count is reached; else do nothing."""
@@ -88,6 +95,8 @@ class Failpoints:
             raise OSError(errno.EIO, f"failpoint {name}: injected I/O error")
         if point.action == "enospc":
             raise OSError(errno.ENOSPC, f"failpoint {name}: injected disk full")
+        if point.action == "emfile":
+            raise OSError(errno.EMFILE, f"failpoint {name}: injected: no file descriptor left")
         time.sleep(point.sleep_ms / 1000)
 
 

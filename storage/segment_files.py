@@ -161,7 +161,11 @@ def create_segment(log_dir: Path, base_offset: int) -> Segment:
     path = segment_path(log_dir, base_offset)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     segment = Segment(base_offset, path, fd, 0, base_offset)
-    write_index(segment, None)
+    try:
+        write_index(segment, None)
+    except BaseException:
+        os.close(fd)  # a roll retried later (out of descriptors) opens it again
+        raise
     return segment
 
 

@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -87,6 +88,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 ITERATE_CHUNK_BYTES = 1024 * 1024  # bound on the bytes one iter_batches step holds
+ROLL_RETRY_S = 0.1  # out of descriptors, a roll is retried at most this often (as a flush is)
 
 
 class LogWriteError(Exception):
@@ -142,6 +144,8 @@ class SegmentLog:
         self._flushed_offset = 0
         self._truncation_generation = 0
         self._directory_dirty = False
+        self._roll_retry_at_s = 0.0  # set while a roll waits for a file descriptor
+        self.roll_deferrals = 0  # rolls that found no file descriptor, so far
         self._failure: LogWriteError | None = None
         self._closed = False
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -589,22 +593,52 @@ class SegmentLog:
         self._failpoints.hit("segment.after_fsync")
 
     def _roll(self) -> None:
-        """Seal the active segment (durable, indexed) and start a new one at the end offset."""
+        """Seal the active segment (durable, indexed) and start a new one at the end offset.
+
+        Out of file descriptors (EMFILE, ENFILE) the roll waits instead of failing the log:
+        before the new segment exists nothing changed, so appends go on into the active
+        segment and the roll is tried again at most every ROLL_RETRY_S; after it exists, the
+        sealed index (rebuilt from the segment on open when missing) and the directory sync
+        (left to the next flush) can wait. Only a failed write or fsync fails the log."""
+        if time.monotonic() < self._roll_retry_at_s:
+            return
         old = self._segments[-1]
         try:
             self._fsync(old.fd)
             old.durable_bytes = old.size_bytes
             if self._epoch_checkpoint_dirty:
                 self._write_epoch_checkpoint()
+            self._failpoints.hit("segment.before_create")
             self._create_segment(old.next_offset)
+        except OSError as exc:
+            if out_of_descriptors(exc):
+                self._defer_roll(exc)
+                return
+            raise self._fail(exc) from exc
+        try:
             self._failpoints.hit("segment.after_roll")
             write_index(old, old.next_offset)
             fsync_directory(self._log_dir)
         except OSError as exc:
+            if out_of_descriptors(exc):  # the new segment is in place: the rest can wait
+                self._defer_roll(exc)
+                self._roll_retry_at_s = 0.0
+                return
             raise self._fail(exc) from exc
+        if self._roll_retry_at_s:
+            logger.warning("the log rolls to new segments again (file descriptors are back)")
+            self._roll_retry_at_s = 0.0
         self._directory_dirty = False
         # Everything below the old segment's end is now durable, truncations included.
         self._flushed_offset = max(self._flushed_offset, old.next_offset)
+
+    def _defer_roll(self, exc: OSError) -> None:
+        """No descriptor for the roll: nothing was lost; warn once per shortage, retry later."""
+        if not self._roll_retry_at_s:
+            logger.warning("no file descriptor left to roll the log to a new segment (%s); appends go on "
+                           "into the active segment and the roll is retried", exc.strerror)
+        self.roll_deferrals += 1
+        self._roll_retry_at_s = time.monotonic() + ROLL_RETRY_S
 
     def _create_segment(self, base_offset: int) -> Segment:
         segment = create_segment(self._log_dir, base_offset)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -42,6 +42,8 @@ READ_ATTEMPTS = 2
 _UNLOCKED = nullcontext()
 MAX_LIST_LIMIT = 10_000
 MAX_CHANGES_LIMIT = 100_000
+_NO_BYTE_CAP = 1 << 62  # max_bytes None: pages end by their limit only
+LIST_FIRST_ROWS = 4  # a capped list reads this many values before it knows their size
 # For statements that use one parameter twice: sqlite3 binds ":name" parameters from a dict.
 _NAMED_DIALECT = sqlite_dialect.dialect(paramstyle="named")
 
@@ -159,35 +161,47 @@ class StateReads(StateDatabase):
             " and restart to rebuild it from the log")
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
-             at_version: int | None = None) -> tuple[int, list[Entry], str | None]:
-        """(version, entries under ``prefix`` after ``after`` in key order, next key or None)."""
+             at_version: int | None = None, max_bytes: int | None = None) -> tuple[int, list[Entry], str | None]:
+        """(version, entries under ``prefix`` after ``after`` in key order, next key or None).
+
+        ``max_bytes`` bounds the page's values (and so what a read holds in memory): the page
+        ends after the entry that reaches it (at least one entry, however large), with the
+        next key to continue from, as when ``limit`` ends it."""
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise ValueError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
         cursor = self._reader_cursor()
+        byte_cap = max_bytes if max_bytes is not None else _NO_BYTE_CAP
         if at_version is None:
-            version, rows = self._list_current(cursor, prefix, after, limit + 1)
+            version, rows = self._list_current(cursor, prefix, after, limit + 1, byte_cap)
         else:
             version = at_version
-            rows = self._list_at_version(cursor, prefix, after, limit + 1, at_version)
+            rows = self._list_at_version(cursor, prefix, after, limit + 1, at_version, byte_cap)
+        # The helpers read one entry past the page (past the limit, or past the value that
+        # reached the cap) when there is one: so a page says "more" only when more exists.
         found = rows[:limit]
-        next_key = found[-1].key if len(rows) > limit else None
+        found = found[:_entries_within(found, byte_cap)]
+        next_key = found[-1].key if len(rows) > len(found) else None
         return version, found, next_key
 
-    def _list_current(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int
-                      ) -> tuple[int, list[Entry]]:
-        """(applied version, up to ``limit`` entries under ``prefix`` after ``after``)."""
+    def _list_current(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int,
+                      max_bytes: int) -> tuple[int, list[Entry]]:
+        """(applied version, up to ``limit`` entries under ``prefix`` after ``after``, ending
+        after the one whose value reaches ``max_bytes``)."""
         for attempt in range(READ_ATTEMPTS):  # the second holding the lock, see READ_ATTEMPTS
             with self._publish_lock if attempt else _UNLOCKED:
-                version, puts, rows = self._current_rows(cursor, prefix, after, limit)
+                version, puts, rows = self._current_rows(cursor, prefix, after, limit, max_bytes)
             if len(rows) == len(puts):
                 return version, [new_entry(key, *rows[head[1], head[2]], head[1], head[0])
                                  for key, head in puts]
         raise self._missing_rows_error([key for key, _head in puts])
 
-    def _current_rows(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int
+    def _current_rows(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int, max_bytes: int
                       ) -> tuple[int, list[tuple[str, Head]], dict[tuple[int, int], tuple[bytes, str]]]:
         """(applied version, up to ``limit`` (key, put head) under ``prefix`` after ``after``,
-        their rows by (version, seq); rows pruned since the heads were taken are missing)."""
+        their rows by (version, seq); rows pruned since the heads were taken are missing).
+        Rows are read a few at first, then as many as the values so far say fit in
+        ``max_bytes``, and stop one row past the one that reached it (``list`` leaves that
+        one out: it only says there is more)."""
         with self._publish_lock:
             version = self._applied_version
             puts: list[tuple[str, Head]] = []
@@ -196,15 +210,36 @@ class StateReads(StateDatabase):
                     puts.append((key, head))
                     if len(puts) == limit:
                         break
+        rows: dict[tuple[int, int], tuple[bytes, str]] = {}
+        read_bytes = 0
+        taken = 0
+        past_cap = False  # a row was read past the one that reached max_bytes: there is more
         cursor.execute("BEGIN")
         try:
-            rows = self._rows_of(cursor, [head for _key, head in puts])
+            while taken < len(puts) and not past_cap:
+                if max_bytes == _NO_BYTE_CAP:
+                    count = len(puts) - taken
+                elif taken == 0:
+                    count = LIST_FIRST_ROWS
+                else:  # as many as fit at the average size so far, and one to say there is more
+                    count = max(1, (max_bytes - read_bytes) * taken // max(read_bytes, 1) + 1)
+                chunk = puts[taken:taken + count]
+                found = self._rows_of(cursor, [head for _key, head in chunk])
+                for _key, head in chunk:
+                    taken += 1
+                    row = found.get((head[1], head[2]))
+                    if row is not None:
+                        rows[head[1], head[2]] = row
+                        if read_bytes >= max_bytes:
+                            past_cap = True
+                            break
+                        read_bytes += len(row[0])
         finally:
             cursor.execute("COMMIT")
-        return version, puts, rows
+        return version, puts[:taken], rows
 
     def _list_at_version(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int,
-                         version: int) -> list[Entry]:
+                         version: int, max_bytes: int) -> list[Entry]:
         """Up to ``limit`` entries under ``prefix`` after ``after`` as of ``version``, in key
         order. Every key that existed at a version at or above the horizon still has a head
         (a delete stays one until it falls below the horizon), so walking the heads in key
@@ -215,7 +250,8 @@ class StateReads(StateDatabase):
         with self._publish_lock:
             _check_version(version, self._applied_version, self._oldest_version)
         found: list[Entry] = []
-        while len(found) < limit:
+        found_bytes = 0
+        while len(found) < limit and found_bytes <= max_bytes:
             with self._publish_lock:
                 page = list(itertools.islice(self._index.range(prefix, after), limit))
             cursor.execute("BEGIN")
@@ -224,8 +260,10 @@ class StateReads(StateDatabase):
                     entry = self._entry_at(cursor, key, head, version)
                     if entry is not None:
                         found.append(entry)
-                        if len(found) == limit:
+                        if len(found) == limit or found_bytes >= max_bytes:
+                            found_bytes = max_bytes + 1  # this entry only says there is more
                             break
+                        found_bytes += len(entry.value)
                 self._check_retained(cursor, version)
             finally:
                 cursor.execute("COMMIT")
@@ -234,8 +272,11 @@ class StateReads(StateDatabase):
             after = page[-1][0]
         return found
 
-    def changes(self, prefix: str, since: int, limit: int = 1000) -> tuple[int, list[Event]]:
-        """(version to watch from next, changes under ``prefix`` with mod_version > since)."""
+    def changes(self, prefix: str, since: int, limit: int = 1000,
+                max_bytes: int | None = None) -> tuple[int, list[Event]]:
+        """(version to watch from next, changes under ``prefix`` with mod_version > since):
+        up to ``limit`` of them, or fewer once their values reach ``max_bytes``, and then
+        the rest of the last one's version (a version is answered whole)."""
         if not 1 <= limit <= MAX_CHANGES_LIMIT:
             raise ValueError(f"limit must be between 1 and {MAX_CHANGES_LIMIT}")
         if since < 0:
@@ -255,13 +296,13 @@ class StateReads(StateDatabase):
             if since < row.oldest_version:
                 raise VersionCompactedError(since, row.oldest_version)
             version = row.applied_version
-            rows = connection.execute(
+            scanned = connection.execute(
                 sa.select(*columns).where(history.c.version > since, *in_range)
-                .order_by(history.c.version, history.c.seq).limit(limit + 1)
-            ).all()
-            if len(rows) > limit:
-                last = rows[limit - 1]
-                rows = rows[:limit]
+                .order_by(history.c.version, history.c.seq).limit(limit + 1))
+            rows, full = _first_rows(scanned, limit, max_bytes if max_bytes is not None else _NO_BYTE_CAP)
+            scanned.close()
+            if full:
+                last = rows[-1]
                 rows.extend(connection.execute(
                     sa.select(*columns).where(history.c.version == last.version,
                                               history.c.seq > last.seq, *in_range)
@@ -269,6 +310,31 @@ class StateReads(StateDatabase):
                 ).all())
                 version = last.version
         return version, [_event(row) for row in rows]
+
+
+def _first_rows(rows: Iterable[Any], limit: int, max_bytes: int) -> tuple[list[Any], bool]:
+    """The first ``limit`` of ``rows`` (fetched one by one) or fewer, ending with the one
+    whose value reaches ``max_bytes``; and whether rows were left (the page is full)."""
+    taken: list[Any] = []
+    taken_bytes = 0
+    for row in rows:
+        if len(taken) == limit:
+            return taken, True
+        taken.append(row)
+        taken_bytes += len(row.value or b"")
+        if taken_bytes >= max_bytes:
+            return taken, True
+    return taken, False
+
+
+def _entries_within(entries: Sequence[Entry], max_bytes: int) -> int:
+    """How many of ``entries`` a page holds: up to the one whose value reaches ``max_bytes``."""
+    total = 0
+    for index, entry in enumerate(entries):
+        total += len(entry.value)
+        if total >= max_bytes:
+            return index + 1
+    return len(entries)
 
 
 def _check_version(version: int, applied_version: int, oldest_version: int) -> None:

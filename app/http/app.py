@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.http.admin import admin_router
+from app.http.audit import AuditLog
 from app.http.auth import AuthMiddleware, add_security_scheme, auth_open_paths, document_auth
 from app.http.cluster import cluster_router
 from app.http.edge import EdgeMiddleware
@@ -97,13 +98,14 @@ def create_app(service: KVService, settings: HttpSettings | None = None, ui: UiM
     app.openapi = openapi  # type: ignore[method-assign]
 
     key_routes = KeyPathDispatch(app.serve_routes, KeyRoutes(key_endpoints))
+    audit = AuditLog()  # one rate limit for auth's refusals and the edge's admin actions
     with_auth = key_routes if tokens is None else AuthMiddleware(
-        key_routes, tokens, settings.max_txn_body_bytes, open_paths)
+        key_routes, tokens, settings.max_txn_body_bytes, open_paths, audit)
     if ui == "off":
-        app.stack = EdgeMiddleware(with_auth, service, app.router.routes)
+        app.stack = EdgeMiddleware(with_auth, service, app.router.routes, audit)
         return app
     # The pages go ahead of auth (a browser following a link sends no token); what they
     # show, their scripts read through the API with the user's token.
     pages = page_routes(service, ui)
-    app.stack = EdgeMiddleware(UiPathDispatch(with_auth, pages), service, [*app.router.routes, *pages.routes])
+    app.stack = EdgeMiddleware(UiPathDispatch(with_auth, pages), service, [*app.router.routes, *pages.routes], audit)
     return app

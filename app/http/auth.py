@@ -14,19 +14,22 @@ Over HTTPS with client certificates (app/http/client_certs.py), a request withou
 Authorization header whose certificate names a token (CN or SAN equal to its name) is that
 token's request, as etcd's --client-cert-auth maps a certificate to a user.
 
-Every 401 and 403 is logged at WARNING (method, path, client address, why), at most
-``DENIED_LOG_PER_S`` lines a second so a client hammering with a bad token cannot flood the
-log; the lines held back are counted in the next one.
+A token the token file no longer holds (or no longer grants what a request needs) ends the
+reads still open with it when SIGHUP reloads the file: a watch stream, a long-poll or a
+min_version wait answers 401 or 403 then, or, once an SSE stream has started, ends with a
+final ``event: error`` carrying that problem document (docs/security.md "Reloading").
+
+Every 401 and 403 gets its line in the audit log (app/http/audit.py): method, path, client
+address, token, why.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
-import logging
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
@@ -36,17 +39,15 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import Access, AuthTokens, Token
+from app.http.audit import ADMIN_PATH_PREFIX, AuditLog
 from app.http.client_certs import client_cert_names
-from app.http.log_text import loggable
 from app.http.parsing import KEY_PATH_PREFIX, key_of_path
 from app.http.problems import ProblemError, problem_body, problem_content, problem_start
 
 SECURITY_SCHEME = "bearerAuth"
 REALM = "metakv"
 AUTHORIZATION_MAX_BYTES = 8192  # a longer Authorization header is refused without hashing it
-DENIED_LOG_PER_S = 10  # denied-request log lines per second at most; the rest are counted
 
-_ADMIN_PREFIX = "/v1/admin/"
 _READ_METHODS = frozenset({"GET", "HEAD"})
 _WRITE_METHODS = frozenset({"PUT", "DELETE"})
 # Cluster views: topology, offsets and URLs, never keys or values. Any valid token may
@@ -56,7 +57,6 @@ TOKEN_NAME_SCOPE_KEY = "metakv.token_name"  # set once authenticated; per-token 
 # Probes and scrapers, and the API's own description: open, like etcd's /health and /metrics.
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
-log = logging.getLogger("metakv.auth")
 
 
 class Need(enum.Enum):
@@ -101,36 +101,9 @@ def requirement_for(method: str, path: str, raw_path: bytes | None, query_string
         return _AUTHENTICATED
     if path == "/v1/txn":
         return Requirement(Need.TXN) if method == "POST" else _AUTHENTICATED
-    if path.startswith(_ADMIN_PREFIX):
+    if path.startswith(ADMIN_PATH_PREFIX):
         return Requirement(Need.ADMIN, Access.ADMIN, "")
     return _AUTHENTICATED  # /v1/status, /v1/quorum, and paths no route serves (404)
-
-
-class DeniedLog:
-    """WARNING lines for refused requests, at most ``per_s`` a second (the rest counted)."""
-
-    def __init__(self, per_s: int = DENIED_LOG_PER_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._per_s = per_s
-        self._clock = clock
-        self._window_start_s = -1.0
-        self._logged = 0
-        self._held_back = 0
-
-    def denied(self, scope: Scope, status: int, detail: str) -> None:
-        now_s = self._clock()
-        if now_s - self._window_start_s >= 1.0:
-            self._window_start_s = now_s
-            self._logged = 0
-        if self._logged >= self._per_s:
-            self._held_back += 1
-            return
-        self._logged += 1
-        held_back, self._held_back = self._held_back, 0
-        client = scope.get("client")
-        address = f"{client[0]}:{client[1]}" if client else "unknown"
-        log.warning("auth: %d %s %s from %s: %s%s", status, loggable(scope.get("method", "?")),
-                    loggable(scope.get("path", "?")), address, loggable(detail),
-                    f" ({held_back} more denied requests not logged)" if held_back else "")
 
 
 def token_name(scope: Scope) -> str | None:
@@ -146,17 +119,54 @@ def token_of_certificate(tokens: AuthTokens, cert_names: tuple[str, ...]) -> Tok
     return next((by_name[name] for name in cert_names if name in by_name), None)
 
 
+@dataclass(eq=False, slots=True)
+class OpenRead:
+    """A read in progress under a token, rechecked when the token file is reloaded."""
+
+    token: Token
+    requirement: Requirement
+    task: asyncio.Task[Any]
+    streaming: bool = False  # an SSE answer started: it ends with a final error event
+    answered: bool = False  # another answer started, or the stream ended: it runs to its end
+    revoked: tuple[int, str] | None = field(default=None)  # (status, detail) once revoked
+
+
+def _is_event_stream(message: Message) -> bool:
+    return any(name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+               for name, value in message.get("headers", ()))
+
+
 class AuthMiddleware:
     """Answers 401 without a valid bearer token and 403 when the token lacks the right the
     request needs; everything else reaches the app unchanged (a txn's body replayed)."""
 
     def __init__(self, app: ASGIApp, tokens: AuthTokens, max_txn_body_bytes: int,
-                 open_paths: frozenset[str] = _OPEN_PATHS, denied_log: DeniedLog | None = None) -> None:
+                 open_paths: frozenset[str] = _OPEN_PATHS, audit: AuditLog | None = None) -> None:
         self.app = app
         self.tokens = tokens
         self.max_txn_body_bytes = max_txn_body_bytes
         self.open_paths = open_paths
-        self.denied_log = denied_log if denied_log is not None else DeniedLog()
+        self.audit = audit if audit is not None else AuditLog()
+        self.open_reads: set[OpenRead] = set()  # GET/HEAD requests in progress
+        tokens.on_reload(self.tokens_reloaded)
+
+    def tokens_reloaded(self) -> None:
+        """The token file changed: end every open read whose token is gone (401) or no longer
+        grants what it reads (403), by cancelling it where it waits (``_read``)."""
+        by_name = {token.name: token for token in self.tokens.policy.tokens}
+        for read in list(self.open_reads):
+            if read.revoked is not None or read.answered:
+                continue
+            name = read.token.name
+            now = by_name.get(name)
+            if now is None or now.sha256_hex != read.token.sha256_hex:
+                read.revoked = (401, f"the token is not valid: {name!r} was revoked (the token file changed)")
+            else:
+                denied = self._denied(now, read.requirement)
+                if not denied:
+                    continue
+                read.revoked = (403, f"{denied} (the token file changed)")
+            read.task.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -170,7 +180,7 @@ class AuthMiddleware:
             return
         token, problem = self._authenticate(scope)
         if token is None:
-            self.denied_log.denied(scope, 401, problem)
+            self.audit.denied(scope, 401, problem, None)
             await self._answer(send, method, 401, "unauthorized", "Unauthorized", problem,
                                [(b"www-authenticate", self._challenge(problem).encode())])
             return
@@ -180,10 +190,55 @@ class AuthMiddleware:
             return
         denied = self._denied(token, requirement)
         if denied:
-            self.denied_log.denied(scope, 403, denied)
+            self.audit.denied(scope, 403, denied, token.name)
             await self._answer(send, method, 403, "forbidden", "Forbidden", denied)
             return
+        if method in _READ_METHODS:
+            await self._read(scope, receive, send, token, requirement)
+            return
         await self.app(scope, receive, send)
+
+    async def _read(self, scope: Scope, receive: Receive, send: Send, token: Token, requirement: Requirement) -> None:
+        """Serve a read that a reload of the token file may end (``tokens_reloaded``). Only
+        reads: cancelling a write could answer 401 for a write that committed."""
+        task = asyncio.current_task()
+        if task is None:
+            await self.app(scope, receive, send)
+            return
+        read = OpenRead(token, requirement, task)
+
+        async def send_tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if _is_event_stream(message):
+                    read.streaming = True
+                else:
+                    read.answered = True
+            elif not message.get("more_body", False):
+                read.answered = True  # the stream's last message
+            await send(message)
+
+        self.open_reads.add(read)
+        try:
+            await self.app(scope, receive, send_tracked)
+        except asyncio.CancelledError:
+            if read.revoked is None:
+                raise
+        finally:
+            self.open_reads.discard(read)
+        if read.revoked is None:
+            return
+        task.uncancel()  # our cancel, delivered (or swallowed by the app): the request goes on
+        status, detail = read.revoked
+        self.audit.denied(scope, status, detail, read.token.name)
+        slug, title = ("unauthorized", "Unauthorized") if status == 401 else ("forbidden", "Forbidden")
+        if read.answered:
+            return
+        if read.streaming:
+            event = b"event: error\ndata: " + problem_body(status, slug, title, detail) + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        else:
+            challenge = [(b"www-authenticate", self._challenge(detail).encode())] if status == 401 else []
+            await self._answer(send, str(scope.get("method")), status, slug, title, detail, challenge)
 
     def _authenticate(self, scope: Scope) -> tuple[Token | None, str]:
         values = [value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"]
@@ -258,7 +313,7 @@ class AuthMiddleware:
         for key, access in needed:
             denied = self._denied(token, Requirement(Need.KEY, access, key))
             if denied:
-                self.denied_log.denied(scope, 403, f"txn: {denied}")
+                self.audit.denied(scope, 403, f"txn: {denied}", token.name)
                 await self._answer(send, method, 403, "forbidden", "Forbidden", f"txn: {denied}")
                 return
         replayed = False

@@ -1,8 +1,8 @@
 """The edge of the HTTP layer: one ASGI middleware, outermost, that every request passes
 whichever router serves it. It appends the node headers to every response, drops the body
-of a HEAD answer, counts requests by route template and status with their latency, and
-answers the last-resort 500 problem document for an exception nobody expected (logged,
-never echoed to the client)."""
+of a HEAD answer, counts requests by route template and status with their latency, writes
+the audit line of every admin action (app/http/audit.py), and answers the last-resort 500
+problem document for an exception nobody expected (logged, never echoed to the client)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.http.audit import ADMIN_PATH_PREFIX, AuditLog
+from app.http.auth import token_name
 from app.http.collectors import PerRegistry
 from app.http.log_text import loggable
 from app.http.parsing import KEY_PATH_PREFIX, KEY_ROUTE_TEMPLATE
@@ -69,9 +71,11 @@ class EdgeMiddleware:
     """Node headers on every response, no body on a HEAD answer, request metrics, and the
     last-resort 500."""
 
-    def __init__(self, app: ASGIApp, service: KVService, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, service: KVService, routes: Sequence[BaseRoute],
+                 audit: AuditLog | None = None) -> None:
         self.app = app
         self.service = service
+        self.audit = audit if audit is not None else AuditLog()
         self.metrics = http_metrics(service.metrics)
         self.routes = routes  # the routes FastAPI serves, to label requests no route matched
         # Labelled children, looked up once per label set instead of per request (labels()
@@ -118,6 +122,8 @@ class EdgeMiddleware:
         finally:
             self._record(self._route_label(scope), str(scope.get("method", "")), status_code,
                          time.perf_counter() - started_s)
+            if scope["path"].startswith(ADMIN_PATH_PREFIX):
+                self.audit.admin(scope, status_code, token_name(scope))
 
     def _record(self, route: str, method: str, status_code: int, elapsed_s: float) -> None:
         counter = self._counters.get((route, method, status_code))

@@ -141,7 +141,8 @@ def list_router(service: KVService, settings: HttpSettings) -> APIRouter:
         wait_ms: WaitMsQuery = DEFAULT_WAIT_MS, at_version: AtVersionQuery = None,
     ) -> Response:
         await wait_readable(service, settings, consistency, min_version, wait_ms, at_version)
-        page = service.list(prefix, after=after, limit=limit, at_version=at_version)
+        page = service.list(prefix, after=after, limit=limit, at_version=at_version,
+                            max_bytes=settings.max_answer_bytes)
         body = {"version": page.version, "items": [render_entry(e, keys_only) for e in page.entries],
                 "next": page.next_key}
         # orjson: the bytes JSONResponse's json.dumps wrote, at a tenth of its CPU (a page of

@@ -23,6 +23,9 @@ DEFAULT_MAX_CONNECTIONS = 10_000  # HTTP connections per node (serve also keeps 
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1000  # HTTP connections per client address
 DEFAULT_MAX_WATCHERS = 10_000  # open watches (long-polls and SSE streams) per node
 DEFAULT_MAX_WATCHERS_PER_TOKEN = 1000  # per token (auth on) per node
+# Values per list page or watch answer (SSE read): a page ends after the entry that reaches
+# it, so 1,000 values of 1 MiB are never held (or rendered) at once.
+DEFAULT_MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +41,15 @@ class HttpSettings:
     watch_events_max: int = WATCH_EVENTS_MAX  # events per long-poll answer or per SSE read
     max_watchers: int = DEFAULT_MAX_WATCHERS  # past it: 429 too-many-watchers
     max_watchers_per_token: int = DEFAULT_MAX_WATCHERS_PER_TOKEN
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES  # values per list page or watch answer
 
     def __post_init__(self) -> None:
         for name in ("max_value_bytes", "max_txn_body_bytes", "max_wait_ms", "max_watch_timeout_ms",
                      "max_watchers", "max_watchers_per_token"):
             if getattr(self, name) < 0:
                 raise ValueError(f"HttpSettings.{name} must be >= 0")
+        if self.max_answer_bytes <= 0:
+            raise ValueError("HttpSettings.max_answer_bytes must be > 0")
         # A zero keepalive would make an idle SSE stream a busy loop.
         if self.sse_keepalive_ms <= 0:
             raise ValueError("HttpSettings.sse_keepalive_ms must be > 0")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,8 @@ import pytest
 
 from app.auth import Access, hash_token, load_auth_policy
 from app.cli import main
-from app.http.auth import DeniedLog, txn_keys
+from app.http.audit import AuditLog
+from app.http.auth import txn_keys
 from tests.cluster import REPO_ROOT, Cluster, Node
 
 SECRETS = {
@@ -431,24 +433,58 @@ def test_denied_requests_are_logged_with_method_path_client_and_reason(cluster: 
     http.put(f"{leader.url}/v1/kv/secret/denied-log", content=b"v", headers=bearer("reader"))
     http.get(f"{leader.url}/v1/kv/app/denied-log", headers={"Authorization": "Bearer not-a-token"})
     log_text = leader.log_tail()
-    assert "auth: 403 PUT /v1/kv/secret/denied-log from 127.0.0.1:" in log_text
-    assert "token 'reader' lacks write access to the key 'secret/denied-log'" in log_text
-    assert "auth: 401 GET /v1/kv/app/denied-log from 127.0.0.1:" in log_text
-    assert "the token is not valid" in log_text
+    assert "audit: 403 PUT /v1/kv/secret/denied-log from 127.0.0.1:" in log_text
+    assert "token 'reader': denied: token 'reader' lacks write access to the key 'secret/denied-log'" in log_text
+    assert "audit: 401 GET /v1/kv/app/denied-log from 127.0.0.1:" in log_text
+    assert "token -: denied: the token is not valid" in log_text
     assert SECRETS["reader"] not in log_text and "not-a-token" not in log_text  # never the secret
 
 
-def test_the_denied_log_holds_back_past_its_rate_and_counts_what_it_held(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_audit_log_holds_back_past_its_rate_and_counts_what_it_held(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
-    denied_log = DeniedLog(per_s=3, clock=lambda: now[0])
-    scope = {"method": "GET", "path": "/v1/kv/x", "client": ("127.0.0.1", 5000)}
-    with caplog.at_level(logging.WARNING, logger="metakv.auth"):
+    audit = AuditLog(per_s=3, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="metakv.audit"):
         for _ in range(8):
-            denied_log.denied(scope, 401, "the token is not valid")
+            audit.denied({"method": "GET", "path": "/v1/kv/x", "client": ("127.0.0.1", 5000)}, 401,
+                         "the token is not valid", None)
         assert len(caplog.records) == 3
         now[0] += 1.0
-        denied_log.denied(scope, 403, "no")
+        audit.admin({"method": "POST", "path": "/v1/admin/snapshot", "client": ("127.0.0.1", 5001)}, 200, "ops")
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 4
-    assert lines[0] == "auth: 401 GET /v1/kv/x from 127.0.0.1:5000: the token is not valid"
-    assert lines[3] == "auth: 403 GET /v1/kv/x from 127.0.0.1:5000: no (5 more denied requests not logged)"
+    assert lines[0] == "audit: 401 GET /v1/kv/x from 127.0.0.1:5000 token -: denied: the token is not valid"
+    assert lines[3] == ("audit: 200 POST /v1/admin/snapshot from 127.0.0.1:5001 token 'ops': admin action done "
+                        "(5 more audit lines not logged)")
+
+
+def test_every_admin_action_and_refusal_has_one_audit_line(cluster: Cluster, http: httpx.Client) -> None:
+    leader, follower = leader_and_follower(cluster)
+    put_as_root(cluster, "audit/k", b"v")
+    marker = f"/v1/kv/audit/mark-{os.getpid()}-{id(http)}"  # other tests of the module audit too
+    for node in (leader, follower):
+        assert http.get(node.url + marker).status_code == 401
+    assert http.post(f"{leader.url}/v1/admin/snapshot", headers=bearer("ops")).status_code == 200
+    download = http.post(f"{leader.url}/v1/admin/snapshot/download", headers=bearer("root"))
+    assert download.status_code == 200
+    assert http.post(f"{follower.url}/v1/admin/resign", headers=bearer("ops")).status_code == 307
+    assert http.post(f"{leader.url}/v1/admin/compact", headers=bearer("reader")).status_code == 403
+    assert http.post(f"{leader.url}/v1/admin/compact").status_code == 401
+    def audit_lines_since_marker(node: Node) -> list[str]:
+        lines = [line for line in node.log_tail().splitlines() if "audit: " in line]
+        start = next(index for index, line in enumerate(lines) if f" {marker} from " in line)
+        return lines[start + 1:]
+
+    leader_lines, follower_lines = audit_lines_since_marker(leader), audit_lines_since_marker(follower)
+
+    def lines_for(lines: list[str], route: str) -> list[str]:
+        return [re.sub(r"^.*?audit: (?=[0-9]{3} )", "", line) for line in lines if f" {route} from 127.0.0.1:" in line]
+
+    [snapshot] = lines_for(leader_lines, "POST /v1/admin/snapshot")
+    assert snapshot.startswith("200 ") and snapshot.endswith("token 'ops': admin action done")
+    [downloaded] = lines_for(leader_lines, "POST /v1/admin/snapshot/download")
+    assert downloaded.startswith("200 ") and downloaded.endswith("token 'root': admin action done")
+    [resign] = lines_for(follower_lines, "POST /v1/admin/resign")
+    assert resign.startswith("307 ") and resign.endswith("token 'ops': admin action redirected to the leader")
+    refused, unauthenticated = lines_for(leader_lines, "POST /v1/admin/compact")
+    assert refused.startswith("403 ") and "token 'reader': denied: token 'reader' lacks admin access" in refused
+    assert unauthenticated.startswith("401 ") and "token -: denied: this node requires a token" in unauthenticated

@@ -427,3 +427,40 @@ def test_cas_loop_rereads_at_the_sessions_version_after_losing_to_a_delete() -> 
         assert kv.cas_loop("k", lambda value: "fresh").version == 12
     reread = [request for request in nodes.seen if request.method == "GET"][1]
     assert reread.url.params["min_version"] == "7"  # the session's, seen in the first read's answer
+
+
+def test_the_token_goes_only_to_the_listed_endpoints() -> None:
+    """A redirect to a node the caller did not list is followed without the token (issue 21:
+    the client keeps the Authorization header within the cluster's own URLs)."""
+    elsewhere = "http://elsewhere:9"
+
+    def redirect_elsewhere(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a":
+            return httpx.Response(307, headers={"Location": f"{elsewhere}{request.url.raw_path.decode()}"},
+                                  content=problem(307, "not-leader", "Not the leader"))
+        return httpx.Response(200, json={"key": "k", "version": 3, "created": True})
+
+    listed = Recorder(leader_b)
+    with listed.client(token="s3cret") as kv:
+        kv.put("k", "x")  # a redirects to b, which was listed: the token goes along
+    assert listed.hosts() == ["a", "b"]
+    assert all(request.headers["authorization"] == "Bearer s3cret" for request in listed.seen)
+    unlisted = Recorder(redirect_elsewhere)
+    with unlisted.client(A, token="s3cret") as kv:
+        kv.put("k", "x")
+    assert unlisted.hosts() == ["a", "elsewhere"]
+    assert unlisted.seen[0].headers["authorization"] == "Bearer s3cret"
+    assert "authorization" not in unlisted.seen[1].headers
+
+
+def test_a_redirect_from_https_to_http_is_not_followed() -> None:
+    secure = "https://a:1"
+
+    def downgrade(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(307, headers={"Location": f"http://a:1{request.url.raw_path.decode()}"},
+                              content=problem(307, "not-leader", "Not the leader"))
+
+    nodes = Recorder(downgrade)
+    with nodes.client(secure, token="s3cret") as kv, pytest.raises(Unavailable, match="redirect from https"):
+        kv.put("k", "x")
+    assert {request.url.scheme for request in nodes.seen} == {"https"}

@@ -310,3 +310,51 @@ def test_a_1_gib_content_length_is_refused_without_reading_the_body(node_cluster
             answer = conn.recv(65536)
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
         assert b"application/problem+json" in answer
+
+
+def test_a_long_poll_whose_client_left_frees_its_watcher_slot_at_once(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path / "gone", voters=1, settings={"max_watchers": 1})
+    try:
+        cluster.start()
+        cluster.wait_for_leader()
+        node = cluster.nodes[1]
+        with httpx.Client(timeout=10.0) as client:
+            version = client.put(f"{node.url}/v1/kv/k", content=b"v").headers["x-metadata-version"]
+            request = (f"GET /v1/watch?prefix=w/&since={version}&timeout_ms=300000 HTTP/1.1\r\n"
+                       "Host: metakv\r\n\r\n").encode()
+            with socket.create_connection(("127.0.0.1", node.http_port), timeout=CLOSE_WAIT_S) as conn:
+                conn.sendall(request)
+                wait_for_gauge(client, node.url, 1)
+            # The client went away (a reconnecting watcher): its slot is free long before
+            # the 300 s its long-poll asked for, so the reconnect is served, not refused 429.
+            wait_for_gauge(client, node.url, 0)
+            again = client.get(f"{node.url}/v1/watch", params={"prefix": "w/", "since": version, "timeout_ms": 0})
+            assert again.status_code == 200, again.text
+            statuses = [line for line in client.get(f"{node.url}/metrics").text.splitlines()
+                        if line.startswith("metakv_http_requests_total{") and 'route="/v1/watch"' in line]
+            assert any('status="499"' in line for line in statuses), statuses
+    finally:
+        print(cluster.logs())
+        cluster.close()
+
+
+def test_the_answer_cap_and_the_longest_watch_are_serve_settings(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path / "settings", voters=1, settings={"max_answer_bytes": 2048,
+                                                                 "max_watch_timeout_ms": 1500})
+    try:
+        cluster.start()
+        cluster.wait_for_leader()
+        node = cluster.nodes[1]
+        with httpx.Client(timeout=CLOSE_WAIT_S) as client:
+            for index in range(3):
+                assert client.put(f"{node.url}/v1/kv/s/{index}", content=b"x" * 1024).status_code == 200
+            page = client.get(f"{node.url}/v1/kv", params={"prefix": "s/"}).json()
+            assert [item["key"] for item in page["items"]] == ["s/0", "s/1"] and page["next"] == "s/1"
+            # An SSE stream asking for 300 s ends at the node's longest watch instead.
+            with client.stream("GET", f"{node.url}/v1/watch", params={"prefix": "s/", "timeout_ms": 300_000},
+                               headers={"Accept": "text/event-stream"}) as stream:
+                text = "".join(stream.iter_text())
+            assert text.count("event: put") == 3
+    finally:
+        print(cluster.logs())
+        cluster.close()

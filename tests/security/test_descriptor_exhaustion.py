@@ -22,6 +22,7 @@ import storage.segment_log as segment_log_module
 from app.process_setup import raise_descriptor_limit
 from raft.types import SnapshotId
 from storage.descriptors import FlushDeferredError
+from storage.failpoints import Failpoints
 from storage.segment_log import SegmentLog
 from tests.cluster import Cluster
 from tests.storage.helpers import make_batch
@@ -134,5 +135,57 @@ def test_idle_raft_connections_exhausting_descriptors_do_not_kill_the_node(tmp_p
     finally:
         for conn in idle:
             conn.close()
+        print(node.log_tail())
+        cluster.close()
+
+
+def test_no_descriptor_to_roll_keeps_appending_and_rolls_once_descriptors_are_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failpoints = Failpoints("segment.before_create=emfile")
+    clock = [1000.0]
+    monkeypatch.setattr(segment_log_module.time, "monotonic", lambda: clock[0])
+    with SegmentLog(tmp_path / "log", segment_bytes=1024, failpoints=failpoints) as log:
+        for _ in range(20):  # ~20 KiB: many rolls' worth, none possible
+            log.append(make_batch(log.end_offset(), 1, 4))
+        assert not log.failed() and log.segment_count() == 1 and log.roll_deferrals == 1
+        assert log.flush() == log.end_offset()
+        failpoints.disarm("segment.before_create")
+        log.append(make_batch(log.end_offset(), 1, 4))
+        assert log.segment_count() == 1  # retried no sooner than ROLL_RETRY_S
+        clock[0] += segment_log_module.ROLL_RETRY_S
+        log.append(make_batch(log.end_offset(), 1, 4))
+        assert log.segment_count() == 2 and not log.failed()
+        end = log.flush()
+    with SegmentLog(tmp_path / "log", segment_bytes=1024) as reopened:
+        assert reopened.end_offset() == end == 22 * 4
+        assert len(reopened.read(0, EVERYTHING)) == 22
+
+
+def test_no_descriptor_for_the_sealed_index_leaves_it_to_recovery(tmp_path: Path) -> None:
+    with SegmentLog(tmp_path / "log", segment_bytes=1024, failpoints=Failpoints("segment.after_roll=emfile")) as log:
+        while log.segment_count() < 3:
+            log.append(make_batch(log.end_offset(), 1, 4))
+        assert not log.failed()
+        end = log.flush()  # syncs the directory the rolls left dirty
+    with SegmentLog(tmp_path / "log", segment_bytes=1024) as reopened:  # rebuilds the indexes
+        assert reopened.end_offset() == end
+        assert sum(len(batch.records) for batch in reopened.read(0, EVERYTHING)) == end
+
+
+def test_a_node_whose_log_cannot_roll_for_lack_of_descriptors_keeps_serving(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path / "cluster", voters=1, settings={"segment_bytes": 4096},
+                      env={"METAKV_FAILPOINTS": "segment.before_create=emfile@2"})
+    node = cluster.nodes[1]
+    try:
+        cluster.start()
+        cluster.wait_for_leader()
+        with httpx.Client(timeout=30.0) as client:
+            for index in range(40):  # ~40 KiB of values: ten segments' worth
+                response = client.put(f"{node.url}/v1/kv/k{index}", content=b"v" * 1024)
+                assert response.status_code == 200, response.text
+            assert node.running()
+            assert client.get(f"{node.url}/v1/kv/k39").content == b"v" * 1024
+        assert "no file descriptor left to roll the log" in node.log_tail()
+    finally:
         print(node.log_tail())
         cluster.close()

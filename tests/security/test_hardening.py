@@ -45,7 +45,7 @@ def test_a_newline_in_a_path_cannot_forge_a_log_line(tmp_path: Path) -> None:
             assert http.put(node.url + forged, content=b"v",
                             headers={"Authorization": "Bearer reader-secret"}).status_code == 403
         log_lines = node.log_tail().splitlines()
-        assert sum("auth: " in line and "/v1/kv/a\\nforged line\\r\\x1b[31m" in line for line in log_lines) == 2
+        assert sum("audit: " in line and "/v1/kv/a\\nforged line\\r\\x1b[31m" in line for line in log_lines) == 2
         assert not any(line.startswith("forged") for line in log_lines)
         assert "\x1b" not in node.log_tail()
     finally:
