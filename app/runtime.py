@@ -31,6 +31,7 @@ from app.config import NodeConfig
 from app.node_reads import NodeReads
 from app.node_writes import NodeWrites
 from app.peer_setup import raft_transport_for
+from app.quorum_outbox import QuorumStateOutbox
 from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import LoopLagProbe, StateCollector
 from app.service import (
@@ -137,6 +138,9 @@ class NodeRuntime(NodeReads, NodeWrites):
         self._flush_deferrals = Counter(
             "metakv_flush_deferrals", "Log flushes retried because no file descriptor was left",
             registry=self.metrics)
+        self._quorum_state_deferrals = Counter(
+            "metakv_quorum_state_deferrals", "Quorum-state writes retried because no file descriptor was left "
+            "(the messages after them wait)", registry=self.metrics)
         self._apply_latency = Histogram(
             "metakv_apply_latency_seconds", "Duration of one state machine apply call (one SQLite transaction)",
             registry=self.metrics, buckets=LATENCY_BUCKETS_S)
@@ -154,6 +158,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         self._flush_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flush-{config.node_id}")
         self._flush_wanted = False
         self._flush_deferred = False  # the last flush found no file descriptor (logged once)
+        self._quorum_state_deferred = False  # a retry of the quorum-state write is scheduled
         self._pending: dict[int, _PendingWrite] = {}  # base offset -> waiting proposal
         self._reads: dict[int, asyncio.Future[int]] = {}  # read_index token -> future(offset)
         self._applied_changed = asyncio.Event()
@@ -211,6 +216,8 @@ class NodeRuntime(NodeReads, NodeWrites):
             # (The core's constructor only reads the log: its end is the one recovery left.)
             self.maintenance.arrival_marks.restarted(max(self._applied_version, self.log.end_offset()), time.monotonic())
             self.transport = raft_transport_for(cfg, self._on_message)
+            self._outbox = QuorumStateOutbox(lambda record: self.quorum_state_file.write(record),
+                                             lambda envelope: self.transport.send(envelope))
             await self.transport.start()
             try:
                 await self.maintenance.recover()
@@ -395,10 +402,9 @@ class NodeRuntime(NodeReads, NodeWrites):
             return
         try:
             ready = self.node.take_ready()
-            if ready.quorum_state is not None:
-                self.quorum_state_file.write(ready.quorum_state)  # fsyncs; before any send
-            for envelope in ready.messages:
-                self.transport.send(envelope)
+            # The quorum state fsyncs before any send; without a descriptor both wait.
+            if not self._outbox.perform(ready.quorum_state, ready.messages):
+                self._defer_quorum_state()
             if ready.flush:
                 self._flush_wanted = True
                 self._maybe_start_flush()
@@ -480,6 +486,27 @@ class NodeRuntime(NodeReads, NodeWrites):
             return
         self._drive()
         self._maybe_start_flush()
+
+    def _defer_quorum_state(self) -> None:
+        if not self._quorum_state_deferred:
+            logger.warning("node %d: no file descriptor left to write the quorum state; its messages wait, "
+                           "retrying every %.1fs", self.node_id, FLUSH_RETRY_DELAY_S)
+            self._quorum_state_deferred = True
+            if self._loop is not None and not self._closed:
+                self._loop.call_later(FLUSH_RETRY_DELAY_S, self._retry_quorum_state)
+        self._quorum_state_deferrals.inc()
+
+    def _retry_quorum_state(self) -> None:
+        self._quorum_state_deferred = False
+        if self._closed:
+            return
+        try:
+            if self._outbox.perform(None, ()):
+                logger.warning("node %d: the quorum state is written again", self.node_id)
+            else:
+                self._defer_quorum_state()
+        except Exception as exc:
+            self._fatal(exc)
 
     def _defer_flush(self, error: FlushDeferredError) -> None:
         if not self._flush_deferred:  # once per shortage, not at every retry
