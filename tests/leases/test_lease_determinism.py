@@ -22,9 +22,7 @@ from storage.commands import (
     CompareKind,
     Op,
     OpKind,
-    delete,
     lease_key,
-    put,
 )
 from storage.snapshot_store import SnapshotStore
 from storage.state_leases import encode_ttl
@@ -66,9 +64,9 @@ def lease_logs(draw: st.DrawFn) -> list[Batch]:
                 elif action == "leased":
                     command = leased_put(key, lease_id, draw(st.binary(max_size=2)))
                 elif action == "put":
-                    command = put(key, b"p")
+                    command = Command((), (Op(OpKind.PUT, key, b"p"),))
                 elif action == "delete":
-                    command = delete(key)
+                    command = Command((), (Op(OpKind.DELETE, key),))
                 elif action == "txn":
                     branch = (Op(OpKind.PUT, key, b"t", lease=lease_id), Op(OpKind.GET, draw(st.sampled_from(KEYS))))
                     command = Command((Compare(key, CompareKind.EXISTS, draw(st.booleans())),), branch, branch[:1])

@@ -89,6 +89,8 @@ async def test_batch_keepalive(client):
                       "not_found": [424242]}
     one = (await client.post(f"/v1/leases/{ids[0]}/keepalive")).json()
     assert one == {"id": ids[0], "ttl_s": 30}
+    metrics = (await client.get("/metrics")).text
+    assert "metakv_leases 3.0" in metrics and "metakv_lease_keepalives_total 4.0" in metrics
 
 
 @pytest.mark.parametrize("ttl_s", [0, -5, 86_401])
