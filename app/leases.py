@@ -20,6 +20,7 @@ ends is the leader's alone to decide, on its own clock:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import math
@@ -140,10 +141,8 @@ class LeaseManager:
         for task in (self._task, self._loading):
             if task is not None:
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: nothing to report
                     await task
-                except (asyncio.CancelledError, Exception):  # noqa: S110 - stopping: nothing to report
-                    pass
 
     async def _leading(self) -> int:
         """This node's epoch as the leader with every lease's deadline loaded (restarted from
