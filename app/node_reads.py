@@ -17,9 +17,13 @@ from app.service import (
     KeyRead,
     ListPage,
     VersionWaitTimeoutError,
+    is_internal_key,
 )
 from app.watch_hub import WatchHub
 from storage.state_machine import StateMachine, VersionCompactedError, VersionNotAppliedError
+
+# Above every internal key (NUL, then anything) and below every client key (no NUL).
+INTERNAL_KEYS_END = "\x00\U0010ffff"
 
 
 @contextlib.contextmanager
@@ -48,12 +52,22 @@ class NodeReads:
         return KeyRead(version, entry)
 
     def changes(self, prefix: str, since: int, limit: int, max_bytes: int | None = None) -> ChangePage:
-        with _service_errors():
-            version, events = self.state.changes(prefix, since, limit, max_bytes)
-        return ChangePage(version, events)
+        while True:
+            with _service_errors():
+                version, events = self.state.changes(prefix, since, limit, max_bytes)
+            if prefix:  # only the empty prefix reaches the internal keys (they start with NUL)
+                return ChangePage(version, events)
+            visible = [event for event in events if not is_internal_key(event.key)]
+            if visible or not events:
+                return ChangePage(version, visible)
+            since = version  # a page of internal changes only: an empty page would end a catch-up early
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None, max_bytes: int | None = None) -> ListPage:
+        if is_internal_key(prefix):
+            prefix = INTERNAL_KEYS_END  # no client key starts with NUL: an empty page
+        elif not prefix and (after is None or after < INTERNAL_KEYS_END):
+            after = INTERNAL_KEYS_END  # the internal keys sort first: skip them
         with _service_errors():
             version, entries, next_key = self.state.list(prefix, after=after, limit=limit, at_version=at_version,
                                                          max_bytes=max_bytes)
