@@ -7,9 +7,13 @@ apply time, deterministically, so every replica reaches the same outcome. Encodi
     [COMMAND_VERSION, [[key, compare_kind, target], ...], [op, ...], [op, ...]]
     op = [op_kind, key, value (bytes), content_type (str)]
     op = [op_kind, key, value, content_type, create_version]   (cleaned PUT, see below)
+    op = [op_kind, key, value, content_type, create_version, lease, key_version]
+    (trailing fields are written only up to the last non-default one, so older records
+    keep their 4/5-element form; ``lease`` belongs to the leases work and is 0 here)
 
 The cleaner (storage/cleaner.py) rewrites a key's newest record into an unconditional PUT
-that carries the key's ``create_version``, so that a replica replaying the cleaned log
+that carries the key's ``create_version`` and ``key_version`` (etcd's per-key version: the
+number of changes since the key's creation), so that a replica replaying the cleaned log
 reaches exactly the rows of a replica that applied the original records.
 """
 
@@ -54,6 +58,7 @@ class Op:
     value: bytes = b""
     content_type: str = DEFAULT_CONTENT_TYPE
     create_version: int = 0  # set only by the cleaner: the key's create_version to restore
+    key_version: int = 0  # set only by the cleaner: the key's key_version to restore
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +90,9 @@ def encode_command(command: Command) -> bytes:
 
 def _encode_op(op: Op) -> list[object]:
     encoded: list[object] = [int(op.kind), op.key, op.value, op.content_type]
-    if op.create_version:
+    if op.key_version:
+        encoded.extend((op.create_version, 0, op.key_version))
+    elif op.create_version:
         encoded.append(op.create_version)
     return encoded
 
@@ -96,7 +103,8 @@ _OP_KINDS = {int(kind): kind for kind in OpKind}
 # Raw (validated) command parts: what decode_command_parts returns. Readers that only need
 # the fields (the pipeline decodes millions of records) skip building the dataclasses.
 RawCompare = list  # [key: str, kind: int (a CompareKind value), target]
-RawOp = list  # [kind: int (an OpKind value), key: str, value: bytes, content_type: str(, create_version: int)]
+RawOp = list  # [kind: int (an OpKind value), key: str, value: bytes, content_type: str(, create_version, lease, key_version: int)]
+OP_FIELDS_MIN, OP_FIELDS_MAX = 4, 7
 
 
 def _check_compare(item: object) -> None:
@@ -111,20 +119,22 @@ def _check_compare(item: object) -> None:
 
 
 def _check_op(item: object) -> None:
-    if (type(item) is not list or len(item) not in (4, 5) or type(item[1]) is not str
-            or type(item[2]) is not bytes or type(item[3]) is not str):
+    if (type(item) is not list or not OP_FIELDS_MIN <= len(item) <= OP_FIELDS_MAX
+            or type(item[1]) is not str or type(item[2]) is not bytes or type(item[3]) is not str):
         raise CommandDecodeError("malformed op")
-    create_version = item[4] if len(item) == 5 else 0
-    if type(create_version) is not int or create_version < 0:
-        raise CommandDecodeError("malformed op create_version")
+    for extra in item[4:]:  # create_version, lease, key_version
+        if type(extra) is not int or extra < 0:
+            raise CommandDecodeError("malformed op trailing field")
+    create_version = item[4] if len(item) > 4 else 0
+    key_version = item[6] if len(item) > 6 else 0
     kind = _OP_KINDS.get(item[0]) if type(item[0]) is int else None
     if kind is None:
         try:
             kind = OpKind(item[0])
         except ValueError as exc:
             raise CommandDecodeError(f"unknown op kind {item[0]!r}") from exc
-    if create_version and kind != OpKind.PUT:
-        raise CommandDecodeError("create_version on an op that is not a put")
+    if (create_version or key_version) and kind != OpKind.PUT:
+        raise CommandDecodeError("create_version or key_version on an op that is not a put")
 
 
 def decode_command_parts(record: bytes) -> tuple[list[RawCompare], list[RawOp], list[RawOp]]:
@@ -156,7 +166,8 @@ def _compare(item: RawCompare) -> Compare:
 
 
 def _op(item: RawOp) -> Op:
-    return Op(OpKind(item[0]), item[1], item[2], item[3], item[4] if len(item) == 5 else 0)
+    return Op(OpKind(item[0]), item[1], item[2], item[3], item[4] if len(item) > 4 else 0,
+              item[6] if len(item) > 6 else 0)
 
 
 def decode_command(record: bytes) -> Command:

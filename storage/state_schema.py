@@ -23,7 +23,9 @@ from sqlalchemy.pool import NullPool
 # 3: ``key_heads`` is written behind apply, a slice of keys at a time; ``meta.heads_version``
 # says up to which version it is complete (the heads of later changes are in memory, and in
 # their history rows). Schema 2 is upgraded in place (its ``key_heads`` is always complete).
-SCHEMA_VERSION = 3
+# 4: ``history.key_version`` (etcd's per-key version); schemas 2 and 3 are upgraded in place,
+# their put rows taking key_version 1 (the changes before a key's newest are not counted).
+SCHEMA_VERSION = 4
 HISTORY_OP_PUT = 1
 HISTORY_OP_DELETE = 2
 
@@ -59,6 +61,8 @@ history = sa.Table(
     sa.Column("create_version", sa.Integer, nullable=False),
     sa.Column("prev_version", sa.Integer, nullable=True),
     sa.Column("prev_seq", sa.Integer, nullable=True),
+    # last: schema 3 gains it by ALTER TABLE, which appends (0 on a delete row)
+    sa.Column("key_version", sa.Integer, nullable=False, server_default="1"),
     sqlite_with_rowid=False,
 )
 
@@ -87,6 +91,7 @@ entries = sa.Table(
     sa.Column("content_type", sa.Text, nullable=False),
     sa.Column("mod_version", sa.Integer, nullable=False),
     sa.Column("create_version", sa.Integer, nullable=False),
+    sa.Column("key_version", sa.Integer, nullable=False),
 )
 
 
@@ -94,7 +99,7 @@ def entries_view_select() -> sa.Select[Any]:
     """The ``entries`` view's query: each key whose head is a put, with that put's value."""
     return sa.select(
         key_heads.c.key, history.c.value, history.c.content_type,
-        key_heads.c.mod_version, history.c.create_version,
+        key_heads.c.mod_version, history.c.create_version, history.c.key_version,
     ).select_from(key_heads.join(history, sa.and_(
         history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq,
     ))).where(history.c.op == HISTORY_OP_PUT)
@@ -119,8 +124,8 @@ COMPLETE_KEY_HEADS_SQL = (
 COMPLETE_HEADS_VERSION_SQL = "UPDATE meta SET heads_version = applied_version WHERE id = 1"
 
 
-# The schemas this code reads; 2 is upgraded in place (upgrade_schema_2) before use.
-READABLE_SCHEMA_VERSIONS = (2, SCHEMA_VERSION)
+# The schemas this code reads; 2 and 3 are upgraded in place (upgrade_schema) before use.
+READABLE_SCHEMA_VERSIONS = (2, 3, SCHEMA_VERSION)
 
 
 @contextmanager
@@ -138,11 +143,17 @@ def write_transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Connec
         raise
 
 
-def upgrade_schema_2(connection: sqlite3.Connection) -> None:
-    """Make a schema-2 database schema 3, inside the caller's transaction. Schema 2 wrote
-    key_heads in every apply call, so it is complete at the applied version."""
-    connection.execute("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
-    connection.execute(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}, heads_version = applied_version")
+def upgrade_schema(connection: sqlite3.Connection, found: int) -> None:
+    """Make a schema-2 or -3 database the current schema, inside the caller's transaction.
+    Schema 2 wrote key_heads in every apply call, so it is complete at the applied version.
+    Schema 3 lacks history.key_version: its rows take 1, and the entries view is rebuilt
+    (the caller creates it again) to show it."""
+    if found == 2:
+        connection.execute("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
+        connection.execute("UPDATE meta SET heads_version = applied_version")
+    connection.execute("ALTER TABLE history ADD COLUMN key_version INTEGER NOT NULL DEFAULT 1")
+    connection.execute(f"DROP VIEW IF EXISTS {entries.name}")
+    connection.execute(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}")
 
 
 def complete_key_heads(connection: sqlite3.Connection) -> None:

@@ -72,6 +72,7 @@ class KeyEndpoints:
         content_type = entry.content_type if CONTENT_TYPE_RE.fullmatch(entry.content_type) else DEFAULT_CONTENT_TYPE
         headers = [(b"content-type", content_type.encode("latin-1")), (b"etag", f'"{entry.mod_version}"'.encode()),
                    (b"x-create-version", str(entry.create_version).encode()),
+                   (b"x-key-version", str(entry.key_version).encode()),
                    (b"content-length", str(len(entry.value)).encode())]
         return Answer(200, headers, b"" if request.method == "HEAD" else entry.value)
 
@@ -105,7 +106,8 @@ def key_documentation_router(endpoints: KeyEndpoints) -> APIRouter:
         "description": "the value as raw bytes with its stored Content-Type",
         "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
         "headers": {"ETag": {"schema": {"type": "string"}, "description": '"<mod_version>"'},
-                    "X-Create-Version": {"schema": {"type": "integer"}}},
+                    "X-Create-Version": {"schema": {"type": "integer"}},
+                    "X-Key-Version": {"schema": {"type": "integer"}}},
     }}
     router.add_api_route(
         KEY_ROUTE_TEMPLATE, endpoints.get_key, methods=["GET"], name="get_key",

@@ -196,6 +196,7 @@ class ListItem(BaseModel):
     content_type: str
     mod_version: int
     create_version: int
+    key_version: int = Field(description="changes since the key was created (etcd's version): 1 on create")
 
 
 class ListResponse(BaseModel):
@@ -215,6 +216,7 @@ class TxnOpResult(BaseModel):
     content_type: str | None = None
     mod_version: int | None = None
     create_version: int | None = None
+    key_version: int | None = None
 
 
 class FailedCompare(BaseModel):
