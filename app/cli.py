@@ -86,6 +86,7 @@ SERVE_HELP = {
     "data_dir": "directory holding the log, quorum state, snapshots and state.db",
     "listen_http": "HOST:PORT for the HTTP API",
     "listen_raft": "HOST:PORT for raft traffic between nodes",
+    "listen_etcd": "HOST:PORT for etcd's v3 gRPC API (off unless given; docs/etcd.md)",
     "voters": "the voters' raft addresses: ID@HOST:PORT,ID@HOST:PORT,...",
     "advertise_http": "this node's HTTP URL as clients reach it (default http://LISTEN-HTTP)",
     "observer": "run as a non-voting observer (its id must not be in --voters)",
@@ -284,9 +285,15 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    etcd = None
     try:
+        if config.listen_etcd is not None:
+            from app.etcd.grpc_server import start_etcd_server
+            etcd = await start_etcd_server(runtime, config)
         await server.serve(sockets=[http_socket])
     finally:
+        if etcd is not None:
+            await etcd.stop()
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
 

@@ -101,6 +101,7 @@ class NodeConfig:
     # HTTP auth (app/auth.py, docs/http.md "Auth"): off unless a token file is given. The
     # policy is read and validated with the rest of the config, so a bad file exits 2.
     auth_file: Path | None = None
+    listen_etcd: HostPort | None = None  # etcd's v3 gRPC API (docs/etcd.md); None: off
     auth_policy: AuthPolicy | None = None
     ui: UiMode = "on"  # the dashboard at /ui (docs/ui.md)
     # --- security (docs/security.md): TLS for HTTP and raft, who may connect, --insecure.
@@ -322,6 +323,7 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "tombstone_retention_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "snapshot_every_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "auth_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "listen_etcd": parse_host_port,
     "ui": parse_ui_mode,
     # --- security
     "tls_cert_file": lambda name, raw: Path(_non_empty(name, raw)),
@@ -523,7 +525,7 @@ def _validate_security(values: dict[str, Any]) -> None:
     voters_listed = sorted(get("allowed_observers", frozenset()) & set(values["voters"]))
     if voters_listed:
         raise ConfigError(f"--allowed-observers: node {voters_listed[0]} is a voter (voters may always connect)")
-    listeners = (values["listen_http"], values["listen_raft"])
+    listeners = (values["listen_http"], values["listen_raft"], *([get("listen_etcd")] if get("listen_etcd") else []))
     exposed = [str(address) for address in listeners if is_exposed_host(address.host)]
     secret = get("cluster_secret", DEFAULT_CLUSTER_SECRET)
     if exposed and peer_files[0] is None and not get("insecure", False):
