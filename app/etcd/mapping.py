@@ -292,7 +292,8 @@ class EtcdMapping:
         if quorum is not None:
             members = {replica["node_id"]: False for replica in quorum["voters"]}
             members.update({replica["node_id"]: True for replica in quorum["observers"]})
-        return rpc_pb2.MemberListResponse(header=self.header(), members=[
+        # as etcd: a call that does not touch the key-value store has revision 0 (unset)
+        return rpc_pb2.MemberListResponse(header=self.header(0), members=[
             rpc_pb2.Member(ID=node_id, name=f"metakv-{node_id}", clientURLs=self.member_urls.get(node_id, []),
                            isLearner=learner)
             for node_id, learner in sorted(members.items())])
