@@ -87,6 +87,7 @@ SERVE_HELP = {
     "listen_http": "HOST:PORT for the HTTP API",
     "listen_raft": "HOST:PORT for raft traffic between nodes",
     "listen_etcd": "HOST:PORT for etcd's v3 gRPC API (off unless given; docs/etcd.md)",
+    "listen_etcd_gateway": "HOST:PORT for etcd's v3 JSON gateway (needs --listen-etcd; docs/etcd.md)",
     "voters": "the voters' raft addresses: ID@HOST:PORT,ID@HOST:PORT,...",
     "advertise_http": "this node's HTTP URL as clients reach it (default http://LISTEN-HTTP)",
     "observer": "run as a non-voting observer (its id must not be in --voters)",
@@ -288,8 +289,9 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     etcd = None
     try:
         if config.listen_etcd is not None:
-            from app.etcd.grpc_server import start_etcd_server
-            etcd = await start_etcd_server(runtime, config)
+            from app.etcd.serve import EtcdApi
+            etcd = EtcdApi(runtime, config)
+            await etcd.start()
         await server.serve(sockets=[http_socket])
     finally:
         if etcd is not None:

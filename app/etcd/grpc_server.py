@@ -10,12 +10,10 @@ from typing import TypeVar
 
 import grpc
 
-from app.config import NodeConfig
 from app.etcd.errors import EtcdError
 from app.etcd.mapping import EtcdMapping
 from app.etcd.protos import rpc_pb2, rpc_pb2_grpc
 from app.etcd.watch import WatchStream
-from app.service import KVService
 
 logger = logging.getLogger(__name__)
 Answer = TypeVar("Answer")
@@ -115,17 +113,3 @@ class EtcdGrpcServer:
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
             self._server = None
-        await self.mapping.close()
-
-
-async def start_etcd_server(service: KVService, config: NodeConfig) -> EtcdGrpcServer:
-    """The node's etcd listener on ``config.listen_etcd``, started. MemberList knows this
-    node's own etcd URL only (the others' are not in its config)."""
-    address = config.listen_etcd
-    assert address is not None
-    urls = {node_id: [] for node_id in config.voters}
-    urls[config.node_id] = [f"http://{address.url_host}:{address.port}"]
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded call otherwise
-    server = EtcdGrpcServer(EtcdMapping(service, config.cluster_id, urls), address.host, address.port)
-    await server.start()
-    return server

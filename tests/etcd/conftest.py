@@ -40,7 +40,8 @@ class Stubs:
 
 @pytest.fixture
 async def etcd(service: InProcessService) -> AsyncIterator[Stubs]:
-    server = EtcdGrpcServer(EtcdMapping(service, "test-cluster", {1: ["http://127.0.0.1:1"]}), "127.0.0.1", 0)
+    mapping = EtcdMapping(service, "test-cluster", {1: ["http://127.0.0.1:1"]})
+    server = EtcdGrpcServer(mapping, "127.0.0.1", 0)
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
     try:
@@ -50,3 +51,4 @@ async def etcd(service: InProcessService) -> AsyncIterator[Stubs]:
     finally:
         await channel.close()
         await server.stop()
+        await mapping.close()
