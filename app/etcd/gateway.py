@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.etcd.errors import EtcdError, unimplemented
-from app.etcd.mapping import EtcdMapping
+from app.etcd.mapping import ETCD_API_VERSION, EtcdMapping
 from app.etcd.protos import rpc_pb2
 from app.etcd.watch import WatchStream
 
@@ -91,6 +91,10 @@ def gateway_app(mapping: EtcdMapping) -> Starlette:
                     yield json.dumps({"result": _json(response)}).encode() + b"\n"
         return StreamingResponse(lines(), media_type="application/json")
 
+    async def version(request: Request) -> Response:
+        """etcd's /version: clients such as etcd3gw pick the API path from it."""
+        return JSONResponse({"etcdserver": ETCD_API_VERSION, "etcdcluster": ETCD_API_VERSION})
+
     async def not_implemented(request: Request) -> Response:
         return _error(unimplemented(f"{request.url.path} is not served (docs/etcd.md)"))
 
@@ -105,6 +109,7 @@ def gateway_app(mapping: EtcdMapping) -> Starlette:
         Route("/v3/cluster/member/list", _unary(rpc_pb2.MemberListRequest, lambda _request: mapping.member_list()),
               methods=["POST"]),
         Route("/v3/watch", watch, methods=["POST"]),
+        Route("/version", version, methods=["GET"]),
         Route("/v3/{rest:path}", not_implemented, methods=["POST", "GET"]),
     ]
     return Starlette(routes=routes)

@@ -26,9 +26,13 @@ from app.service import (
 from metakv import AsyncClient
 from metakv.errors import Indeterminate, MetakvError
 from metakv.results import TxnResult
+from metakv.routing import RetryPolicy
 
 READ_WAIT_MS = 5000  # how long a read waits for this node to apply the version it needs
-FORWARD_TIMEOUT_S = 10.0
+FORWARD_TIMEOUT_S = 5.0
+# A forwarded call gives up on a leader that stopped answering this soon: the etcd client
+# then retries (UNAVAILABLE), and the retry goes to whichever leader this node knows by then.
+FORWARD_DEADLINE_S = 2.0
 
 
 class LeaderLink:
@@ -41,7 +45,9 @@ class LeaderLink:
     def _client(self, leader_url: str) -> AsyncClient:
         client = self._clients.get(leader_url)
         if client is None:
-            client = self._clients[leader_url] = AsyncClient(leader_url, timeout_s=FORWARD_TIMEOUT_S)
+            client = self._clients[leader_url] = AsyncClient(
+                leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
+                read_your_writes=False)
         return client
 
     async def close(self) -> None:
