@@ -102,7 +102,10 @@ class EtcdGrpcServer:
         rpc_pb2_grpc.add_MaintenanceServicer_to_server(_Maintenance(self.mapping), server)
         rpc_pb2_grpc.add_ClusterServicer_to_server(_Cluster(self.mapping), server)
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-        self.port = server.add_insecure_port(address)
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"--listen-etcd {address}: cannot bind ({exc})") from None
         if not self.port:
             raise OSError(f"--listen-etcd {address}: cannot bind")
         await server.start()
