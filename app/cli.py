@@ -367,6 +367,8 @@ def cluster_up(args: argparse.Namespace) -> int:
     base_etcd = parse_int("--base-etcd-port", args.base_etcd_port, 0, 65535 - voters - observers)
     base_gateway = parse_int("--base-etcd-gateway-port", args.base_etcd_gateway_port, 0,
                              65535 - voters - observers)
+    if args.auth_file:  # etcd's API has no auth yet: a node refuses it beside --auth-file
+        base_etcd = base_gateway = 0
     if base_gateway and not base_etcd:
         raise ConfigError("--base-etcd-gateway-port: needs --base-etcd-port (the gateway serves the same calls)")
     bases = {"--base-http-port": base_http, "--base-raft-port": base_raft, "--base-etcd-port": base_etcd,

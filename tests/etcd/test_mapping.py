@@ -143,3 +143,4 @@ async def test_status_member_list_and_alarm(etcd: Stubs) -> None:
     assert [(m.ID, list(m.clientURLs), m.isLearner) for m in members.members] == [(1, ["http://127.0.0.1:1"], False)]
     alarms = await etcd.maintenance.Alarm(rpc_pb2.AlarmRequest())
     assert not alarms.alarms and alarms.header.member_id == 1
+
