@@ -6,17 +6,7 @@ from __future__ import annotations
 
 import grpc
 
-from app.service import (
-    HistoryCompactedError,
-    IndeterminateError,
-    NotLeaderError,
-    NotReadyError,
-    QuotaExceededError,
-    ServiceError,
-    VersionWaitTimeoutError,
-    WriteRejectedError,
-    WriteTooLargeError,
-)
+from app import service
 
 
 class EtcdError(Exception):
@@ -62,22 +52,22 @@ def unimplemented(detail: str) -> EtcdError:
     return EtcdError(grpc.StatusCode.UNIMPLEMENTED, f"metakv: {detail}")
 
 
-def from_service_error(exc: ServiceError) -> EtcdError:
+def from_service_error(exc: service.ServiceError) -> EtcdError:
     """The etcd answer for a failure of the service (app/service.py)."""
-    if isinstance(exc, HistoryCompactedError):
+    if isinstance(exc, service.HistoryCompactedError):
         return compacted(exc.oldest_version)
-    if isinstance(exc, VersionWaitTimeoutError):
-        return etcd_error(FUTURE_REVISION)
-    if isinstance(exc, NotLeaderError):
-        return etcd_error(NO_LEADER)
-    if isinstance(exc, WriteTooLargeError):
-        return etcd_error(TOO_LARGE)
-    if isinstance(exc, WriteRejectedError):
-        return etcd_error(TIMEOUT)
-    if isinstance(exc, IndeterminateError):
-        return etcd_error(LEADER_FAIL)
-    if isinstance(exc, QuotaExceededError):
-        return etcd_error(NO_SPACE)
-    if isinstance(exc, NotReadyError):
-        return etcd_error(UNHEALTHY)
+    for kind, pair in _SERVICE_ERRORS:  # subclasses before their bases
+        if isinstance(exc, kind):
+            return etcd_error(pair)
     return EtcdError(grpc.StatusCode.UNAVAILABLE, f"metakv: {exc}")
+
+
+_SERVICE_ERRORS: tuple[tuple[type[service.ServiceError], tuple[grpc.StatusCode, str]], ...] = (
+    (service.VersionWaitTimeoutError, FUTURE_REVISION),
+    (service.NotLeaderError, NO_LEADER),
+    (service.WriteTooLargeError, TOO_LARGE),
+    (service.WriteRejectedError, TIMEOUT),
+    (service.IndeterminateError, LEADER_FAIL),
+    (service.QuotaExceededError, NO_SPACE),
+    (service.NotReadyError, UNHEALTHY),
+)

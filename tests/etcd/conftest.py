@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
@@ -12,21 +11,8 @@ import pytest
 from app.etcd.grpc_server import EtcdGrpcServer
 from app.etcd.mapping import EtcdMapping
 from app.etcd.protos import rpc_pb2_grpc
+from tests.http.conftest import anyio_backend, service  # noqa: F401  (the same node as the HTTP tests)
 from tests.http.service_double import InProcessService
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[InProcessService]:
-    node = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
-    try:
-        yield node
-    finally:
-        node.close()
 
 
 @dataclass
@@ -39,7 +25,7 @@ class Stubs:
 
 
 @pytest.fixture
-async def etcd(service: InProcessService) -> AsyncIterator[Stubs]:
+async def etcd(service: InProcessService) -> AsyncIterator[Stubs]:  # noqa: F811  (the fixture)
     mapping = EtcdMapping(service, "test-cluster", {1: ["http://127.0.0.1:1"]})
     server = EtcdGrpcServer(mapping, "127.0.0.1", 0)
     await server.start()

@@ -1,7 +1,9 @@
 """Two etcd clients from PyPI, aetcd (asyncio, over gRPC) and etcd3gw (over the JSON
 gateway), each run a small application against one follower of a 3-voter metakv cluster
 while the leader is SIGKILLed: a compare-and-swap counter and a watch of it. etcd clients
-never follow redirects; the follower forwards."""
+never follow redirects; the follower forwards.
+
+Not named test_*.py: `make test-etcd` runs it (~15 s), `make test` does not."""
 
 from __future__ import annotations
 
@@ -25,11 +27,6 @@ CAS_ATTEMPTS = 60
 RETRY_PAUSE_S = 0.2
 CALL_TIMEOUT_S = 5
 WATCH_WAIT_S = 20
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
