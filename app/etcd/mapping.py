@@ -226,12 +226,16 @@ class EtcdMapping:
             raise etcd_error(LEASE_NOT_FOUND)  # no lease exists until metakv has leases
         txn = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_put=request)])
         answer = await self.txn(txn)
-        return answer.responses[0].response_put
+        response = answer.responses[0].response_put
+        response.header.CopyFrom(answer.header)  # a Put's own answer carries the full header
+        return response
 
     async def delete_range(self, request: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
         txn = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_delete_range=request)])
         answer = await self.txn(txn)
-        return answer.responses[0].response_delete_range
+        response = answer.responses[0].response_delete_range
+        response.header.CopyFrom(answer.header)
+        return response
 
     async def txn(self, request: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
         """etcd's Txn (Put and DeleteRange are one-op Txns): read what it depends on,
@@ -448,6 +452,6 @@ class _Plan:
     def response(self, results: list[OpResult] | tuple[OpResult, ...], header: rpc_pb2.ResponseHeader
                  ) -> rpc_pb2.TxnResponse:
         responses = [answer(results) for answer in self.answers]
-        for response in responses:  # every inner response carries the txn's header, as in etcd
-            getattr(response, response.WhichOneof("response")).header.CopyFrom(header)
+        for response in responses:  # as etcd: an inner response's header holds the revision only
+            getattr(response, response.WhichOneof("response")).header.revision = header.revision
         return rpc_pb2.TxnResponse(header=header, succeeded=self.succeeded, responses=responses)

@@ -1,9 +1,11 @@
 """etcdctl (Debian's etcd-client) as the client: the same commands against a 3-voter metakv
-cluster (through a follower and the leader) and a 3-member etcd started here, outputs
-compared after normalising only ids, revisions and what docs/etcd.md lists as differing."""
+cluster (through a follower) and a 3-member etcd started here, outputs compared after
+normalising only ids, revisions and what docs/etcd.md lists as differing; then the same
+JSON calls through both v3 gateways."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from loadtest.clusters import start_etcd
@@ -25,17 +28,18 @@ WATCH_WAIT_S = 10
 NUMBERED = {"cluster_id", "member_id", "revision", "raft_term", "create_revision", "mod_revision", "ID",
             "leader", "raftIndex", "raftTerm", "raftAppliedIndex", "compact_revision"}
 # Members that differ by design (docs/etcd.md, Known differences).
-DIFFERENT = {"dbSize", "dbSizeInUse", "version", "name", "peerURLs", "clientURLs", "Endpoint"}
+DIFFERENT = {"dbSize", "dbSizeInUse", "name", "peerURLs", "clientURLs", "Endpoint"}
+STATUS_DIFFERENT = DIFFERENT | {"version"}  # the server's version (a key's version is compared)
 
 Etcdctl = Callable[..., str]
 
 
-def normalised(value: Any) -> Any:
+def normalised(value: Any, different: set[str] = DIFFERENT) -> Any:
     if isinstance(value, dict):
-        return {key: ("N" if key in NUMBERED else normalised(item)) for key, item in value.items()
-                if key not in DIFFERENT}
+        return {key: ("N" if key in NUMBERED else normalised(item, different)) for key, item in value.items()
+                if key not in different}
     if isinstance(value, list):
-        return [normalised(item) for item in value]
+        return [normalised(item, different) for item in value]
     return value
 
 
@@ -84,7 +88,32 @@ def scenario(endpoint: str) -> dict[str, Any]:
     seen["watch --rev"] = watch_output(endpoint, ["--prefix", "foo", f"--rev={first}"], 9)
     seen["compaction"] = run("compaction", str(first)).replace(str(first), "R")
     seen["member list"] = normalised(json.loads(run("member", "list", "-w", "json")))
-    seen["endpoint status"] = normalised(json.loads(run("endpoint", "status", "-w", "json")))
+    seen["endpoint status"] = normalised(json.loads(run("endpoint", "status", "-w", "json")), STATUS_DIFFERENT)
+    return seen
+
+
+def gateway_session(base_url: str) -> dict[str, Any]:
+    """The same calls as JSON through the v3 gateway: what a client of it reads back."""
+    def post(path: str, body: dict[str, Any]) -> Any:
+        answer = httpx.post(base_url + path, json=body, timeout=COMMAND_TIMEOUT_S)
+        return answer.status_code, normalised(answer.json())
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    seen: dict[str, Any] = {}
+    seen["put"] = post("/v3/kv/put", {"key": b64(b"gw/a"), "value": b64(b"1")})
+    seen["put prev_kv"] = post("/v3/kv/put", {"key": b64(b"gw/a"), "value": b64(b"2"), "prev_kv": True})
+    post("/v3/kv/put", {"key": b64(b"gw/b"), "value": b64(b"3")})
+    seen["range prefix"] = post("/v3/kv/range", {"key": b64(b"gw/"), "range_end": b64(b"gw0"), "limit": 1})
+    seen["range count_only"] = post("/v3/kv/range", {"key": b64(b"gw/"), "range_end": b64(b"gw0"), "count_only": True})
+    seen["txn"] = post("/v3/kv/txn", {
+        "compare": [{"key": b64(b"gw/a"), "target": "VERSION", "result": "EQUAL", "version": 2}],
+        "success": [{"request_range": {"key": b64(b"gw/b")}}, {"request_delete_range": {"key": b64(b"gw/b")}}]})
+    seen["deleterange prev_kv"] = post("/v3/kv/deleterange", {"key": b64(b"gw/"), "range_end": b64(b"gw0"),
+                                                              "prev_kv": True})
+    seen["future revision"] = post("/v3/kv/range", {"key": b64(b"gw/a"), "revision": 100000})
+    seen["empty key"] = post("/v3/kv/put", {"value": b64(b"v")})
     return seen
 
 
@@ -113,3 +142,7 @@ def test_etcdctl_prints_the_same_against_metakv_and_etcd(clusters: tuple[Cluster
     got = scenario(f"127.0.0.1:{follower.etcd_port}")  # a follower forwards the writes
     for key in expected:
         assert (key, got[key]) == (key, expected[key])
+    expected_json = gateway_session(next(iter(etcd.nodes.values())).url)
+    got_json = gateway_session(f"http://127.0.0.1:{follower.etcd_gateway_port}")
+    for key in expected_json:
+        assert (key, got_json[key]) == (key, expected_json[key])
