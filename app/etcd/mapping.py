@@ -120,6 +120,13 @@ def text_key(key: bytes) -> str:
         raise invalid("keys must be UTF-8 (metakv keys are text)") from None
 
 
+def _text_or_none(key: bytes) -> str | None:
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def key_value(entry: Entry, keys_only: bool = False) -> kv_pb2.KeyValue:
     return kv_pb2.KeyValue(key=entry.key.encode(), create_revision=entry.create_version,
                            mod_revision=entry.mod_version, version=entry.key_version,
@@ -172,8 +179,17 @@ class EtcdMapping:
             prefix = keys.list_prefix()
             found: list[Entry] = []
             after: str | None = None
+            first = _text_or_none(keys.start)
+            skip_to_first = first is not None and first > prefix
+            if skip_to_first:
+                after = first  # list from the range's first key, not the prefix's; it is read below
             while True:
                 page = self.service.list(prefix, after=after, limit=LIST_PAGE, at_version=at_version)
+                if skip_to_first:  # the first key itself, at the listing's version
+                    skip_to_first = False
+                    read = self.service.get(first, at_version=page.version)  # type: ignore[arg-type]
+                    if read.entry is not None and keys.holds(keys.start):
+                        found.append(read.entry)
                 at_version = page.version
                 for entry in page.entries:
                     encoded = entry.key.encode()

@@ -35,6 +35,9 @@ async def test_put_and_range_carry_etcd_revisions_versions_and_headers(etcd: Stu
     assert [kv.key for kv in everything.kvs] == [b"app/a", b"app/b", b"other"]
     from_key = await etcd.kv.Range(R(key=b"app/b", range_end=b"\0", serializable=True))
     assert [kv.key for kv in from_key.kvs] == [b"app/b", b"other"]
+    between = await etcd.kv.Range(R(key=b"app/a", range_end=b"app/b"))
+    assert [kv.key for kv in between.kvs] == [b"app/a"]
+    assert not (await etcd.kv.Range(R(key=b"other", range_end=b"app/"))).kvs  # an empty range
 
 
 async def test_range_limit_sort_count_and_keys_only(etcd: Stubs) -> None:
