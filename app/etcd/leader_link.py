@@ -10,7 +10,7 @@ ReadIndex): the read rules stay in one place, the local read path.
 
 from __future__ import annotations
 
-from app.etcd.errors import LEADER_FAIL, NO_LEADER, etcd_error, from_service_error
+from app.etcd.errors import LEADER_FAIL, NO_LEADER, TIMEOUT, etcd_error, from_service_error
 from app.service import (
     ApplyResult,
     Compare,
@@ -22,6 +22,7 @@ from app.service import (
     OpKind,
     OpResult,
     ServiceError,
+    VersionWaitTimeoutError,
 )
 from metakv import AsyncClient
 from metakv.errors import Indeterminate, MetakvError
@@ -70,6 +71,8 @@ class LeaderLink:
                     raise etcd_error(NO_LEADER) from exc
                 version = await self._leader_version(exc.leader_url)
             await self.service.wait_readable("local", version, READ_WAIT_MS)
+        except VersionWaitTimeoutError as exc:  # this node did not catch up in time
+            raise etcd_error(TIMEOUT) from exc
         except ServiceError as exc:
             raise from_service_error(exc) from exc
 
