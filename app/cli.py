@@ -89,6 +89,8 @@ SERVE_HELP = {
     "data_dir": "directory holding the log, quorum state, snapshots and state.db",
     "listen_http": "HOST:PORT for the HTTP API",
     "listen_raft": "HOST:PORT for raft traffic between nodes",
+    "listen_etcd": "HOST:PORT for etcd's v3 gRPC API (off unless given; docs/etcd.md)",
+    "listen_etcd_gateway": "HOST:PORT for etcd's v3 JSON gateway (needs --listen-etcd; docs/etcd.md)",
     "voters": "the voters' raft addresses: ID@HOST:PORT,ID@HOST:PORT,...",
     "advertise_http": "this node's HTTP URL as clients reach it (default http://LISTEN-HTTP)",
     "observer": "run as a non-voting observer (its id must not be in --voters)",
@@ -130,6 +132,10 @@ def _build_parser() -> _Parser:
     up.add_argument("--observers", default="1", help="number of observers (default 1)")
     up.add_argument("--base-http-port", default="8001", help="HTTP port of node 1 (default 8001)")
     up.add_argument("--base-raft-port", default="9001", help="raft port of node 1 (default 9001)")
+    up.add_argument("--base-etcd-port", default="2379",
+                    help="etcd v3 gRPC port of node 1 (default 2379; 0 = no etcd API; docs/etcd.md)")
+    up.add_argument("--base-etcd-gateway-port", default="12379",
+                    help="etcd v3 JSON gateway port of node 1 (default 12379; 0 = none)")
     up.add_argument("--data-dir", default="./data", help="parent of the nodes' data dirs (default ./data)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     up.add_argument("--auth-file", default=os.environ.get("METAKV_AUTH_FILE"),
@@ -288,9 +294,20 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    etcd = None
     try:
+        if config.listen_etcd is not None:
+            from app.etcd.serve import EtcdApi
+            etcd = EtcdApi(runtime, config)
+            try:
+                await etcd.start()
+            except (OSError, RuntimeError) as exc:  # a taken port: grpc raises RuntimeError
+                print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
+                return EXIT_FAILURE
         await server.serve(sockets=[http_socket])
     finally:
+        if etcd is not None:
+            await etcd.stop()
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
 
@@ -351,8 +368,20 @@ def cluster_up(args: argparse.Namespace) -> int:
     observers = parse_int("--observers", args.observers, 0, 9)
     base_http = parse_int("--base-http-port", args.base_http_port, 1, 65535 - voters - observers)
     base_raft = parse_int("--base-raft-port", args.base_raft_port, 1, 65535 - voters - observers)
-    if abs(base_http - base_raft) < voters + observers:
-        raise ConfigError("--base-http-port and --base-raft-port ranges overlap")
+    base_etcd = parse_int("--base-etcd-port", args.base_etcd_port, 0, 65535 - voters - observers)
+    base_gateway = parse_int("--base-etcd-gateway-port", args.base_etcd_gateway_port, 0,
+                             65535 - voters - observers)
+    if args.auth_file:  # etcd's API has no auth yet: a node refuses it beside --auth-file
+        base_etcd = base_gateway = 0
+    if base_gateway and not base_etcd:
+        raise ConfigError("--base-etcd-gateway-port: needs --base-etcd-port (the gateway serves the same calls)")
+    bases = {"--base-http-port": base_http, "--base-raft-port": base_raft, "--base-etcd-port": base_etcd,
+             "--base-etcd-gateway-port": base_gateway}
+    started = [(flag, base) for flag, base in bases.items() if base]
+    for index, (flag, base) in enumerate(started):
+        for other_flag, other in started[index + 1:]:
+            if abs(base - other) < voters + observers:
+                raise ConfigError(f"{flag} and {other_flag} ranges overlap")
     data_dir = Path(args.data_dir)
     host = args.host.strip().removeprefix("[").removesuffix("]")  # HostPort adds IPv6 brackets back
     if args.auth_file:
@@ -387,6 +416,10 @@ def cluster_up(args: argparse.Namespace) -> int:
                 "--listen-raft", str(HostPort(host, base_raft + node_id - 1)),
                 "--voters", voter_spec,
             ]
+            if base_etcd:
+                command += ["--listen-etcd", str(HostPort(host, base_etcd + node_id - 1))]
+            if base_gateway:
+                command += ["--listen-etcd-gateway", str(HostPort(host, base_gateway + node_id - 1))]
             if node_id > voters:
                 command.append("--observer")
             if observers:  # voters let only these observers connect
@@ -398,7 +431,9 @@ def cluster_up(args: argparse.Namespace) -> int:
             # Children ignore the terminal's Ctrl-C (own process group): this process stops
             # them in order with SIGTERM so each shuts down gracefully exactly once.
             children.append((node_id, url, subprocess.Popen(command, start_new_session=True)))
-        _print_banner(children, voters, auth=bool(args.auth_file))
+        _print_banner(children, voters, auth=bool(args.auth_file),
+                      etcd_endpoints=[str(HostPort(host, base_etcd + index)) for index in range(count)]
+                      if base_etcd else [])
         if args.tls:
             print(f"TLS is on: add --cacert {certs_dir / 'ca.crt'} to each curl\n", flush=True)
         # A node that exits while starting (a taken port, a bad data dir) ends the wait at
@@ -446,7 +481,8 @@ def _supervise(children: Sequence[tuple[int, str, Any]], stop_requested: Any,
     return 0
 
 
-def _print_banner(children: list[tuple[int, str, subprocess.Popen[bytes]]], voters: int, auth: bool) -> None:
+def _print_banner(children: list[tuple[int, str, subprocess.Popen[bytes]]], voters: int, auth: bool,
+                  etcd_endpoints: tuple[str, ...] | list[str] = ()) -> None:
     print("metakv local cluster:", flush=True)
     for node_id, url, process in children:
         kind = "voter" if node_id <= voters else "observer"
@@ -462,6 +498,9 @@ try:
   curl {first}/v1/status
   {_metakv_command()} status --url {first}
 """, flush=True)
+    if etcd_endpoints:
+        print(f"etcd's v3 API (docs/etcd.md): etcdctl --endpoints {','.join(etcd_endpoints)} put greeting hi\n",
+              flush=True)
     if auth:
         print('auth is on: add -H "Authorization: Bearer $TOKEN" to each curl (with -L also '
               '--location-trusted), and set METAKV_TOKEN for metakv status\n', flush=True)

@@ -101,6 +101,8 @@ class NodeConfig:
     # HTTP auth (app/auth.py, docs/http.md "Auth"): off unless a token file is given. The
     # policy is read and validated with the rest of the config, so a bad file exits 2.
     auth_file: Path | None = None
+    listen_etcd: HostPort | None = None  # etcd's v3 gRPC API (docs/etcd.md); None: off
+    listen_etcd_gateway: HostPort | None = None  # etcd's v3 JSON gateway; needs listen_etcd
     auth_policy: AuthPolicy | None = None
     ui: UiMode = "on"  # the dashboard at /ui (docs/ui.md)
     # --- security (docs/security.md): TLS for HTTP and raft, who may connect, --insecure.
@@ -326,6 +328,8 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "tombstone_retention_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "snapshot_every_records": lambda name, raw: parse_int(name, raw, 0, 2**40),
     "auth_file": lambda name, raw: Path(_non_empty(name, raw)),
+    "listen_etcd": parse_host_port,
+    "listen_etcd_gateway": parse_host_port,
     "ui": parse_ui_mode,
     # --- security
     "tls_cert_file": lambda name, raw: Path(_non_empty(name, raw)),
@@ -462,6 +466,11 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
         host = listen_http.url_host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
         scheme = "https" if values.get("tls_cert_file") is not None else "http"
         values["advertise_http"] = f"{scheme}://{host}:{listen_http.port}"
+    if values.get("listen_etcd") is not None and values.get("auth_file") is not None:
+        raise ConfigError("--listen-etcd: etcd's API has no auth yet, so it cannot serve beside --auth-file "
+                          "(docs/etcd.md)")
+    if values.get("listen_etcd_gateway") is not None and values.get("listen_etcd") is None:
+        raise ConfigError("--listen-etcd-gateway: needs --listen-etcd (the gateway serves the same calls)")
     max_value_bytes = values.get("max_value_bytes", _NODE_DEFAULTS["max_value_bytes"])
     max_batch_bytes = values.get("max_batch_bytes", _NODE_DEFAULTS["max_batch_bytes"])
     if max_batch_bytes < max_value_bytes + RECORD_FRAMING_MAX_BYTES:
@@ -530,7 +539,8 @@ def _validate_security(values: dict[str, Any]) -> None:
     voters_listed = sorted(get("allowed_observers", frozenset()) & set(values["voters"]))
     if voters_listed:
         raise ConfigError(f"--allowed-observers: node {voters_listed[0]} is a voter (voters may always connect)")
-    listeners = (values["listen_http"], values["listen_raft"])
+    listeners = (values["listen_http"], values["listen_raft"],
+                 *(address for address in (get("listen_etcd"), get("listen_etcd_gateway")) if address is not None))
     exposed = [str(address) for address in listeners if is_exposed_host(address.host)]
     secret = get("cluster_secret", DEFAULT_CLUSTER_SECRET)
     if exposed and peer_files[0] is None and not get("insecure", False):

@@ -109,6 +109,8 @@ class Node:
     observer: bool = False
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    etcd_port: int = 0  # a metakv node's etcd v3 API (Cluster(etcd=True)); 0: none
+    etcd_gateway_port: int = 0  # and its JSON gateway
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
 
@@ -200,6 +202,7 @@ class Cluster:
         cluster_secret: str = "test-cluster-secret",
         cluster_id: str | None = None,
         token: str | None = None,
+        etcd: bool = False,
     ) -> None:
         """``settings``: extra serve settings for every node, by name (``election_timeout_ms=500``),
         passed as flags. ``env``: extra environment variables for every node.
@@ -208,11 +211,13 @@ class Cluster:
         on this machine at once, and a port freed by one can be reused by another; the raft
         handshake refuses peers of another cluster id, so nodes never join a foreign cluster.
 
-        ``token``: a bearer token the shared client sends (nodes started with an auth file)."""
+        ``token``: a bearer token the shared client sends (nodes started with an auth file).
+        ``etcd``: every node also serves etcd's v3 API (--listen-etcd) on ``Node.etcd_port`` and
+        its JSON gateway on ``Node.etcd_gateway_port``."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         count = voters + observers
-        ports = free_ports(2 * count)
+        ports = free_ports((4 if etcd else 2) * count)
         voter_spec = ",".join(f"{i}@127.0.0.1:{ports[2 * (i - 1) + 1]}" for i in range(1, voters + 1))
         self.cluster_id = cluster_id or f"test-{uuid.uuid4().hex[:12]}"
         base_env = {**os.environ, "PYTHONUNBUFFERED": "1", "METAKV_CLUSTER_SECRET": cluster_secret,
@@ -229,6 +234,9 @@ class Cluster:
                 "--listen-http", f"127.0.0.1:{http_port}", "--listen-raft", f"127.0.0.1:{raft_port}",
                 "--voters", voter_spec,
             ]
+            etcd_port, gateway_port = (ports[2 * count + 2 * index], ports[2 * count + 2 * index + 1]) if etcd else (0, 0)
+            if etcd:
+                command += ["--listen-etcd", f"127.0.0.1:{etcd_port}", "--listen-etcd-gateway", f"127.0.0.1:{gateway_port}"]
             if node_id > voters:
                 command.append("--observer")
             if observers:  # voters let only listed observers connect
@@ -236,7 +244,8 @@ class Cluster:
             for name, value in (settings or {}).items():
                 command += ["--" + name.replace("_", "-"), str(value)]
             self.nodes[node_id] = Node(node_id, http_port, raft_port, data_dir, self.root / f"node{node_id}.log",
-                                       observer=node_id > voters, command=command, env=dict(base_env))
+                                       observer=node_id > voters, command=command, env=dict(base_env),
+                                       etcd_port=etcd_port, etcd_gateway_port=gateway_port)
         self.token = token
         self._client: httpx.Client | None = None
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
+from app.etcd.mapping import prefix_end as prefix_end  # re-exported for the benchmarks
+
 REDIRECTS_MAX = 3  # a write is re-sent at most this many times after 307
 TXN_OPS_MAX = 100  # preload batch size; etcd's default --max-txn-ops is 128
 TXN_BYTES_MAX = 1024 * 1024  # preload batch bytes; etcd's default --max-request-bytes is 1.5 MiB
@@ -510,18 +512,6 @@ def make_store(kind: str, http: HttpTransport, endpoints: list[str], home_index:
     if kind == "etcd":
         return EtcdStore(http, endpoints, home_index)
     raise ValueError(f"unknown store kind {kind!r} (metakv or etcd)")
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """etcd's range end for "every key starting with prefix": the prefix with its last byte
-    below 0xff incremented and the rest dropped."""
-    trimmed = bytearray(prefix)
-    while trimmed:
-        if trimmed[-1] < 0xFF:
-            trimmed[-1] += 1
-            return bytes(trimmed)
-        trimmed.pop()
-    return b"\x00"  # every key
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.05) -> bool:

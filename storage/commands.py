@@ -16,7 +16,8 @@ whose content_type is a LEASE_DELETE_REASONS member was written by a lease's rev
 expiry and the reason shows in watch events.
 
 The cleaner (storage/cleaner.py) rewrites a key's newest record into an unconditional PUT
-that carries the key's ``create_version``, so that a replica replaying the cleaned log
+that carries the key's ``create_version`` and ``key_version`` (etcd's per-key version: the
+number of changes since the key's creation), so that a replica replaying the cleaned log
 reaches exactly the rows of a replica that applied the original records.
 """
 
@@ -79,6 +80,7 @@ class Op:
     content_type: str = DEFAULT_CONTENT_TYPE
     create_version: int = 0  # set only by the cleaner: the key's create_version to restore
     lease: int = 0  # a PUT's lease id (0: none; the put detaches the key from any lease)
+    key_version: int = 0  # set only by the cleaner: the key's key_version to restore
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +112,10 @@ def encode_command(command: Command) -> bytes:
 
 def _encode_op(op: Op) -> list[object]:
     encoded: list[object] = [int(op.kind), op.key, op.value, op.content_type]
-    if op.create_version or op.lease:
-        encoded.append(op.create_version)
-    if op.lease:
-        encoded.append(op.lease)
+    tail = [op.create_version, op.lease, op.key_version]
+    while tail and not tail[-1]:
+        tail.pop()
+    encoded.extend(tail)
     return encoded
 
 
@@ -146,14 +148,15 @@ def _check_op(item: object) -> None:
             raise CommandDecodeError("malformed op create_version, lease or key_version")
     create_version = item[4] if len(item) > 4 else 0
     lease = item[5] if len(item) > 5 else 0
+    key_version = item[6] if len(item) > 6 else 0
     kind = _OP_KINDS.get(item[0]) if type(item[0]) is int else None
     if kind is None:
         try:
             kind = OpKind(item[0])
         except ValueError as exc:
             raise CommandDecodeError(f"unknown op kind {item[0]!r}") from exc
-    if (create_version or lease) and kind != OpKind.PUT:
-        raise CommandDecodeError("create_version or lease on an op that is not a put")
+    if (create_version or lease or key_version) and kind != OpKind.PUT:
+        raise CommandDecodeError("create_version, lease or key_version on an op that is not a put")
 
 
 def decode_command_parts(record: bytes) -> tuple[list[RawCompare], list[RawOp], list[RawOp]]:
@@ -186,7 +189,7 @@ def _compare(item: RawCompare) -> Compare:
 
 def _op(item: RawOp) -> Op:
     return Op(OpKind(item[0]), item[1], item[2], item[3], item[4] if len(item) > 4 else 0,
-              item[5] if len(item) > 5 else 0)
+              item[5] if len(item) > 5 else 0, item[6] if len(item) > 6 else 0)
 
 
 def decode_command(record: bytes) -> Command:

@@ -8,7 +8,9 @@ every replica, the cleaner and the pipeline agree on which branch of a command r
   mod_version (0 when missing), EXISTS whether it exists, VALUE whether it exists with
   that value. All hold: the success ops run, otherwise the failure ops.
 - A PUT keeps the key's create_version, takes its own version for a new key, or restores
-  the create_version a cleaned record carries. A DELETE of a missing key changes nothing.
+  the create_version a cleaned record carries; its key_version (etcd's version) is 1 on a
+  new key, one more than the key's otherwise, or the key_version a cleaned record carries.
+  A DELETE of a missing key changes nothing.
 - Records that do not decode are no-ops (their result carries the error), never a crash.
 - Leases (docs/leases.md): a PUT with a lease (not a cleaned one) needs the lease's key
   (storage.commands.lease_key) to exist when the branch runs; if one does not, the record
@@ -53,9 +55,11 @@ logger = logging.getLogger(__name__)
 
 # The state machine's working form of a command: plain tuples, cheaper to build and read
 # than the Command dataclasses, with the same content:
-#   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type, create_version, lease), ...) x 2)
-# (create_version is 0 except in a PUT the cleaner rewrote, see storage/commands.py; lease 0: none)
-CompactOp = tuple[int, str, bytes, str, int, int]
+#   (((key, compare_kind, target), ...),
+#    ((op_kind, key, value, content_type, create_version, lease, key_version), ...) x 2)
+# (create_version and key_version are 0 except in a PUT the cleaner rewrote, see
+# storage/commands.py; lease 0: none)
+CompactOp = tuple[int, str, bytes, str, int, int, int]
 LEASE_NOT_FOUND = "lease-not-found: "  # the error of a record that names a missing lease
 CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
 _OP_KINDS = {int(kind): kind for kind in OpKind}
@@ -73,7 +77,7 @@ def decode_compact(record: bytes) -> CompactCommand:
     """
     op = _single_op(record)
     if op is not None:
-        return (), ((op[0], op[1], op[2], op[3], 0, 0),), ()
+        return (), ((op[0], op[1], op[2], op[3], 0, 0, 0),), ()
     return compact_command(decode_command(record))
 
 
@@ -98,8 +102,10 @@ def _single_op(record: bytes) -> list[Any] | None:
 def compact_command(command: Command) -> CompactCommand:
     return (
         tuple((c.key, int(c.kind), c.target) for c in command.compare),
-        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease) for o in command.success),
-        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease) for o in command.failure),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease, o.key_version)
+              for o in command.success),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease, o.key_version)
+              for o in command.failure),
     )
 
 
@@ -131,7 +137,7 @@ def decode_call(plan: list[tuple[Batch, int]]
                 append((base_offset + index, op[1], op[2], op[3]))
                 continue
             commands: list[tuple[int, CompactCommand | str]] = [
-                (offset, ((), ((_PUT, key, value, content_type, 0, 0),), ()))
+                (offset, ((), ((_PUT, key, value, content_type, 0, 0, 0),), ()))
                 for offset, key, value, content_type in puts]
             _decode_rest(plan, position, index, commands)
             return puts, commands
@@ -202,10 +208,20 @@ def compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) ->
     return entry is not None and entry.value == target
 
 
+def put_versions(previous: Entry | None, version: int, op_create_version: int, op_key_version: int
+                 ) -> tuple[int, int]:
+    """(create_version, key_version) of a PUT at ``version`` over ``previous``; a cleaned
+    record's own (non-zero) ones restore the versions of the records it replaced."""
+    if previous is None:
+        return op_create_version or version, op_key_version or 1
+    return op_create_version or previous.create_version, op_key_version or previous.key_version + 1
+
+
 # A change as the evaluator reports it: (version, seq, key, op, value, content_type,
-# create_version, lease); apply links it to the key's previous change before writing it.
-# A delete's content_type is its lease reason (None: an ordinary delete); lease None: none.
-HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int, int | None]
+# create_version, lease, key_version); apply links it to the key's previous change before
+# writing it. A delete's content_type is its lease reason (None: an ordinary delete); lease
+# None: none; a delete's key_version is 0.
+HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int, int | None, int]
 
 
 def evaluate_commands(
@@ -240,13 +256,13 @@ def evaluate_compact(
         compares, success, failure = command
         if not compares and len(success) == 1 and success[0][0] == _PUT and not _attaches(success[0]):
             # The common record, one unconditional PUT: the loop below without its branches.
-            _kind, key, value, content_type, op_create_version, lease = success[0]
+            _kind, key, value, content_type, op_create_version, lease, op_key_version = success[0]
             previous = state[key]
-            create_version = op_create_version or (
-                version if previous is None else previous.create_version)
-            entry = new_entry(key, value, content_type, version, create_version, lease)
+            create_version, key_version = put_versions(previous, version, op_create_version, op_key_version)
+            entry = new_entry(key, value, content_type, version, create_version, key_version, lease)
             state[key] = entry
-            append_history((version, 0, key, HISTORY_OP_PUT, value, content_type, create_version, lease or None))
+            append_history((version, 0, key, HISTORY_OP_PUT, value, content_type, create_version,
+                            lease or None, key_version))
             append_result(new_apply_result(
                 offset, version, True, (new_op_result(OpKind.PUT, key, previous is None, False, entry),), ()))
             continue
@@ -262,16 +278,14 @@ def evaluate_compact(
             append_result(new_apply_result(offset, version, False, (), failed, f"{LEASE_NOT_FOUND}{missing}"))
             continue
         op_results: list[OpResult] = []
-        for kind, key, value, content_type, op_create_version, lease in ops:
+        for kind, key, value, content_type, op_create_version, lease, op_key_version in ops:
             previous = state[key]
             if kind == _PUT:
-                # A cleaned record restores the create_version of the records it replaced.
-                create_version = op_create_version or (
-                    version if previous is None else previous.create_version)
-                entry = new_entry(key, value, content_type, version, create_version, lease)
+                create_version, key_version = put_versions(previous, version, op_create_version, op_key_version)
+                entry = new_entry(key, value, content_type, version, create_version, key_version, lease)
                 state[key] = entry
                 append_history((version, seq, key, HISTORY_OP_PUT, value, content_type, create_version,
-                                lease or None))
+                                lease or None, key_version))
                 seq += 1
                 op_results.append(new_op_result(_OP_KINDS[kind], key, previous is None, False, entry))
             elif kind == _DELETE:
@@ -279,7 +293,7 @@ def evaluate_compact(
                 if previous is not None:
                     state[key] = None
                     append_history((version, seq, key, HISTORY_OP_DELETE, None, reason,
-                                    previous.create_version, None))
+                                    previous.create_version, None, 0))
                     seq += 1
                 op_results.append(new_op_result(_OP_KINDS[kind], key, False, previous is not None, None, reason))
             else:
@@ -287,10 +301,11 @@ def evaluate_compact(
         for lease in dict.fromkeys(leases):  # the attach bump, once per lease (module docstring)
             key = lease_key(lease)
             held: Entry = state[key]  # type: ignore[assignment]
-            entry = new_entry(key, held.value, held.content_type, version, held.create_version)
+            entry = new_entry(key, held.value, held.content_type, version, held.create_version,
+                              held.key_version + 1, 0)
             state[key] = entry
             append_history((version, seq, key, HISTORY_OP_PUT, held.value, held.content_type,
-                            held.create_version, None))
+                            held.create_version, None, entry.key_version))
             seq += 1
             op_results.append(new_op_result(OpKind.PUT, key, False, False, entry))
         append_result(new_apply_result(offset, version, not failed, tuple(op_results), failed))

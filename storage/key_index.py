@@ -28,11 +28,11 @@ def prefix_upper_bound(prefix: str) -> str | None:
     return None
 
 
-# A key's head: (create_version, head_version, head_seq), naming the key's newest history
-# row; create_version is 0 when that change is a delete (the key is absent; the row stays a
-# head until it falls below the horizon, since a later put links to it). For a put head the
-# entry's mod_version is head_version.
-Head = tuple[int, int, int]
+# A key's head: (create_version, head_version, head_seq, key_version), naming the key's
+# newest history row; create_version and key_version are 0 when that change is a delete
+# (the key is absent; the row stays a head until it falls below the horizon, since a later
+# put links to it). For a put head the entry's mod_version is head_version.
+Head = tuple[int, int, int, int]
 
 # The index holds each head packed into one int. A dict holding only ints and strings is
 # never tracked by the garbage collector; one holding tuples is re-tracked into the
@@ -43,15 +43,18 @@ _VERSION_BITS = 64
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
 _VERSION_MASK = (1 << _VERSION_BITS) - 1
 _CREATE_SHIFT = _SEQ_BITS + _VERSION_BITS
+_KEY_VERSION_SHIFT = _CREATE_SHIFT + _VERSION_BITS
 
 
 def pack_head(head: Head) -> int:
-    create_version, version, seq = head
-    return (create_version << _CREATE_SHIFT) | (version << _SEQ_BITS) | seq
+    create_version, version, seq, key_version = head
+    return ((key_version << _KEY_VERSION_SHIFT) | (create_version << _CREATE_SHIFT)
+            | (version << _SEQ_BITS) | seq)
 
 
 def unpack_head(packed: int) -> Head:
-    return packed >> _CREATE_SHIFT, (packed >> _SEQ_BITS) & _VERSION_MASK, packed & _SEQ_MASK
+    return ((packed >> _CREATE_SHIFT) & _VERSION_MASK, (packed >> _SEQ_BITS) & _VERSION_MASK,
+            packed & _SEQ_MASK, packed >> _KEY_VERSION_SHIFT)
 
 
 class HeadIndex:
@@ -106,7 +109,7 @@ class HeadIndex:
         this costs what was pruned, not a walk over every key."""
         heads = self._heads
         for key, version, seq in deletes:
-            if heads.get(key) == pack_head((0, version, seq)):
+            if heads.get(key) == pack_head((0, version, seq, 0)):
                 del heads[key]
                 self.keys.remove(key)
 

@@ -46,6 +46,7 @@ from storage.state_schema import (
     HISTORY_LEASE_INDEX_SQL,
     HISTORY_OP_PUT,
     KEY_HEADS_UPSERT_SQL,
+    READABLE_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
     create_entries_view_sql,
     history,
@@ -76,6 +77,13 @@ WAL_BACKSTOP_PAGES = 16_384
 
 def compile_sql(statement: sa.ClauseElement, dialect: sa.Dialect) -> str:
     return str(statement.compile(dialect=dialect))
+
+
+def _head(version: int, seq: int, op: int, create_version: int, key_version: int) -> Head:
+    """The index's head for a history row (a delete's keeps neither version: the key is absent)."""
+    if op == HISTORY_OP_PUT:
+        return (create_version, version, seq, key_version)
+    return (0, version, seq, 0)
 
 
 class StateDatabase:
@@ -211,7 +219,7 @@ class StateDatabase:
         with self._write_transaction() as connection:
             if sa.inspect(connection).has_table(meta.name):
                 found = connection.exec_driver_sql("SELECT schema_version FROM meta").scalar()
-                if found in (2, 3):
+                if found in READABLE_SCHEMA_VERSIONS and found != SCHEMA_VERSION:
                     upgrade_schema(connection.connection.driver_connection, found)
                     found = SCHEMA_VERSION
                 if found is not None and found != SCHEMA_VERSION:
@@ -248,13 +256,13 @@ class StateDatabase:
         # Every head with what the index keeps of it; then the changes key_heads lacks.
         self._sql_all_heads = compile_sql(
             sa.select(key_heads.c.key, key_heads.c.mod_version, key_heads.c.mod_seq,
-                      history.c.op, history.c.create_version)
+                      history.c.op, history.c.create_version, history.c.key_version)
             .select_from(key_heads.join(history, sa.and_(
                 history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq))),
             dialect)
         self._sql_heads_tail = compile_sql(
             sa.select(history.c.key, history.c.version, history.c.seq, history.c.op,
-                      history.c.create_version)
+                      history.c.create_version, history.c.key_version)
             .where(history.c.version > sa.bindparam("heads_version"))
             .order_by(history.c.version, history.c.seq),
             dialect)
@@ -316,14 +324,14 @@ class StateDatabase:
         keys whose head that changed are the sweep's to write."""
         heads: dict[str, Head] = {}
         cursor = self._writer_cursor
-        for key, version, seq, op, create_version in cursor.execute(self._sql_all_heads):
-            heads[key] = (create_version if op == HISTORY_OP_PUT else 0, version, seq)
+        for key, version, seq, op, create_version, key_version in cursor.execute(self._sql_all_heads):
+            heads[key] = _head(version, seq, op, create_version, key_version)
         in_table: dict[str, Head | None] = {}  # the row key_heads has, for the keys changed since
-        for key, version, seq, op, create_version in cursor.execute(
+        for key, version, seq, op, create_version, key_version in cursor.execute(
                 self._sql_heads_tail, (self._heads_version,)):
             if key not in in_table:
                 in_table[key] = heads.get(key)
-            heads[key] = (create_version if op == HISTORY_OP_PUT else 0, version, seq)
+            heads[key] = _head(version, seq, op, create_version, key_version)
         self._sweep.reset({key: heads[key] for key, head in in_table.items() if heads[key] != head})
         with self._publish_lock:
             self._index.load(heads)
@@ -341,7 +349,7 @@ class StateDatabase:
                 sql = head + ",".join(["(?,?)"] * len(chunk)) + tail
                 self._sql_rows_by_head[len(chunk)] = sql
             for version, seq, value, content_type, lease in cursor.execute(
-                    sql, [number for head in chunk for number in head[1:]]):
+                    sql, [number for head in chunk for number in head[1:3]]):
                 rows[version, seq] = (value, content_type, lease)
         return rows
 

@@ -55,10 +55,10 @@ class StateLeases(StateReads):
             head = index_get(lease_key(lease_id))
             if head is None or not head[0]:
                 return None
-            row = cursor.execute(self._sql_row, head[1:]).fetchone()
+            row = cursor.execute(self._sql_row, head[1:3]).fetchone()
             keys = sorted((key, row_version) for key, row_version, seq in
                           cursor.execute(self._sql_lease_rows, (lease_id,))
-                          if (index_get(key) or (0, 0, 0))[1:] == (row_version, seq))
+                          if (index_get(key) or (0, 0, 0, 0))[1:3] == (row_version, seq))
         return LeaseState(lease_id, int(row[0]), head[0], head[1], version, tuple(keys))
 
     def lease_count(self) -> int:

@@ -100,7 +100,7 @@ class StateReads(StateDatabase):
             if head is None:
                 return version, None
             if row is not None:
-                return version, new_entry(key, row[0], row[1], head[1], head[0], row[2] or 0)
+                return version, new_entry(key, row[0], row[1], head[1], head[0], head[3], row[2] or 0)
         raise self._missing_rows_error([key])
 
     def _current_row(self, cursor: sqlite3.Cursor, key: str
@@ -112,7 +112,7 @@ class StateReads(StateDatabase):
             head = self._index.get(key)
         if head is None or not head[0]:
             return version, None, None
-        return version, head, cursor.execute(self._sql_row, head[1:]).fetchone()
+        return version, head, cursor.execute(self._sql_row, head[1:3]).fetchone()
 
     def entries_at(self, keys: Sequence[str], version: int) -> dict[str, Entry | None]:
         """Every key's entry (None: absent) as of ``version``, in one read transaction.
@@ -352,11 +352,11 @@ def _event(row: Any) -> Event:
 
 def _current_entry(key: str, head: Head, row: tuple[bytes, str, int | None]) -> Entry:
     value, content_type, lease = row
-    return new_entry(key, value, content_type, head[1], head[0], lease or 0)
+    return new_entry(key, value, content_type, head[1], head[0], head[3], lease or 0)
 
 
 def _states_at_query(heads: sa.Select[Any]) -> sa.Select[Any]:
-    """Entries (key, value, content_type, mod_version, create_version, lease) as of the version
+    """Entries (key, value, content_type, mod_version, create_version, key_version, lease) as of the version
     bound to the parameter "version", for the keys whose heads ``heads`` selects as (key,
     version, seq): walk back from each head through (prev_version, prev_seq) while the row
     is newer than that version; the row reached is the key's state then if it is a put.
@@ -372,7 +372,7 @@ def _states_at_query(heads: sa.Select[Any]) -> sa.Select[Any]:
     found = history.alias("found")
     return (
         sa.select(chain.c.key, found.c.value, found.c.content_type, found.c.version,
-                  found.c.create_version, sa.func.coalesce(found.c.lease, sa.literal_column("0")))
+                  found.c.create_version, found.c.key_version, sa.func.coalesce(found.c.lease, sa.literal_column("0")))
         .select_from(chain.join(found, sa.and_(found.c.version == chain.c.version,
                                                found.c.seq == chain.c.seq)))
         .where(found.c.version <= sa.bindparam("version"),

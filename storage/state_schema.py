@@ -24,7 +24,9 @@ from sqlalchemy.pool import NullPool
 # says up to which version it is complete (the heads of later changes are in memory, and in
 # their history rows). Schema 2 is upgraded in place (its ``key_heads`` is always complete).
 # 4: ``history.lease``, the lease a put attached its key to (docs/leases.md), with a partial
-# index so a lease's keys are found without a scan; schemas 2 and 3 are upgraded in place.
+# index so a lease's keys are found without a scan, and ``history.key_version`` (etcd's
+# per-key version); schemas 2 and 3 are upgraded in place, their put rows taking
+# key_version 1 (the changes before a key's newest are not counted) and no lease.
 SCHEMA_VERSION = 4
 HISTORY_OP_PUT = 1
 HISTORY_OP_DELETE = 2
@@ -65,6 +67,8 @@ history = sa.Table(
     sa.Column("lease", sa.Integer, nullable=True),
     sa.Column("prev_version", sa.Integer, nullable=True),
     sa.Column("prev_seq", sa.Integer, nullable=True),
+    # last: schema 3 gains it by ALTER TABLE, which appends (0 on a delete row)
+    sa.Column("key_version", sa.Integer, nullable=False, server_default="1"),
     sqlite_with_rowid=False,
 )
 HISTORY_LEASE_INDEX_SQL = "CREATE INDEX IF NOT EXISTS history_lease ON history (lease) WHERE lease IS NOT NULL"
@@ -94,6 +98,7 @@ entries = sa.Table(
     sa.Column("content_type", sa.Text, nullable=False),
     sa.Column("mod_version", sa.Integer, nullable=False),
     sa.Column("create_version", sa.Integer, nullable=False),
+    sa.Column("key_version", sa.Integer, nullable=False),
 )
 
 
@@ -101,7 +106,7 @@ def entries_view_select() -> sa.Select[Any]:
     """The ``entries`` view's query: each key whose head is a put, with that put's value."""
     return sa.select(
         key_heads.c.key, history.c.value, history.c.content_type,
-        key_heads.c.mod_version, history.c.create_version,
+        key_heads.c.mod_version, history.c.create_version, history.c.key_version,
     ).select_from(key_heads.join(history, sa.and_(
         history.c.version == key_heads.c.mod_version, history.c.seq == key_heads.c.mod_seq,
     ))).where(history.c.op == HISTORY_OP_PUT)
@@ -146,15 +151,20 @@ def write_transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Connec
 
 
 def upgrade_schema(connection: sqlite3.Connection, found: int) -> None:
-    """Make a database of schema ``found`` (2 or 3) the current schema, inside the caller's
-    transaction. Schema 2 wrote key_heads in every apply call, so it is complete at the
-    applied version; before schema 4 no key had a lease."""
+    """Make a schema-2 or -3 database the current schema, inside the caller's transaction.
+    Schema 2 wrote key_heads in every apply call, so it is complete at the applied version.
+    Before schema 4 no key had a lease, and history lacked key_version: its rows take 1,
+    and the entries view is rebuilt (the caller creates it again) to show it."""
     if found == 2:
         connection.execute("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
         connection.execute("UPDATE meta SET heads_version = applied_version")
-    if "lease" not in [row[1] for row in connection.execute("PRAGMA table_info(history)")]:
+    columns = [row[1] for row in connection.execute("PRAGMA table_info(history)")]
+    if "lease" not in columns:
         connection.execute("ALTER TABLE history ADD COLUMN lease INTEGER")
     connection.execute(HISTORY_LEASE_INDEX_SQL)
+    if "key_version" not in columns:
+        connection.execute("ALTER TABLE history ADD COLUMN key_version INTEGER NOT NULL DEFAULT 1")
+    connection.execute(f"DROP VIEW IF EXISTS {entries.name}")
     connection.execute(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}")
 
 

@@ -20,6 +20,7 @@ class Entry:
     content_type: str
     mod_version: int
     create_version: int
+    key_version: int = 0  # etcd's version: changes since the key's creation (1 on create)
     lease: int = 0  # the lease the key is attached to (0: none)
 
 
@@ -78,13 +79,14 @@ _ApplyResultBuilder = builder_class(ApplyResult)
 
 
 def new_entry(key: str, value: bytes, content_type: str, mod_version: int, create_version: int,
-              lease: int = 0) -> Entry:
+              key_version: int, lease: int) -> Entry:
     entry = _EntryBuilder()
     entry.key = key
     entry.value = value
     entry.content_type = content_type
     entry.mod_version = mod_version
     entry.create_version = create_version
+    entry.key_version = key_version
     entry.lease = lease
     entry.__class__ = Entry
     return entry  # type: ignore[return-value]
@@ -119,8 +121,8 @@ def new_apply_result(offset: int, version: int, succeeded: bool, ops: tuple[OpRe
 # The builders must set every field of their class (a slot left unset would make reading
 # that field raise): checked once at import against the dataclasses' own constructors.
 check(new_apply_result(1, 2, True, (new_op_result(OpKind.PUT, "k", True, False,
-                                                  new_entry("k", b"v", "t", 2, 2)),), (), None)
-      == ApplyResult(1, 2, True, (OpResult(OpKind.PUT, "k", True, False, Entry("k", b"v", "t", 2, 2)),), (), None),
+                                                  new_entry("k", b"v", "t", 2, 2, 1, 0)),), (), None)
+      == ApplyResult(1, 2, True, (OpResult(OpKind.PUT, "k", True, False, Entry("k", b"v", "t", 2, 2, 1)),), (), None),
       "the result builders must set every field of the result dataclasses")
 
 

@@ -74,18 +74,16 @@ class StateWrites(StateDatabase):
     def _prepare_statements(self) -> None:
         super()._prepare_statements()
         dialect = self._engine.dialect
-        self._sql_history = compile_sql(
-            history.insert().values(
-                version=sa.bindparam("version"), seq=sa.bindparam("seq"), key=sa.bindparam("key"),
-                op=sa.bindparam("op"), value=sa.bindparam("value"),
-                content_type=sa.bindparam("content_type"),
-                create_version=sa.bindparam("create_version"), lease=sa.bindparam("lease"),
-                prev_version=sa.bindparam("prev_version"), prev_seq=sa.bindparam("prev_seq")),
-            dialect,
-        )
+        # Columns in the order of a linked row (HistoryRow then its previous change's
+        # version and seq), not the table's (key_version was appended by ALTER TABLE).
+        columns = [history.c[name].name for name in (
+            "version", "seq", "key", "op", "value", "content_type", "create_version", "lease", "key_version",
+            "prev_version", "prev_seq")]
+        self._sql_history = (f"INSERT INTO {history.name} ({', '.join(columns)})"
+                             f" VALUES ({', '.join('?' * len(columns))})")
         head, values_word, row = self._sql_history.rpartition(" VALUES ")
-        check(values_word == " VALUES " and row == "(" + ", ".join("?" * 10) + ")",
-              "unexpected compiled history insert")
+        check(values_word == " VALUES " and row == "(" + ", ".join("?" * 11) + ")",
+              "unexpected history insert")
         # (the text up to VALUES, one row's parameters): fragments, so not a str "_sql_"
         # attribute (tests/storage/test_state_query_plans.py plans every such statement).
         self._sql_history_values_parts = (head + " VALUES ", row)
@@ -115,7 +113,7 @@ class StateWrites(StateDatabase):
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([self._sql_history.count("?"), self._sql_meta.count("?"), self._sql_prune_superseded.count("?"),
                self._sql_prune_deletes.count("?"), self._sql_prune_delete_heads.count("?"),
-               self._sql_prune_delete_rows.count("?")] == [10, 4, 2, 2, 1, 2],
+               self._sql_prune_delete_rows.count("?")] == [11, 4, 2, 2, 1, 2],
               "unexpected compiled statement shape")
 
     def clear(self) -> None:
@@ -172,8 +170,8 @@ class StateWrites(StateDatabase):
                     results, history_rows = evaluate_compact(commands, current)
                     linked_rows, changed = (_link_history(history_rows, heads) if history_rows
                                             else ([], {}))
-                    new_heads = {key: (0 if current[key] is None else current[key].create_version,  # type: ignore[union-attr]
-                                       version, seq)
+                    new_heads = {key: (0, version, seq, 0) if (entry := current[key]) is None
+                                 else (entry.create_version, version, seq, entry.key_version)
                                  for key, (version, seq) in changed.items()}
                 if linked_rows:
                     self._insert_history(writer_cursor, linked_rows)
@@ -286,16 +284,16 @@ class StateWrites(StateDatabase):
                     if key in value_keys:
                         puts.append((key, head))
                     else:
-                        found[key] = new_entry(key, UNREAD_VALUE, UNREAD_VALUE_TYPE, head[1], head[0])
+                        found[key] = new_entry(key, UNREAD_VALUE, UNREAD_VALUE_TYPE, head[1], head[0], head[3], 0)
         rows = self._rows_of(cursor, [head for _key, head in puts])
-        for key, (create_version, version, seq) in puts:
+        for key, (create_version, version, seq, key_version) in puts:
             row = rows.get((version, seq))
             if row is None:
                 raise StateDatabaseError(
                     f"{self.db_path}: the head of key {key!r} names history row ({version}, {seq}),"
                     " which is missing")
             value, content_type, lease = row
-            found[key] = new_entry(key, value, content_type, version, create_version, lease or 0)
+            found[key] = new_entry(key, value, content_type, version, create_version, key_version, lease or 0)
         return found, heads
 
     def _retention_horizon(self, applied_version: int, call_versions: int) -> int | None:
@@ -353,7 +351,7 @@ class StateWrites(StateDatabase):
             return []
         index_get = self._index.get
         forgotten = [(key, version, seq) for key, version, seq in deleted
-                     if (new_heads.get(key) or index_get(key)) == (0, version, seq)]
+                     if (new_heads.get(key) or index_get(key)) == (0, version, seq, 0)]
         cursor.executemany(self._sql_prune_delete_heads, [(key,) for key, _version, _seq in forgotten])
         cursor.execute(self._sql_prune_delete_rows, in_range)
         return forgotten
@@ -404,8 +402,8 @@ class PutResults(Sequence[ApplyResult]):
 
 
 def _put_result(row: tuple[Any, ...]) -> ApplyResult:
-    version, _seq, key, _op, value, content_type, create_version = row[:7]
-    entry = new_entry(key, value, content_type, version, create_version)
+    version, _seq, key, _op, value, content_type, create_version, _lease, key_version = row[:9]
+    entry = new_entry(key, value, content_type, version, create_version, key_version, 0)
     return new_apply_result(version - 1, version, True, (
         new_op_result(OpKind.PUT, key, create_version == version, False, entry),), ())
 
@@ -429,13 +427,15 @@ def _apply_puts(puts: list[PutRecord], known: dict[str, Head]
         previous = known.get(key)
         if previous is None:  # no head: never written, or its delete was pruned
             create_version = version
-            append_row((version, 0, key, history_put, value, content_type, version, None, None, None))
+            key_version = 1
+            append_row((version, 0, key, history_put, value, content_type, version, None, 1, None, None))
         else:
-            # A put after a delete head creates the key again.
+            # A put after a delete head (create_version and key_version 0) creates the key again.
             create_version = previous[0] or version
+            key_version = previous[3] + 1
             append_row((version, 0, key, history_put, value, content_type, create_version, None,
-                        previous[1], previous[2]))
-        known[key] = (create_version, version, 0)
+                        key_version, previous[1], previous[2]))
+        known[key] = (create_version, version, 0, key_version)
     return PutResults(rows), rows
 
 

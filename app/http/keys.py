@@ -82,6 +82,7 @@ class KeyEndpoints:
         content_type = entry.content_type if CONTENT_TYPE_RE.fullmatch(entry.content_type) else DEFAULT_CONTENT_TYPE
         headers = [(b"content-type", content_type.encode("latin-1")), (b"etag", f'"{entry.mod_version}"'.encode()),
                    (b"x-create-version", str(entry.create_version).encode()),
+                   (b"x-key-version", str(entry.key_version).encode()),
                    (b"content-length", str(len(entry.value)).encode())]
         if entry.lease:
             headers.append((b"x-lease", str(entry.lease).encode()))
@@ -118,6 +119,7 @@ def key_documentation_router(endpoints: KeyEndpoints) -> APIRouter:
         "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
         "headers": {"ETag": {"schema": {"type": "string"}, "description": '"<mod_version>"'},
                     "X-Create-Version": {"schema": {"type": "integer"}},
+                    "X-Key-Version": {"schema": {"type": "integer"}},
                     "X-Lease": {"schema": {"type": "integer"}, "description": "the key's lease, when attached"}},
     }}
     router.add_api_route(

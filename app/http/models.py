@@ -202,6 +202,7 @@ class ListItem(BaseModel):
     content_type: str
     mod_version: int
     create_version: int
+    key_version: int = Field(description="changes since the key was created (etcd's version): 1 on create")
     lease: int | None = Field(None, description="the lease the key is attached to (absent: none)")
 
 
@@ -222,6 +223,7 @@ class TxnOpResult(BaseModel):
     content_type: str | None = None
     mod_version: int | None = None
     create_version: int | None = None
+    key_version: int | None = None
     lease: int | None = None
 
 

@@ -39,7 +39,8 @@ def render_value(value: bytes, content_type: str) -> dict[str, Any]:
 
 def render_entry(entry: Entry, keys_only: bool = False) -> dict[str, Any]:
     item: dict[str, Any] = {"key": entry.key, "content_type": entry.content_type,
-                            "mod_version": entry.mod_version, "create_version": entry.create_version}
+                            "mod_version": entry.mod_version, "create_version": entry.create_version,
+                            "key_version": entry.key_version}
     if entry.lease:
         item["lease"] = entry.lease
     if not keys_only:

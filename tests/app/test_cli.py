@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import os
@@ -140,6 +141,8 @@ def cluster_up(args: list[str], env: dict[str, str]) -> Iterator[tuple[subproces
     everything it printed up to there, and the run (to read later lines); SIGTERM it on the
     way out (SIGKILL its group if it does not stop within 40 s, and any node it left behind).
     The caller checks its return code."""
+    if "--base-etcd-port" not in args:  # the defaults (2379, 12379) are fixed ports: none unless asked
+        args = [*args, "--base-etcd-port", "0", "--base-etcd-gateway-port", "0"]
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "cluster", "up", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, start_new_session=True,
@@ -167,16 +170,22 @@ def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) ->
     the quorum table; a node stopped by its pid leaves the others running; SIGHUP stops every
     node."""
     http_base, raft_base = _port_ranges(4)
+    etcd_base, gateway_base = _port_ranges(4)
     with cluster_up(["--base-http-port", str(http_base), "--base-raft-port", str(raft_base),
+                     "--base-etcd-port", str(etcd_base), "--base-etcd-gateway-port", str(gateway_base),
                      "--data-dir", str(tmp_path / "data")],
                     {**os.environ, "METAKV_CLUSTER_ID": f"cli-test-{uuid.uuid4().hex[:12]}"}) as (process, text, run):
         assert "leader:" in text, text
         for node_id in range(4):
             assert f"http://127.0.0.1:{http_base + node_id}" in text
         assert "curl -L -X PUT" in text and "observer" in text
+        assert f"etcdctl --endpoints 127.0.0.1:{etcd_base},127.0.0.1:{etcd_base + 1}," in text
         first = f"http://127.0.0.1:{http_base}"
         response = httpx.put(f"{first}/v1/kv/cli/a", content=b"x", follow_redirects=True, timeout=10)
         assert response.status_code == 200
+        etcd_read = httpx.post(f"http://127.0.0.1:{gateway_base + 3}/v3/kv/range",  # the observer's gateway
+                               json={"key": base64.b64encode(b"cli/a").decode()}, timeout=10).json()
+        assert base64.b64decode(etcd_read["kvs"][0]["value"]) == b"x"
         status = run_cli(["status", "--url", first])
         assert status.returncode == 0, status.stderr
         table = status.stdout.splitlines()

@@ -68,7 +68,8 @@ def test_cluster_up_exits_1_when_a_node_cannot_start(tmp_path: Path) -> None:
     env["METAKV_CLUSTER_ID"] = f"cli-fail-{uuid.uuid4().hex[:12]}"
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "cluster", "up", "--voters", "2", "--observers", "0",
-         "--base-http-port", str(http_base), "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path)],
+         "--base-http-port", str(http_base), "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path),
+         "--base-etcd-port", "0", "--base-etcd-gateway-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env,
         start_new_session=True)
     try:

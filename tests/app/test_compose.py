@@ -36,7 +36,8 @@ def _node_services(compose: dict) -> dict[str, dict]:
 
 def _local_nodes(compose: dict, root: Path) -> list[Node]:
     services: dict[str, dict] = _node_services(compose)
-    ports = free_ports(2 * len(services))
+    ports = free_ports(4 * len(services))
+    etcd_ports = iter(ports[2 * len(services):])  # the etcd API and its gateway
     local_http: dict[str, int] = {}
     local_raft: dict[str, int] = {}
     for index, name in enumerate(services):
@@ -61,6 +62,8 @@ def _local_nodes(compose: dict, root: Path) -> list[Node]:
             "METAKV_ADVERTISE_HTTP": environment["METAKV_ADVERTISE_HTTP"].replace(
                 f"localhost:{host_port}", f"127.0.0.1:{local_http[name]}"),
             "METAKV_DATA_DIR": str(root / name),
+            **{setting: f"127.0.0.1:{next(etcd_ports)}" for setting in ("METAKV_LISTEN_ETCD", "METAKV_LISTEN_ETCD_GATEWAY")
+               if setting in environment},
             # Other clusters run on this machine at once: a unique id keeps their nodes apart.
             "METAKV_CLUSTER_ID": f"{environment['METAKV_CLUSTER_ID']}-{run_id}",
         })

@@ -70,7 +70,7 @@ def rows(batches: list[Batch], directory: Path, name: str) -> list[tuple]:
     try:
         machine.apply(batches)
         _, entries, _ = machine.list("", limit=1000)
-        return [(e.key, e.value, e.content_type, e.mod_version, e.create_version) for e in entries]
+        return [(e.key, e.value, e.content_type, e.mod_version, e.create_version, e.key_version) for e in entries]
     finally:
         machine.close()
 
@@ -209,7 +209,7 @@ def test_base_state_is_asked_only_for_keys_the_log_does_not_name() -> None:
     """From the first record whose effect depends on the state, the cleaner evaluates; keys a
     cleaned record before it names come from that record, others from the base state."""
     batches = [
-        Batch(10, 1, 1, False, (encode_command(Command((), (Op(OpKind.PUT, "a", b"1", "text/plain", 3),))),)),
+        Batch(10, 1, 1, False, (encode_command(Command((), (Op(OpKind.PUT, "a", b"1", "text/plain", 3, key_version=1),))),)),
         Batch(11, 1, 2, False, (encode_command(Command(
             (Compare("a", CompareKind.EXISTS, True), Compare("b", CompareKind.EXISTS, True)),
             (Op(OpKind.PUT, "c", b"both"),), (Op(OpKind.PUT, "c", b"not both"),))),)),
@@ -224,7 +224,7 @@ def test_base_state_is_asked_only_for_keys_the_log_does_not_name() -> None:
     assert asked == [(["b", "c"], 11)]
     assert result.evaluated_from == 11
     survivor = decode_command(result.batches[-1].records[-1])
-    assert survivor.success == (Op(OpKind.PUT, "c", b"both", DEFAULT_CONTENT_TYPE, 12),)
+    assert survivor.success == (Op(OpKind.PUT, "c", b"both", DEFAULT_CONTENT_TYPE, 12, key_version=1),)
 
 
 def test_records_that_do_not_decode_are_no_ops_in_any_position(tmp_path: Path) -> None:
@@ -235,12 +235,12 @@ def test_records_that_do_not_decode_are_no_ops_in_any_position(tmp_path: Path) -
     garbage = (b"\xc1 not msgpack", msgpack.packb([1, [], [[1]], []]), msgpack.packb([1, [], [[2, "k"]], []]),
                msgpack.packb([1, 0, [], []]))
     batches = [
-        Batch(0, 1, 1, False, (*garbage, encode_command(Command((), (Op(OpKind.PUT, "a", b"1", "text/plain", 4),))))),
+        Batch(0, 1, 1, False, (*garbage, encode_command(Command((), (Op(OpKind.PUT, "a", b"1", "text/plain", 4, key_version=1),))))),
         Batch(5, 1, 2, False, (encode_command(put("b", b"2")), *garbage, encode_command(delete("a")))),
     ]
     result = clean_prefix(batches, 11, 0)
     assert result.evaluated_from == 5 and result.records_in == 11
     assert rows(result.batches, tmp_path, "cleaned") == rows(batches, tmp_path, "raw") == [
-        ("b", b"2", DEFAULT_CONTENT_TYPE, 6, 6)]
+        ("b", b"2", DEFAULT_CONTENT_TYPE, 6, 6, 1)]
     assert [decode_command(record) for batch in result.batches for record in batch.records] == [
-        Command((), (Op(OpKind.PUT, "b", b"2", DEFAULT_CONTENT_TYPE, 6),)), delete("a")]
+        Command((), (Op(OpKind.PUT, "b", b"2", DEFAULT_CONTENT_TYPE, 6, key_version=1),)), delete("a")]

@@ -50,7 +50,10 @@ async def test_put_then_get_returns_bytes_with_stored_content_type(client: httpx
     assert got.headers["content-type"] == "application/x-thing"
     assert got.headers["etag"] == '"1"'
     assert got.headers["x-create-version"] == "1"
+    assert got.headers["x-key-version"] == "1"
     assert_node_headers(got, version=1)
+    await client.put("/v1/kv/config/db", content=b"again")
+    assert (await client.get("/v1/kv/config/db")).headers["x-key-version"] == "2"
 
 
 async def test_text_content_type_is_stored_verbatim(client: httpx.AsyncClient) -> None:

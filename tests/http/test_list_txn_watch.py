@@ -35,10 +35,11 @@ async def test_list_renders_text_as_strings_and_binary_as_base64(client: httpx.A
     assert body["version"] == 4 and body["next"] is None
     assert body["items"] == [
         {"key": "app/bad-text", "value": "/w==", "encoding": "base64", "content_type": "text/plain",
-         "mod_version": 3, "create_version": 3},
+         "mod_version": 3, "create_version": 3, "key_version": 1},
         {"key": "app/bin", "value": base64.b64encode(b"\xff\x00").decode(), "encoding": "base64",
-         "content_type": "application/octet-stream", "mod_version": 2, "create_version": 2},
-        {"key": "app/json", "value": '{"a":1}', "content_type": "application/json", "mod_version": 1, "create_version": 1},
+         "content_type": "application/octet-stream", "mod_version": 2, "create_version": 2, "key_version": 1},
+        {"key": "app/json", "value": '{"a":1}', "content_type": "application/json", "mod_version": 1,
+         "create_version": 1, "key_version": 1},
     ]
 
 
@@ -72,7 +73,8 @@ async def test_list_pages_with_after_and_next_at_one_version(client: httpx.Async
 async def test_list_keys_only_leaves_values_out(client: httpx.AsyncClient) -> None:
     await client.put("/v1/kv/k1", content=b"secret", headers={"content-type": "text/plain"})
     items = (await client.get("/v1/kv", params={"keys_only": "true"})).json()["items"]
-    assert items == [{"key": "k1", "content_type": "text/plain", "mod_version": 1, "create_version": 1}]
+    assert items == [{"key": "k1", "content_type": "text/plain", "mod_version": 1, "create_version": 1,
+                      "key_version": 1}]
 
 
 async def test_list_bad_parameters_are_400(client: httpx.AsyncClient) -> None:
@@ -119,7 +121,7 @@ async def test_txn_success_branch_is_one_version(client: httpx.AsyncClient) -> N
         {"op": "put", "key": "acct/a", "created": False},
         {"op": "put", "key": "acct/b", "created": True},
         {"op": "get", "key": "acct/a", "found": True, "value": "5", "content_type": "text/plain",
-         "mod_version": 2, "create_version": 1},
+         "mod_version": 2, "create_version": 1, "key_version": 2},
     ]
     assert (await client.get("/v1/kv/acct/b")).content == b"\x05"
     assert (await client.get("/v1/kv/acct/b")).headers["etag"] == '"2"'

@@ -67,6 +67,16 @@ SCHEMA_1_TABLES = (
 )
 
 
+def downgrade_to_schema(connection: sqlite3.Connection, version: int) -> None:
+    """Make a database this code wrote look like one of schema ``version`` (2 or 3): what
+    an older node (or its snapshot) hands this code."""
+    connection.execute("DROP VIEW IF EXISTS entries")
+    connection.execute("ALTER TABLE history DROP COLUMN key_version")
+    if version == 2:
+        connection.execute("ALTER TABLE meta DROP COLUMN heads_version")
+    connection.execute(f"UPDATE meta SET schema_version = {version}")
+
+
 def write_schema_1_database(path: str) -> None:
     connection = sqlite3.connect(path, isolation_level=None)
     try:

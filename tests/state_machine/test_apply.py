@@ -36,6 +36,7 @@ from tests.state_machine.helpers import (
     batches_for,
     control_batch,
     data_batch,
+    downgrade_to_schema,
     dump_tables,
     table_names,
     write_schema_1_database,
@@ -53,7 +54,7 @@ def test_versions_follow_offsets_and_control_batches_only_advance(state):
     results = state.apply([control_batch(0), data_batch(1, [put("a", b"1"), put("b", b"2")])])
     assert [(r.offset, r.version) for r in results] == [(1, 2), (2, 3)]
     assert state.applied_version == 3
-    assert state.get("a") == (3, Entry("a", b"1", "application/octet-stream", 2, 2))
+    assert state.get("a") == (3, Entry("a", b"1", "application/octet-stream", 2, 2, 1))
     results = state.apply([control_batch(3, epoch=2)])
     assert results == []
     assert state.applied_version == 4 and state.applied_epoch == 2
@@ -64,9 +65,9 @@ def test_mod_and_create_versions_and_recreate_after_delete(state):
     state.apply([data_batch(0, [put("k", b"1", "text/plain"), put("k", b"2"), delete("k"), put("k", b"3")])])
     version, entry = state.get("k")
     assert version == 4
-    assert entry == Entry("k", b"3", "application/octet-stream", 4, 4)
-    assert state.get("k", at_version=2)[1] == Entry("k", b"2", "application/octet-stream", 2, 1)
-    assert state.get("k", at_version=1)[1] == Entry("k", b"1", "text/plain", 1, 1)
+    assert entry == Entry("k", b"3", "application/octet-stream", 4, 4, 1)  # a delete resets key_version
+    assert state.get("k", at_version=2)[1] == Entry("k", b"2", "application/octet-stream", 2, 1, 2)
+    assert state.get("k", at_version=1)[1] == Entry("k", b"1", "text/plain", 1, 1, 1)
     assert state.get("k", at_version=3)[1] is None
 
 
@@ -275,7 +276,7 @@ def test_txn_ops_apply_in_order_at_one_version(state):
     txn = Command((), (Op(OpKind.PUT, "a", b"1"), Op(OpKind.GET, "a"), Op(OpKind.DELETE, "a"),
                        Op(OpKind.PUT, "b", b"2")))
     result = state.apply([data_batch(0, [txn])])[0]
-    assert result.ops[1].entry == Entry("a", b"1", "application/octet-stream", 1, 1)
+    assert result.ops[1].entry == Entry("a", b"1", "application/octet-stream", 1, 1, 1)
     assert state.get("a")[1] is None
     events = state.changes("", 0)[1]
     assert [(e.type, e.key, e.mod_version) for e in events] == [
@@ -305,18 +306,36 @@ def test_an_older_schema_is_refused_by_name_and_left_untouched(tmp_path):
 
 def test_a_schema_2_database_is_upgraded_in_place(tmp_path):
     """Schema 2 wrote key_heads in every apply call; opened by this code, its rows are kept
-    and read as they are, and it becomes schema 3."""
+    and read as they are, and it becomes schema 4 (its puts counting key_version 1)."""
     path = str(tmp_path / "state.db")
     with StateMachine(path) as state:
         state.apply([data_batch(0, [put("a", b"1"), put("b", b"1"), delete("b"), put("a", b"2")])])
     with sqlite3.connect(path) as connection:
-        connection.execute("ALTER TABLE meta DROP COLUMN heads_version")
-        connection.execute("UPDATE meta SET schema_version = 2")
+        downgrade_to_schema(connection, 2)
     with StateMachine(path) as state:
-        assert state.get("a") == (4, Entry("a", b"2", "application/octet-stream", 4, 1))
+        assert state.get("a") == (4, Entry("a", b"2", "application/octet-stream", 4, 1, 1))
         assert state.get("b", at_version=2)[1].value == b"1"
         state.apply([data_batch(4, [put("b", b"3")])])
         assert state.get("b")[1].create_version == 5
+        state.apply([data_batch(5, [put("a", b"3")])])
+        assert state.get("a")[1].key_version == 2
+    assert read_database_meta(path).schema_version == SCHEMA_VERSION
+    with sqlite3.connect(path) as connection:  # the entries view shows key_version again
+        assert connection.execute("SELECT key, key_version FROM entries ORDER BY key").fetchall() == [
+            ("a", 2), ("b", 1)]
+
+
+def test_a_schema_3_database_gains_key_version(tmp_path):
+    """Schema 3 had no key_version: its puts read as key_version 1, and later puts count on."""
+    path = str(tmp_path / "state.db")
+    with StateMachine(path) as state:
+        state.apply([data_batch(0, [put("a", b"1"), put("a", b"2")])])
+    with sqlite3.connect(path) as connection:
+        downgrade_to_schema(connection, 3)
+    with StateMachine(path) as state:
+        assert state.get("a")[1].key_version == 1
+        state.apply([data_batch(2, [put("a", b"3")])])
+        assert state.get("a")[1].key_version == 2
     assert read_database_meta(path).schema_version == SCHEMA_VERSION
 
 
@@ -331,9 +350,21 @@ def test_a_cleaned_put_restores_its_create_version(state):
     """The cleaner rewrites a key's newest record as a PUT carrying its create_version."""
     cleaned = Command((), (Op(OpKind.PUT, "k", b"v", "text/plain", create_version=3),))
     result = state.apply([data_batch(0, [put("other", b"1")]), data_batch(9, [cleaned])])
-    assert result[-1].ops[0].entry == Entry("k", b"v", "text/plain", 10, 3)
+    assert result[-1].ops[0].entry == Entry("k", b"v", "text/plain", 10, 3, 1)
     assert state.get("k")[1].create_version == 3
     assert state.applied_version == 10
+
+
+def test_a_cleaned_put_restores_its_key_version(state):
+    """A cleaned PUT carries etcd's per-key version too; a later put counts on from it and
+    a delete resets it."""
+    cleaned = Command((), (Op(OpKind.PUT, "k", b"v", "text/plain", create_version=3, key_version=7),))
+    state.apply([data_batch(9, [cleaned])])
+    assert state.get("k")[1].key_version == 7
+    state.apply([data_batch(10, [put("k", b"w")])])
+    assert state.get("k")[1].key_version == 8
+    state.apply([data_batch(11, [delete("k"), put("k", b"x")])])
+    assert state.get("k")[1] == Entry("k", b"x", "application/octet-stream", 13, 13, 1)
 
 
 def test_key_heads_written_behind_apply_gives_what_writing_it_every_call_gives(tmp_path, monkeypatch):
@@ -419,10 +450,10 @@ def _heads_in_database(machine: StateMachine) -> dict:
     """key -> Head for every row of key_heads, read from SQLite."""
     with sqlite3.connect(machine.db_path) as connection:
         rows = connection.execute(
-            "SELECT h.key, h.mod_version, h.mod_seq, y.op, y.create_version"
+            "SELECT h.key, h.mod_version, h.mod_seq, y.op, y.create_version, y.key_version"
             " FROM key_heads h JOIN history y ON y.version = h.mod_version AND y.seq = h.mod_seq").fetchall()
-    return {key: (create_version if op == 1 else 0, version, seq)
-            for key, version, seq, op, create_version in rows}
+    return {key: (create_version, version, seq, key_version) if op == 1 else (0, version, seq, 0)
+            for key, version, seq, op, create_version, key_version in rows}
 
 
 def test_a_reopened_state_machine_links_updates_to_the_heads_key_heads_lacked(tmp_path):
@@ -478,17 +509,17 @@ def test_pruning_during_apply_with_key_heads_written_behind(tmp_path):
 def test_apply_results_are_the_public_frozen_dataclasses():
     """Apply builds Entry, OpResult and ApplyResult without their generated __init__; the
     objects are the same as the constructors give: equal, equally hashed, still frozen."""
-    entry = new_entry("k", b"v", "text/plain", 3, 2)
+    entry = new_entry("k", b"v", "text/plain", 3, 2, 2, 0)
     op = new_op_result(OpKind.PUT, "k", False, False, entry)
     result = new_apply_result(2, 3, True, (op,), ())
     expected = ApplyResult(2, 3, True, (OpResult(OpKind.PUT, "k", False, False,
-                                                 Entry("k", b"v", "text/plain", 3, 2)),), ())
+                                                 Entry("k", b"v", "text/plain", 3, 2, 2)),), ())
     assert result == expected and hash(result) == hash(expected) and repr(result) == repr(expected)
     assert new_apply_result(0, 1, False, (), (), "bad").error == "bad"
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.value = b"other"  # type: ignore[misc]
     assert type(result) is ApplyResult and type(op) is OpResult and type(entry) is Entry
-    assert dataclasses.replace(entry, value=b"w") == Entry("k", b"w", "text/plain", 3, 2)
+    assert dataclasses.replace(entry, value=b"w") == Entry("k", b"w", "text/plain", 3, 2, 2)
 
 
 def test_a_builder_of_another_layout_cannot_become_the_dataclass():
@@ -507,7 +538,7 @@ def _general_path_only(real_decode_call):
     def decode_call(plan):
         puts, commands = real_decode_call(plan)
         if commands is None:
-            commands = [(offset, ((), ((int(OpKind.PUT), key, value, content_type, 0, 0),), ()))
+            commands = [(offset, ((), ((int(OpKind.PUT), key, value, content_type, 0, 0, 0),), ()))
                         for offset, key, value, content_type in puts]
         return puts, commands
     return decode_call
@@ -608,11 +639,11 @@ def test_plain_put_results_read_like_a_list_of_the_results(state):
     results = state.apply([data_batch(2, [put("a", b"1"), put("gone", b"2"), put("a", b"3")])])
     expected = [
         ApplyResult(2, 3, True, (OpResult(OpKind.PUT, "a", True, False,
-                                          Entry("a", b"1", "application/octet-stream", 3, 3)),), ()),
+                                          Entry("a", b"1", "application/octet-stream", 3, 3, 1)),), ()),
         ApplyResult(3, 4, True, (OpResult(OpKind.PUT, "gone", True, False,
-                                          Entry("gone", b"2", "application/octet-stream", 4, 4)),), ()),
+                                          Entry("gone", b"2", "application/octet-stream", 4, 4, 1)),), ()),
         ApplyResult(4, 5, True, (OpResult(OpKind.PUT, "a", False, False,
-                                          Entry("a", b"3", "application/octet-stream", 5, 3)),), ()),
+                                          Entry("a", b"3", "application/octet-stream", 5, 3, 2)),), ()),
     ]
     assert type(results) is not list
     assert len(results) == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -22,6 +23,7 @@ from storage.state_schema import SCHEMA_VERSION, read_database_meta
 from tests.state_machine.helpers import (
     control_batch,
     data_batch,
+    downgrade_to_schema,
     dump_tables,
     write_schema_1_database,
 )
@@ -73,11 +75,16 @@ def test_create_and_load_round_trip(source, tmp_path):
             source.applied_version, 2, 10)
         assert target.get("stale")[1] is None
         assert target.list("", at_version=10) == source.list("", at_version=10)
+        # etcd's per-key versions travel in the snapshot and count on after it
+        current = source.list("")[1]
+        assert target.list("")[1] == current and max(entry.key_version for entry in current) > 1
         with pytest.raises(VersionCompactedError):
             target.get("k1", at_version=9)
         # Applying continues from the snapshot's end offset.
         target.apply([data_batch(snapshot_id.end_offset, [put("after", b"1")], epoch=3)])
         assert target.get("after")[1].mod_version == snapshot_id.end_offset + 1
+        target.apply([data_batch(snapshot_id.end_offset + 1, [put("k1", b"2")], epoch=3)])
+        assert target.get("k1")[1].key_version == source.get("k1")[1].key_version + 1
 
 
 def test_chunked_transfer_publishes_a_loadable_copy(source, tmp_path):
@@ -226,14 +233,14 @@ def test_a_schema_2_snapshot_from_a_peer_not_yet_upgraded_loads(source, tmp_path
     snapshot_id = made.latest_id()
     extract_database(made.path_for(snapshot_id), schema_2)
     with sqlite3.connect(schema_2) as connection:
-        connection.execute("ALTER TABLE meta DROP COLUMN heads_version")
-        connection.execute("UPDATE meta SET schema_version = 2")
+        downgrade_to_schema(connection, 2)
     store.publish_database(schema_2, snapshot_id)
     with StateMachine(str(tmp_path / "target.db")) as target:
         target.load_snapshot(store.path_for(snapshot_id))
         assert target.applied_version == source.applied_version
-        assert target.list("")[1] == source.list("")[1]
-        assert target.get("k1", at_version=12) == source.get("k1", at_version=12)
+        # schema 2 had no key_version: every put reads as its key's first change
+        assert target.list("")[1] == [replace(entry, key_version=1) for entry in source.list("")[1]]
+        assert target.get("k1", at_version=12)[1] == replace(source.get("k1", at_version=12)[1], key_version=1)
         target.apply([data_batch(target.applied_version, [put("k1", b"new")])])
         assert target.get("k1")[1].create_version == source.get("k1")[1].create_version
     assert read_database_meta(target.db_path).schema_version == SCHEMA_VERSION

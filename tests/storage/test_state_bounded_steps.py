@@ -104,7 +104,7 @@ def test_a_store_killed_at_any_call_opens_to_the_same_heads(tmp_path):
     finally:
         state.close()
     # Closed: key_heads holds exactly every head (no row of a forgotten key left behind).
-    assert {(key, version, seq) for key, (_create, version, seq) in live_heads.items()} == _key_heads(path)
+    assert {(key, version, seq) for key, (_create, version, seq, _key_version) in live_heads.items()} == _key_heads(path)
 
 
 def test_retention_prunes_a_step_per_call(tmp_path):

@@ -34,7 +34,7 @@ WHOLE_TABLE_STATEMENTS: dict[str, str] = {
     # The key index holds every key: opening a database (or loading a snapshot) reads
     # every head once.
     r"^SELECT key_heads\.\"?key\"?, key_heads\.mod_version, key_heads\.mod_seq, history\.op,"
-    r" history\.create_version FROM key_heads JOIN history":
+    r" history\.create_version, history\.key_version FROM key_heads JOIN history":
         "loading the key index reads every head",
     # load_snapshot replaces every row with the snapshot's.
     r"^INSERT INTO (main\.)?(history|key_heads|meta) .*FROM snap\.":

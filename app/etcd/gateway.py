@@ -1,0 +1,147 @@
+"""etcd's v3 JSON gateway (grpc-gateway's mapping of the same calls onto HTTP/1.1 POSTs with
+JSON bodies, bytes as base64, field names as in the .proto) over the same mapping as the
+gRPC server, so HTTP etcd clients (etcd3gw, the Locust etcd adapter) work too.
+
+It listens on a port of its own (--listen-etcd-gateway), not beside gRPC on one port as
+etcd does: that would need a front that sniffs each connection (docs/etcd.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import uvicorn
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.etcd.errors import EtcdError, unimplemented
+from app.etcd.mapping import ETCD_API_VERSION, EtcdMapping
+from app.etcd.protos import rpc_pb2
+from app.etcd.watch import WatchStream
+
+# grpc-gateway's HTTP status for each gRPC code (runtime.HTTPStatusFromCode)
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+STOP_TIMEOUT_S = 2.0
+LISTEN_BACKLOG = 1024
+
+
+def _json(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def _error(exc: EtcdError) -> JSONResponse:
+    code = exc.code.value[0]
+    return JSONResponse({"error": exc.message, "code": code, "message": exc.message},
+                        status_code=HTTP_STATUS.get(exc.code, 500))
+
+
+async def _body(request: Request, message: Message) -> Message:
+    raw = await request.body()
+    try:
+        json_format.ParseDict(json.loads(raw or b"{}"), message, ignore_unknown_fields=True)
+    except (ValueError, json_format.ParseError) as exc:
+        raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, f"metakv: the body is not the call's JSON: {exc}") from None
+    return message
+
+
+def _unary(request_type: type[Message], call: Callable[[Any], Awaitable[Message] | Message]
+           ) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            answer = call(await _body(request, request_type()))
+            if asyncio.iscoroutine(answer):
+                answer = await answer
+            return JSONResponse(_json(answer))  # type: ignore[arg-type]
+        except EtcdError as exc:
+            return _error(exc)
+    return endpoint
+
+
+def gateway_app(mapping: EtcdMapping) -> Starlette:
+    async def watch(request: Request) -> Response:
+        """One watch per request (as etcd's gateway): the create request in the body, the
+        responses as JSON lines {"result": ...} until the client goes."""
+        try:
+            body = await _body(request, rpc_pb2.WatchRequest())
+        except EtcdError as exc:
+            return _error(exc)
+
+        async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
+            yield body  # type: ignore[misc]
+            await asyncio.Event().wait()  # the stream stays open until the client closes it
+
+        async def lines() -> AsyncIterator[bytes]:
+            async with WatchStream(mapping) as stream:
+                async for response in stream.serve(requests()):
+                    yield json.dumps({"result": _json(response)}).encode() + b"\n"
+        return StreamingResponse(lines(), media_type="application/json")
+
+    async def version(request: Request) -> Response:
+        """etcd's /version: clients such as etcd3gw pick the API path from it."""
+        return JSONResponse({"etcdserver": ETCD_API_VERSION, "etcdcluster": ETCD_API_VERSION})
+
+    async def not_implemented(request: Request) -> Response:
+        return _error(unimplemented(f"{request.url.path} is not served (docs/etcd.md)"))
+
+    routes = [
+        Route("/v3/kv/range", _unary(rpc_pb2.RangeRequest, mapping.range), methods=["POST"]),
+        Route("/v3/kv/put", _unary(rpc_pb2.PutRequest, mapping.put), methods=["POST"]),
+        Route("/v3/kv/deleterange", _unary(rpc_pb2.DeleteRangeRequest, mapping.delete_range), methods=["POST"]),
+        Route("/v3/kv/txn", _unary(rpc_pb2.TxnRequest, mapping.txn), methods=["POST"]),
+        Route("/v3/kv/compaction", _unary(rpc_pb2.CompactionRequest, mapping.compact), methods=["POST"]),
+        Route("/v3/maintenance/status", _unary(rpc_pb2.StatusRequest, lambda _request: mapping.status()),
+              methods=["POST"]),
+        Route("/v3/cluster/member/list", _unary(rpc_pb2.MemberListRequest, lambda _request: mapping.member_list()),
+              methods=["POST"]),
+        Route("/v3/watch", watch, methods=["POST"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/v3/{rest:path}", not_implemented, methods=["POST", "GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+class EtcdGateway:
+    """The gateway's HTTP listener on the node's event loop."""
+
+    def __init__(self, mapping: EtcdMapping, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._server = uvicorn.Server(uvicorn.Config(
+            gateway_app(mapping), loop="none", lifespan="off", access_log=False,
+            log_level="warning", timeout_graceful_shutdown=1, server_header=False))
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind here (uvicorn exits the process on a failed bind), then serve."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(LISTEN_BACKLOG)
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"--listen-etcd-gateway {self.host}:{self.port}: {exc.strerror}") from exc
+        self.port = sock.getsockname()[1]
+        self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._server.should_exit = True
+            await asyncio.wait_for(self._task, STOP_TIMEOUT_S * 5)
+            self._task = None

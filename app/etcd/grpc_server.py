@@ -1,0 +1,118 @@
+"""etcd's v3 gRPC services on the node's event loop (grpc.aio), each call handed to the
+mapping (app/etcd/mapping.py) or the watch streams (app/etcd/watch.py). Lease and Auth are
+not registered: gRPC answers their calls UNIMPLEMENTED."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+import grpc
+
+from app.etcd.errors import EtcdError
+from app.etcd.mapping import EtcdMapping
+from app.etcd.protos import rpc_pb2, rpc_pb2_grpc
+from app.etcd.watch import WatchStream
+
+logger = logging.getLogger(__name__)
+Answer = TypeVar("Answer")
+STOP_GRACE_S = 1.0
+
+
+async def _answer(context: grpc.aio.ServicerContext, call: Awaitable[Answer]) -> Answer:
+    try:
+        return await call
+    except EtcdError as exc:
+        await context.abort(exc.code, exc.message)
+        raise  # abort raises; this line is for the type checker
+
+
+async def _ready(value: Answer) -> Answer:
+    return value
+
+
+class _KV(rpc_pb2_grpc.KVServicer):
+    def __init__(self, mapping: EtcdMapping) -> None:
+        self.mapping = mapping
+
+    async def Range(self, request: rpc_pb2.RangeRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.RangeResponse:
+        return await _answer(context, self.mapping.range(request))
+
+    async def Put(self, request: rpc_pb2.PutRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.PutResponse:
+        return await _answer(context, self.mapping.put(request))
+
+    async def DeleteRange(self, request: rpc_pb2.DeleteRangeRequest,
+                          context: grpc.aio.ServicerContext) -> rpc_pb2.DeleteRangeResponse:
+        return await _answer(context, self.mapping.delete_range(request))
+
+    async def Txn(self, request: rpc_pb2.TxnRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.TxnResponse:
+        return await _answer(context, self.mapping.txn(request))
+
+    async def Compact(self, request: rpc_pb2.CompactionRequest,
+                      context: grpc.aio.ServicerContext) -> rpc_pb2.CompactionResponse:
+        return await _answer(context, self.mapping.compact(request))
+
+
+class _Watch(rpc_pb2_grpc.WatchServicer):
+    def __init__(self, mapping: EtcdMapping) -> None:
+        self.mapping = mapping
+
+    async def Watch(self, request_iterator: AsyncIterator[rpc_pb2.WatchRequest],
+                    context: grpc.aio.ServicerContext) -> AsyncIterator[rpc_pb2.WatchResponse]:
+        async with WatchStream(self.mapping) as stream:
+            async for response in stream.serve(request_iterator):
+                yield response
+
+
+class _Maintenance(rpc_pb2_grpc.MaintenanceServicer):
+    def __init__(self, mapping: EtcdMapping) -> None:
+        self.mapping = mapping
+
+    async def Status(self, request: rpc_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.StatusResponse:
+        return await _answer(context, _ready(self.mapping.status()))
+
+    async def Alarm(self, request: rpc_pb2.AlarmRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.AlarmResponse:
+        return rpc_pb2.AlarmResponse(header=self.mapping.header())  # metakv raises no etcd alarms
+
+
+class _Cluster(rpc_pb2_grpc.ClusterServicer):
+    def __init__(self, mapping: EtcdMapping) -> None:
+        self.mapping = mapping
+
+    async def MemberList(self, request: rpc_pb2.MemberListRequest,
+                         context: grpc.aio.ServicerContext) -> rpc_pb2.MemberListResponse:
+        return await _answer(context, _ready(self.mapping.member_list()))
+
+
+class EtcdGrpcServer:
+    """The etcd gRPC listener of one node: ``start`` binds ``host:port`` (0: any free port,
+    see ``port``), ``stop`` ends open streams after a short grace."""
+
+    def __init__(self, mapping: EtcdMapping, host: str, port: int) -> None:
+        self.mapping = mapping
+        self.host = host
+        self.port = port
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        rpc_pb2_grpc.add_KVServicer_to_server(_KV(self.mapping), server)
+        rpc_pb2_grpc.add_WatchServicer_to_server(_Watch(self.mapping), server)
+        rpc_pb2_grpc.add_MaintenanceServicer_to_server(_Maintenance(self.mapping), server)
+        rpc_pb2_grpc.add_ClusterServicer_to_server(_Cluster(self.mapping), server)
+        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"--listen-etcd {address}: cannot bind ({exc})") from None
+        if not self.port:
+            raise OSError(f"--listen-etcd {address}: cannot bind")
+        await server.start()
+        self._server = server
+        logger.info("etcd v3 API on %s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(STOP_GRACE_S)
+            self._server = None

@@ -1,0 +1,77 @@
+"""etcd's v3 JSON gateway against an in-process node: the same calls as gRPC as JSON POSTs,
+base64 keys and values, grpc-gateway's error bodies, and watches as JSON lines."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from app.etcd.gateway import EtcdGateway
+from app.etcd.mapping import EtcdMapping, prefix_end
+from tests.http.service_double import InProcessService
+
+pytestmark = pytest.mark.anyio
+WAIT_S = 10
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+@pytest.fixture
+async def gateway(service: InProcessService) -> AsyncIterator[httpx.AsyncClient]:
+    mapping = EtcdMapping(service, "test-cluster", {1: []})
+    server = EtcdGateway(mapping, "127.0.0.1", 0)
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=WAIT_S) as client:
+            yield client
+    finally:
+        await server.stop()
+        await mapping.close()
+
+
+async def test_kv_calls_as_json(gateway: httpx.AsyncClient) -> None:
+    put = (await gateway.post("/v3/kv/put", json={"key": b64(b"app/a"), "value": b64(b"1")})).json()
+    revision = int(put["header"]["revision"])  # int64s are strings, as in etcd's gateway
+    await gateway.post("/v3/kv/put", json={"key": b64(b"app/b"), "value": b64(b"2")})
+    got = (await gateway.post("/v3/kv/range", json={"key": b64(b"app/"), "range_end": b64(prefix_end(b"app/")),
+                                                     "sort_order": "DESCEND"})).json()
+    assert [(base64.b64decode(kv["key"]), base64.b64decode(kv["value"])) for kv in got["kvs"]] == [
+        (b"app/b", b"2"), (b"app/a", b"1")]
+    assert got["count"] == "2" and got["kvs"][1]["create_revision"] == str(revision)
+    txn = (await gateway.post("/v3/kv/txn", json={
+        "compare": [{"key": b64(b"app/a"), "target": "VALUE", "result": "EQUAL", "value": b64(b"1")}],
+        "success": [{"request_delete_range": {"key": b64(b"app/a"), "prev_kv": True}}]})).json()
+    assert txn["succeeded"] is True
+    assert txn["responses"][0]["response_delete_range"]["deleted"] == "1"
+    status = (await gateway.post("/v3/maintenance/status", json={})).json()
+    assert status["leader"] == "1" and status["header"]["member_id"] == "1"
+
+
+async def test_errors_are_grpc_gateway_bodies(gateway: httpx.AsyncClient) -> None:
+    future = await gateway.post("/v3/kv/range", json={"key": b64(b"k"), "revision": 1000})
+    assert future.status_code == 400
+    assert future.json() == {"error": "etcdserver: mvcc: required revision is a future revision", "code": 11,
+                             "message": "etcdserver: mvcc: required revision is a future revision"}
+    empty = await gateway.post("/v3/kv/put", json={"value": b64(b"v")})
+    assert empty.status_code == 400 and empty.json()["message"] == "etcdserver: key is not provided"
+    assert (await gateway.post("/v3/kv/put", content=b"{not json")).status_code == 400
+    assert (await gateway.post("/v3/lease/grant", json={"TTL": 5})).status_code == 501
+
+
+async def test_watch_streams_json_lines(gateway: httpx.AsyncClient) -> None:
+    first = (await gateway.post("/v3/kv/put", json={"key": b64(b"w/1"), "value": b64(b"a")})).json()
+    await gateway.post("/v3/kv/put", json={"key": b64(b"w/2"), "value": b64(b"b")})
+    request = {"create_request": {"key": b64(b"w/"), "range_end": b64(prefix_end(b"w/")),
+                                  "start_revision": first["header"]["revision"]}}
+    async with gateway.stream("POST", "/v3/watch", json=request) as stream:
+        lines = stream.aiter_lines()
+        created = json.loads(await anext(lines))["result"]
+        assert created["created"] is True
+        events = json.loads(await anext(lines))["result"]["events"]
+        assert [base64.b64decode(event["kv"]["value"]) for event in events] == [b"a", b"b"]

@@ -1,0 +1,149 @@
+"""etcd's KV, Maintenance and Cluster calls over gRPC against an in-process node: what an
+etcd client sees (revisions, per-key versions, compares, prev_kv, errors, headers)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from app.etcd.mapping import cluster_number, prefix_end
+from app.etcd.protos import rpc_pb2
+from tests.etcd.conftest import Stubs
+from tests.http.service_double import InProcessService
+
+pytestmark = pytest.mark.anyio
+R = rpc_pb2.RangeRequest
+
+
+async def put(etcd: Stubs, key: bytes, value: bytes, **options: object) -> rpc_pb2.PutResponse:
+    return await etcd.kv.Put(rpc_pb2.PutRequest(key=key, value=value, **options))
+
+
+async def test_put_and_range_carry_etcd_revisions_versions_and_headers(etcd: Stubs) -> None:
+    first = await put(etcd, b"app/a", b"1")
+    await put(etcd, b"app/a", b"2")
+    await put(etcd, b"app/b", b"3")
+    await put(etcd, b"other", b"4")
+    got = await etcd.kv.Range(R(key=b"app/", range_end=prefix_end(b"app/")))
+    assert [(kv.key, kv.value, kv.version, kv.create_revision) for kv in got.kvs] == [
+        (b"app/a", b"2", 2, first.header.revision), (b"app/b", b"3", 1, first.header.revision + 2)]
+    assert got.count == 2 and not got.more
+    assert got.header.revision == first.header.revision + 3
+    assert got.header.cluster_id == cluster_number("test-cluster") and got.header.member_id == 1
+    assert got.header.raft_term == 1
+    everything = await etcd.kv.Range(R(key=b"\0", range_end=b"\0"))
+    assert [kv.key for kv in everything.kvs] == [b"app/a", b"app/b", b"other"]
+    from_key = await etcd.kv.Range(R(key=b"app/b", range_end=b"\0", serializable=True))
+    assert [kv.key for kv in from_key.kvs] == [b"app/b", b"other"]
+    between = await etcd.kv.Range(R(key=b"app/a", range_end=b"app/b"))
+    assert [kv.key for kv in between.kvs] == [b"app/a"]
+    assert not (await etcd.kv.Range(R(key=b"other", range_end=b"app/"))).kvs  # an empty range
+
+
+async def test_range_limit_sort_count_and_keys_only(etcd: Stubs) -> None:
+    for key, value in ((b"k1", b"c"), (b"k2", b"a"), (b"k3", b"b")):
+        await put(etcd, key, value)
+    prefix = {"key": b"k", "range_end": prefix_end(b"k")}
+    limited = await etcd.kv.Range(R(**prefix, limit=2))
+    assert [kv.key for kv in limited.kvs] == [b"k1", b"k2"] and limited.count == 3 and limited.more
+    by_value = await etcd.kv.Range(R(**prefix, sort_order=R.DESCEND, sort_target=R.VALUE))
+    assert [kv.value for kv in by_value.kvs] == [b"c", b"b", b"a"]
+    counted = await etcd.kv.Range(R(**prefix, count_only=True))
+    assert counted.count == 3 and not counted.kvs
+    keys = await etcd.kv.Range(R(**prefix, keys_only=True))
+    assert [(kv.key, kv.value) for kv in keys.kvs] == [(b"k1", b""), (b"k2", b""), (b"k3", b"")]
+
+
+async def test_range_at_a_revision_and_the_compacted_and_future_errors(etcd: Stubs, service: InProcessService) -> None:
+    old = await put(etcd, b"k", b"old")
+    await put(etcd, b"k", b"new")
+    at = await etcd.kv.Range(R(key=b"k", revision=old.header.revision))
+    assert [kv.value for kv in at.kvs] == [b"old"]
+    with pytest.raises(grpc.aio.AioRpcError) as future:
+        await etcd.kv.Range(R(key=b"k", revision=old.header.revision + 10))
+    assert future.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert future.value.details() == "etcdserver: mvcc: required revision is a future revision"
+    service.state.prune_history(old.header.revision + 1)
+    with pytest.raises(grpc.aio.AioRpcError) as compacted:
+        await etcd.kv.Range(R(key=b"k", revision=old.header.revision))
+    assert compacted.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert compacted.value.details() == "etcdserver: mvcc: required revision has been compacted"
+
+
+async def test_put_and_delete_return_prev_kv_and_ignore_value_keeps_the_value(etcd: Stubs) -> None:
+    assert not (await put(etcd, b"k", b"1", prev_kv=True)).HasField("prev_kv")
+    second = await put(etcd, b"k", b"2", prev_kv=True)
+    assert (second.prev_kv.value, second.prev_kv.version) == (b"1", 1)
+    await put(etcd, b"k", b"", ignore_value=True)
+    kept = (await etcd.kv.Range(R(key=b"k"))).kvs[0]
+    assert (kept.value, kept.version) == (b"2", 3)
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await put(etcd, b"absent", b"", ignore_value=True)
+    assert missing.value.details() == "etcdserver: key not found"
+    await put(etcd, b"k2", b"x")
+    deleted = await etcd.kv.DeleteRange(rpc_pb2.DeleteRangeRequest(key=b"k", range_end=prefix_end(b"k"), prev_kv=True))
+    assert deleted.deleted == 2 and [kv.key for kv in deleted.prev_kvs] == [b"k", b"k2"]
+    again = await put(etcd, b"k", b"3")
+    assert (await etcd.kv.Range(R(key=b"k"))).kvs[0].version == 1  # a delete resets the version
+    assert again.header.revision == deleted.header.revision + 1
+
+
+async def test_txn_compares_on_version_create_mod_and_value(etcd: Stubs) -> None:
+    created = await put(etcd, b"lock", b"a")
+    await put(etcd, b"lock", b"b")
+    C = rpc_pb2.Compare
+
+    async def txn(*compares: rpc_pb2.Compare) -> rpc_pb2.TxnResponse:
+        return await etcd.kv.Txn(rpc_pb2.TxnRequest(
+            compare=list(compares),
+            success=[rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=b"won", value=b"yes"))],
+            failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=b"lock"))]))
+
+    holds = await txn(C(key=b"lock", target=C.VERSION, result=C.EQUAL, version=2),
+                      C(key=b"lock", target=C.CREATE, result=C.EQUAL, create_revision=created.header.revision),
+                      C(key=b"lock", target=C.MOD, result=C.GREATER, mod_revision=created.header.revision),
+                      C(key=b"lock", target=C.VALUE, result=C.NOT_EQUAL, value=b"a"),
+                      C(key=b"missing", target=C.VERSION, result=C.EQUAL, version=0))
+    assert holds.succeeded and holds.responses[0].response_put.header.revision == holds.header.revision
+    fails = await txn(C(key=b"lock", target=C.VERSION, result=C.LESS, version=2))
+    assert not fails.succeeded
+    assert [kv.value for kv in fails.responses[0].response_range.kvs] == [b"b"]
+    assert (await etcd.kv.Range(R(key=b"won"))).kvs[0].value == b"yes"
+    never = await txn(C(key=b"missing", target=C.VALUE, result=C.NOT_EQUAL, value=b"x"))
+    assert not never.succeeded  # as etcd: a missing key compares false on its value
+
+
+async def test_compact_checks_the_revision(etcd: Stubs) -> None:
+    written = await put(etcd, b"k", b"v")
+    assert (await etcd.kv.Compact(rpc_pb2.CompactionRequest(revision=written.header.revision))).header.revision
+    with pytest.raises(grpc.aio.AioRpcError) as future:
+        await etcd.kv.Compact(rpc_pb2.CompactionRequest(revision=written.header.revision + 5))
+    assert future.value.code() == grpc.StatusCode.OUT_OF_RANGE
+
+
+async def test_bad_input_gets_etcds_errors(etcd: Stubs) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as empty:
+        await put(etcd, b"", b"v")
+    assert (empty.value.code(), empty.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                           "etcdserver: key is not provided")
+    with pytest.raises(grpc.aio.AioRpcError) as lease:
+        await put(etcd, b"k", b"v", lease=7)
+    assert lease.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as binary:
+        await put(etcd, b"\xff", b"v")
+    assert binary.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in binary.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as leases:
+        await etcd.lease.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=10))
+    assert leases.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_status_member_list_and_alarm(etcd: Stubs) -> None:
+    await put(etcd, b"k", b"v")
+    status = await etcd.maintenance.Status(rpc_pb2.StatusRequest())
+    assert status.leader == 1 and status.raftTerm == 1 and status.raftAppliedIndex == status.header.revision
+    assert status.version and not status.isLearner
+    members = await etcd.cluster.MemberList(rpc_pb2.MemberListRequest())
+    assert [(m.ID, list(m.clientURLs), m.isLearner) for m in members.members] == [(1, ["http://127.0.0.1:1"], False)]
+    alarms = await etcd.maintenance.Alarm(rpc_pb2.AlarmRequest())
+    assert not alarms.alarms and alarms.header.member_id == 1
+
