@@ -201,6 +201,9 @@ async def _read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> byt
     header = await reader.readexactly(FRAME_LENGTH.size)
     (length,) = FRAME_LENGTH.unpack(header)
     if length > max_frame_bytes:
+        if header == TLS_GREETING:  # what a node without peer TLS reads from one with it
+            raise FrameError("the peer uses peer TLS and this node does not: give it --peer-tls-cert-file, "
+                             "--peer-tls-key-file and --peer-tls-ca-file")
         raise FrameError(f"frame of {length} bytes exceeds max_frame_bytes={max_frame_bytes}")
     return await reader.readexactly(length)
 

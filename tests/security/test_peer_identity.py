@@ -224,3 +224,21 @@ def test_a_real_node_refuses_a_made_up_observer_holding_the_default_secret(
     assert received == []
     assert "node 99 is neither a voter nor an allowed observer" in leader.log_tail()
     assert cluster.put("private/k2", b"v").status_code == 200  # type: ignore[attr-defined]
+
+
+def test_a_node_without_peer_tls_dialling_a_tls_node_is_told_why(
+        certs: CertSet, caplog: pytest.LogCaptureFixture) -> None:
+    """A node started without --peer-tls-* reads the TLS node's greeting as a frame length
+    ("frame of 1414288129 bytes exceeds max_frame_bytes"); its operator is told what to set."""
+    async def scenario() -> None:
+        node = voter_node(tls=tls(certs, 1))
+        await node.transport.start()
+        address = {1: ("127.0.0.1", node.transport.port)}
+        await one_answered_one_refused(node, Peer(2, address, security=PeerSecurity(tls=tls(certs, 2))),
+                                       Peer(4, address))
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    failures = [r.getMessage() for r in caplog.records if "node 4: handshake with peer 1" in r.getMessage()]
+    assert failures and "the peer uses peer TLS and this node does not: give it --peer-tls-cert-file" \
+        in failures[0], caplog.text
