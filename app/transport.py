@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from app.config import ConfigError, parse_url
+from app.http.log_text import loggable
 from app.tls import ReloadableContexts, describe_tls_failure, node_id_of
 from raft.messages import (
     BeginQuorumEpochRequest,
@@ -536,7 +537,8 @@ class RaftTransport:
         frame = await _read_frame(connection.reader, HANDSHAKE_FRAME_MAX_BYTES)
         value = _unpack_list(frame, what, items, HANDSHAKE_FRAME_MAX_BYTES)
         if len(value) == 2 and value[0] == "refused" and type(value[1]) is str:
-            raise HandshakeError(f"the peer refused the handshake: {value[1][:200]}")
+            # The reason is the peer's text (whoever listens where we dial): it cannot start a line.
+            raise HandshakeError(f"the peer refused the handshake: {loggable(value[1][:200])}")
         if len(value) != items or value[0] != what:
             raise HandshakeError(f"malformed {what}")
         return value

@@ -242,3 +242,30 @@ def test_a_node_without_peer_tls_dialling_a_tls_node_is_told_why(
     failures = [r.getMessage() for r in caplog.records if "node 4: handshake with peer 1" in r.getMessage()]
     assert failures and "the peer uses peer TLS and this node does not: give it --peer-tls-cert-file" \
         in failures[0], caplog.text
+
+
+def test_a_refusal_reason_sent_by_a_peer_cannot_forge_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Whatever listens where a node dials (a peer's port while it is down) chooses the reason
+    of its ``["refused", reason]``; the node logs it on its own line, control characters escaped."""
+    forged = "bye\n2026-01-01 00:00:00,000 node1 WARNING metakv.audit: audit: forged"
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        payload = msgpack.packb(["refused", forged], use_bin_type=True)
+        writer.write(FRAME_LENGTH.pack(len(payload)) + payload)
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+        dialler = Peer(2, {1: ("127.0.0.1", server.sockets[0].getsockname()[1])})
+        await dialler.transport.start()
+        try:
+            await wait_until(lambda: dialler.transport.stats.connections_refused >= 1, "the refusal")
+        finally:
+            await dialler.transport.stop()
+            server.close()
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    lines = [r.getMessage() for r in caplog.records if "the peer refused the handshake" in r.getMessage()]
+    assert lines and "\n" not in lines[0] and "bye\\n2026-01-01" in lines[0], caplog.text
