@@ -304,6 +304,7 @@ class _Connection:
     closed: bool = False
     queued_bytes: int = 0
     checked_endpoint: str = ""  # the last advertised URL found valid (checked once, not per fetch)
+    awaiting_tls_greeting: bool = False  # a timeout now means the peer has no peer TLS
 
     def enqueue(self, frame: bytes, max_frames: int, max_bytes: int) -> bool:
         if self.closed or self.queue.qsize() >= max_frames or self.queued_bytes + len(frame) > max_bytes:
@@ -468,6 +469,9 @@ class RaftTransport:
                 await asyncio.wait_for(self._client_tls_and_handshake(connection),
                                        self.config.handshake_timeout_ms / 1000)
             except (TimeoutError, HandshakeError, FrameError, OSError, RuntimeError, asyncio.IncompleteReadError) as exc:
+                if isinstance(exc, TimeoutError) and connection.awaiting_tls_greeting:
+                    exc = HandshakeError(f"no TLS greeting within {self.config.handshake_timeout_ms} ms: the peer has "
+                                         "no peer TLS (--peer-tls-*) or is not a metakv raft port")
                 self.stats.connections_refused += 1
                 self._warn_refusal(f"peer {peer_id}", f"handshake with peer {peer_id} at {host}:{port} failed", exc)
                 await self._close(connection)
@@ -524,7 +528,9 @@ class RaftTransport:
     async def _client_tls_and_handshake(self, connection: _Connection) -> None:
         tls = self.security.tls
         if tls is not None:
+            connection.awaiting_tls_greeting = True
             greeting = await connection.reader.readexactly(len(TLS_GREETING))
+            connection.awaiting_tls_greeting = False
             if greeting != TLS_GREETING:
                 raise HandshakeError("the peer does not speak TLS on its raft port")
             await connection.writer.start_tls(tls.client)

@@ -15,7 +15,13 @@ import pytest
 
 from app.config import DEFAULT_CLUSTER_SECRET
 from app.tls import ReloadableContexts
-from app.transport import FRAME_LENGTH, PROTOCOL_VERSION, PeerSecurity, RaftTransport
+from app.transport import (
+    FRAME_LENGTH,
+    PROTOCOL_VERSION,
+    PeerSecurity,
+    RaftTransport,
+    TransportConfig,
+)
 from raft.messages import Envelope, FetchRequest, FetchResponse, Message, VoteRequest
 from raft.types import Batch, ErrorCode
 from tests.security.certs_fixture import CertSet
@@ -269,3 +275,25 @@ def test_a_refusal_reason_sent_by_a_peer_cannot_forge_a_log_line(caplog: pytest.
         run(scenario)
     lines = [r.getMessage() for r in caplog.records if "the peer refused the handshake" in r.getMessage()]
     assert lines and "\n" not in lines[0] and "bye\\n2026-01-01" in lines[0], caplog.text
+
+
+def test_a_node_with_peer_tls_dialling_one_without_is_told_why(
+        certs: CertSet, caplog: pytest.LogCaptureFixture) -> None:
+    """The plain node waits for a hello, the TLS node for the TLS greeting: both used to log
+    only "no handshake within 2000 ms"."""
+    async def scenario() -> None:
+        plain = Peer(1, {}, config=TransportConfig(handshake_timeout_ms=300))
+        await plain.transport.start()
+        dialler = Peer(2, {1: ("127.0.0.1", plain.transport.port)}, security=PeerSecurity(tls=tls(certs, 2)),
+                       config=TransportConfig(handshake_timeout_ms=300))
+        await dialler.transport.start()
+        try:
+            await wait_until(lambda: dialler.transport.stats.connections_refused >= 1, "the failed handshake")
+        finally:
+            for peer in (dialler, plain):
+                await peer.transport.stop()
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    failures = [r.getMessage() for r in caplog.records if "node 2: handshake with peer 1" in r.getMessage()]
+    assert failures and "no TLS greeting within 300 ms: the peer has no peer TLS" in failures[0], caplog.text
