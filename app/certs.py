@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from app.tls import node_name
+from app.tls import NODE_NAME_RE, node_name
 
 DEFAULT_DAYS = 365
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
@@ -117,9 +117,21 @@ def load_ca(directory: Path) -> Issued | None:
     return Issued(x509.load_pem_x509_certificate(cert_path.read_bytes()), key)
 
 
+def check_client_name(name: str) -> None:
+    """A client certificate's name must not be a node's (the raft port would take it for that
+    node: it is issued by the cluster's CA for client use) nor anything but a file name."""
+    if NODE_NAME_RE.fullmatch(name):
+        raise CertsError(f"--clients: a certificate named {name!r} would connect to the raft port as node "
+                         f"{name.removeprefix('node-')}; pick a name that is not node-<id>")
+    if "/" in name or "\\" in name or not name.isprintable():
+        raise CertsError(f"--clients: {name!r} is not usable in a file name (client-<name>.crt)")
+
+
 def make_certs(directory: Path, node_ids: Sequence[int], clients: Sequence[str] = (),
                hosts: Sequence[str] = DEFAULT_HOSTS, days: int = DEFAULT_DAYS) -> list[Path]:
     """Everything ``metakv certs`` writes; returns the files written."""
+    for client in clients:
+        check_client_name(client)
     directory.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     ca = load_ca(directory)

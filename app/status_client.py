@@ -59,6 +59,24 @@ class MemberClient:
         return response
 
 
+def quorum_table(answer: Any) -> dict[str, Any] | None:
+    """``/v1/quorum``'s answer when it has the shape of one (None: ``--url`` names something
+    else, which must get one line, not a traceback)."""
+    if not isinstance(answer, dict) or not {"epoch", "leader_id", "high_watermark"} <= answer.keys():
+        return None
+    for kind in ("voters", "observers"):
+        replicas = answer.get(kind, [])
+        if not isinstance(replicas, list) or not all(isinstance(replica, dict) for replica in replicas):
+            return None
+    return answer
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """A JSON object answer, or {} for anything else (raises ValueError for no JSON)."""
+    answer = response.json()
+    return answer if isinstance(answer, dict) else {}
+
+
 def httpx_verify(ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext | bool:
     """What httpx verifies https nodes with: the system's CAs, or ``ca_file``; plus a client
     certificate when one is given."""
@@ -85,14 +103,18 @@ def print_status(members: list[str], token: str | None, timeout_s: float,
                 print(f"metakv: {url} requires auth: {problem} (HTTP {quorum.status_code})", file=sys.stderr)
                 return EXIT_FAILURE
             if quorum.status_code != 200:
-                node = client.get(f"{url}/v1/status").json()
+                node = json_object(client.get(f"{url}/v1/status"))
                 print(f"metakv: no leader reachable from {url} (HTTP {quorum.status_code}); "
                       f"node {node.get('node_id')} is {node.get('role')} in epoch {node.get('epoch')}",
                       file=sys.stderr)
                 return EXIT_FAILURE
-            table = quorum.json()
+            table = quorum_table(quorum.json())
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # InvalidURL: a bad Location
             print(f"metakv: cannot reach {url}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        if table is None:
+            print(f"metakv: the answer of {quorum.url} is not a quorum table: is --url a metakv node?",
+                  file=sys.stderr)
             return EXIT_FAILURE
         rows = []
         for kind in ("voters", "observers"):
@@ -115,14 +137,14 @@ def _status_row(client: MemberClient, kind: str, replica: dict[str, Any], table:
             if response.status_code == 401 and not client.trusted(endpoint):
                 role = "not in --url"  # asked without the token, which it needs
             else:
-                node = response.json()
+                node = json_object(response)
                 role, applied, ready = node.get("role"), node.get("applied_version"), node.get("ready")
         except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # InvalidURL: a bad advertised URL
             role = "unreachable"
     last_fetch = replica.get("last_fetch_timestamp_ms")
     if replica.get("node_id") == table.get("leader_id"):
         fetched = "-"
-    elif last_fetch is None:
+    elif type(last_fetch) is not int:
         fetched = "never"
     else:
         fetched = f"{max(0, int(time.time() * 1000) - last_fetch)} ms ago"

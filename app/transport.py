@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from app.config import ConfigError, parse_url
+from app.http.log_text import loggable
 from app.tls import ReloadableContexts, describe_tls_failure, node_id_of
 from raft.messages import (
     BeginQuorumEpochRequest,
@@ -201,6 +202,9 @@ async def _read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> byt
     header = await reader.readexactly(FRAME_LENGTH.size)
     (length,) = FRAME_LENGTH.unpack(header)
     if length > max_frame_bytes:
+        if header == TLS_GREETING:  # what a node without peer TLS reads from one with it
+            raise FrameError("the peer uses peer TLS and this node does not: give it --peer-tls-cert-file, "
+                             "--peer-tls-key-file and --peer-tls-ca-file")
         raise FrameError(f"frame of {length} bytes exceeds max_frame_bytes={max_frame_bytes}")
     return await reader.readexactly(length)
 
@@ -300,6 +304,7 @@ class _Connection:
     closed: bool = False
     queued_bytes: int = 0
     checked_endpoint: str = ""  # the last advertised URL found valid (checked once, not per fetch)
+    awaiting_tls_greeting: bool = False  # a timeout now means the peer has no peer TLS
 
     def enqueue(self, frame: bytes, max_frames: int, max_bytes: int) -> bool:
         if self.closed or self.queue.qsize() >= max_frames or self.queued_bytes + len(frame) > max_bytes:
@@ -464,6 +469,9 @@ class RaftTransport:
                 await asyncio.wait_for(self._client_tls_and_handshake(connection),
                                        self.config.handshake_timeout_ms / 1000)
             except (TimeoutError, HandshakeError, FrameError, OSError, RuntimeError, asyncio.IncompleteReadError) as exc:
+                if isinstance(exc, TimeoutError) and connection.awaiting_tls_greeting:
+                    exc = HandshakeError(f"no TLS greeting within {self.config.handshake_timeout_ms} ms: the peer has "
+                                         "no peer TLS (--peer-tls-*) or is not a metakv raft port")
                 self.stats.connections_refused += 1
                 self._warn_refusal(f"peer {peer_id}", f"handshake with peer {peer_id} at {host}:{port} failed", exc)
                 await self._close(connection)
@@ -520,7 +528,9 @@ class RaftTransport:
     async def _client_tls_and_handshake(self, connection: _Connection) -> None:
         tls = self.security.tls
         if tls is not None:
+            connection.awaiting_tls_greeting = True
             greeting = await connection.reader.readexactly(len(TLS_GREETING))
+            connection.awaiting_tls_greeting = False
             if greeting != TLS_GREETING:
                 raise HandshakeError("the peer does not speak TLS on its raft port")
             await connection.writer.start_tls(tls.client)
@@ -533,7 +543,8 @@ class RaftTransport:
         frame = await _read_frame(connection.reader, HANDSHAKE_FRAME_MAX_BYTES)
         value = _unpack_list(frame, what, items, HANDSHAKE_FRAME_MAX_BYTES)
         if len(value) == 2 and value[0] == "refused" and type(value[1]) is str:
-            raise HandshakeError(f"the peer refused the handshake: {value[1][:200]}")
+            # The reason is the peer's text (whoever listens where we dial): it cannot start a line.
+            raise HandshakeError(f"the peer refused the handshake: {loggable(value[1][:200])}")
         if len(value) != items or value[0] != what:
             raise HandshakeError(f"malformed {what}")
         return value

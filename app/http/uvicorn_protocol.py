@@ -140,6 +140,11 @@ class ConnectionLimits:
             self.closed.labels(reason).inc()
 
 
+class HeaderTooLargeError(Exception):
+    """Raised from a parser callback once the parsed request line and headers pass the cap
+    (httptools turns it into an HttpParserCallbackError, and uvicorn into send_400_response)."""
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """``uvicorn.Config(http=CoalescingHttpToolsProtocol)``: httptools with coalesced writes.
     ``with_limits`` makes a subclass with other connection limits (uvicorn builds the protocol
@@ -149,7 +154,8 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _stall_timer: asyncio.TimerHandle | None = None
     _counted_address: str | None = None
-    _header_bytes = 0
+    _header_bytes = 0  # bytes received while a request's headers were incomplete
+    _parsed_header_bytes = 0  # the current request's line and headers as parsed
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[CoalescingHttpToolsProtocol]:
@@ -197,15 +203,34 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         # than the headers themselves when a previous request's body shared the chunk).
         self._header_bytes += len(data)
         if self._header_bytes > self.limits.max_header_bytes:
-            self._stop_header_clock()
-            self.limits.count_closed("header_bytes")
-            self._answer_and_close(431, problem_body(
-                431, "header-too-large", "Request header fields too large",
-                f"the request line and headers exceed {self.limits.max_header_bytes} bytes"))
+            self._refuse_header_bytes()
+
+    def _refuse_header_bytes(self) -> None:
+        self._stop_header_clock()
+        self.limits.count_closed("header_bytes")
+        self._answer_and_close(431, problem_body(
+            431, "header-too-large", "Request header fields too large",
+            f"the request line and headers exceed {self.limits.max_header_bytes} bytes"))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._parsed_header_bytes = 0
         self._await_headers()
+
+    # Headers that arrive complete in one read never meet the count in data_received (the
+    # parser finishes them first), so the parsed sizes are counted too.
+    def on_url(self, url: bytes) -> None:
+        self._count_parsed_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_parsed_header_bytes(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _count_parsed_header_bytes(self, size: int) -> None:
+        self._parsed_header_bytes += size
+        if self._parsed_header_bytes > self.limits.max_header_bytes:
+            raise HeaderTooLargeError
 
     def on_headers_complete(self) -> None:
         self._stop_header_clock()
@@ -260,6 +285,9 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         callback sees the URL, so it cannot be percent-encoded here and accepted: the detail
         tells the client to percent-encode it."""
         error = sys.exc_info()[1]
+        if isinstance(getattr(error, "__context__", None), HeaderTooLargeError):
+            self._refuse_header_bytes()
+            return
         if isinstance(error, httptools.HttpParserInvalidURLError) or isinstance(
                 getattr(error, "__context__", None), httptools.HttpParserInvalidURLError):
             body = problem_body(400, "invalid-request-target", "Invalid request target",

@@ -457,6 +457,21 @@ def test_the_audit_log_holds_back_past_its_rate_and_counts_what_it_held(caplog: 
                         "(5 more audit lines not logged)")
 
 
+def test_a_flood_of_refusals_does_not_hide_an_admin_action(caplog: pytest.LogCaptureFixture) -> None:
+    """A client hammering with a bad token used the whole budget, so an admin action in the
+    same second had no audit line."""
+    audit = AuditLog(per_s=3, clock=lambda: 100.0)
+    with caplog.at_level(logging.WARNING, logger="metakv.audit"):
+        for _ in range(50):
+            audit.denied({"method": "GET", "path": "/v1/kv/x", "client": ("127.0.0.9", 5000)}, 401,
+                         "the token is not valid", None)
+        audit.admin({"method": "POST", "path": "/v1/admin/compact", "client": ("127.0.0.1", 5001)}, 200, "ops")
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 4
+    assert lines[3] == ("audit: 200 POST /v1/admin/compact from 127.0.0.1:5001 token 'ops': admin action done "
+                        "(47 more audit lines not logged)")
+
+
 def test_every_admin_action_and_refusal_has_one_audit_line(cluster: Cluster, http: httpx.Client) -> None:
     leader, follower = leader_and_follower(cluster)
     put_as_root(cluster, "audit/k", b"v")

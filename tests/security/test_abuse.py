@@ -91,6 +91,20 @@ def test_a_200_mib_header_is_cut_off_early_and_memory_stays_bounded(node_cluster
         assert client.get(f"{node.url}/v1/kv/k").content == b"v"
 
 
+def test_a_header_past_the_limit_that_arrives_in_one_read_is_answered_431(node_cluster: Cluster) -> None:
+    """The whole request in one send: the parser completes the headers within the read that
+    carries them, so a count of bytes received while headers are incomplete never sees them."""
+    node = node_cluster.nodes[1]
+    request = b"GET /v1/kv/k HTTP/1.1\r\nHost: metakv\r\nX-Pad: " + b"p" * (100 * 1024) + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", node.http_port), timeout=10.0) as conn:
+        conn.sendall(request)
+        answer = read_until_closed(conn)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b'"type":"urn:metakv:problem:header-too-large"' in answer
+    with httpx.Client(timeout=10.0) as client:
+        assert client.get(f"{node.url}/v1/kv/k").content == b"v"
+
+
 def test_half_sent_requests_are_closed_after_the_header_timeout(node_cluster: Cluster) -> None:
     node = node_cluster.nodes[1]
     slow: list[socket.socket] = []

@@ -46,3 +46,13 @@ def test_a_node_certificate_names_its_node_once() -> None:
     assert node_id_of({"subject": ((("commonName", "node-7"),),), "subjectAltName": (("DNS", "node-8"),)}) is None
     assert node_id_of({"subject": ((("commonName", "ops"),),)}) is None
     assert node_id_of({}) is None
+
+
+def test_a_client_name_that_is_a_node_name_or_a_path_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A client certificate named node-3 (clientAuth, from the cluster's CA) would be let onto
+    the raft port as node 3; a name with a slash wrote outside --dir or crashed half-way."""
+    for client, why in (("node-3", "would connect to the raft port as node 3"), ("a/b", "a file name")):
+        directory = tmp_path / client.replace("/", "_")
+        refused = run_certs("--dir", str(directory), "--nodes", "1", "--clients", client)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and why in refused.stderr, refused.stderr
+        assert not directory.exists() or list(directory.iterdir()) == []

@@ -15,7 +15,13 @@ import pytest
 
 from app.config import DEFAULT_CLUSTER_SECRET
 from app.tls import ReloadableContexts
-from app.transport import FRAME_LENGTH, PROTOCOL_VERSION, PeerSecurity, RaftTransport
+from app.transport import (
+    FRAME_LENGTH,
+    PROTOCOL_VERSION,
+    PeerSecurity,
+    RaftTransport,
+    TransportConfig,
+)
 from raft.messages import Envelope, FetchRequest, FetchResponse, Message, VoteRequest
 from raft.types import Batch, ErrorCode
 from tests.security.certs_fixture import CertSet
@@ -224,3 +230,70 @@ def test_a_real_node_refuses_a_made_up_observer_holding_the_default_secret(
     assert received == []
     assert "node 99 is neither a voter nor an allowed observer" in leader.log_tail()
     assert cluster.put("private/k2", b"v").status_code == 200  # type: ignore[attr-defined]
+
+
+def test_a_node_without_peer_tls_dialling_a_tls_node_is_told_why(
+        certs: CertSet, caplog: pytest.LogCaptureFixture) -> None:
+    """A node started without --peer-tls-* reads the TLS node's greeting as a frame length
+    ("frame of 1414288129 bytes exceeds max_frame_bytes"); its operator is told what to set."""
+    async def scenario() -> None:
+        node = voter_node(tls=tls(certs, 1))
+        await node.transport.start()
+        address = {1: ("127.0.0.1", node.transport.port)}
+        await one_answered_one_refused(node, Peer(2, address, security=PeerSecurity(tls=tls(certs, 2))),
+                                       Peer(4, address))
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    failures = [r.getMessage() for r in caplog.records if "node 4: handshake with peer 1" in r.getMessage()]
+    assert failures and "the peer uses peer TLS and this node does not: give it --peer-tls-cert-file" \
+        in failures[0], caplog.text
+
+
+def test_a_refusal_reason_sent_by_a_peer_cannot_forge_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Whatever listens where a node dials (a peer's port while it is down) chooses the reason
+    of its ``["refused", reason]``; the node logs it on its own line, control characters escaped."""
+    forged = "bye\n2026-01-01 00:00:00,000 node1 WARNING metakv.audit: audit: forged"
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        payload = msgpack.packb(["refused", forged], use_bin_type=True)
+        writer.write(FRAME_LENGTH.pack(len(payload)) + payload)
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+        dialler = Peer(2, {1: ("127.0.0.1", server.sockets[0].getsockname()[1])})
+        await dialler.transport.start()
+        try:
+            await wait_until(lambda: dialler.transport.stats.connections_refused >= 1, "the refusal")
+        finally:
+            await dialler.transport.stop()
+            server.close()
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    lines = [r.getMessage() for r in caplog.records if "the peer refused the handshake" in r.getMessage()]
+    assert lines and "\n" not in lines[0] and "bye\\n2026-01-01" in lines[0], caplog.text
+
+
+def test_a_node_with_peer_tls_dialling_one_without_is_told_why(
+        certs: CertSet, caplog: pytest.LogCaptureFixture) -> None:
+    """The plain node waits for a hello, the TLS node for the TLS greeting: both used to log
+    only "no handshake within 2000 ms"."""
+    async def scenario() -> None:
+        plain = Peer(1, {}, config=TransportConfig(handshake_timeout_ms=300))
+        await plain.transport.start()
+        dialler = Peer(2, {1: ("127.0.0.1", plain.transport.port)}, security=PeerSecurity(tls=tls(certs, 2)),
+                       config=TransportConfig(handshake_timeout_ms=300))
+        await dialler.transport.start()
+        try:
+            await wait_until(lambda: dialler.transport.stats.connections_refused >= 1, "the failed handshake")
+        finally:
+            for peer in (dialler, plain):
+                await peer.transport.stop()
+
+    with caplog.at_level(logging.WARNING, logger="metakv.transport"):
+        run(scenario)
+    failures = [r.getMessage() for r in caplog.records if "node 2: handshake with peer 1" in r.getMessage()]
+    assert failures and "no TLS greeting within 300 ms: the peer has no peer TLS" in failures[0], caplog.text

@@ -128,3 +128,14 @@ def test_an_https_node_never_sends_the_client_to_http(fake_nodes: list[FakeNode]
     assert tokens_sent(secure) == ["/v1/quorum"]
     assert plain.seen == []
     assert result.returncode == 1 and "refusing to leave https" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"epoch": 1, "leader_id": 1, "high_watermark": 1, "voters": [1]}'])
+def test_an_answer_that_is_not_a_quorum_table_is_one_line_not_a_traceback(
+        fake_nodes: list[FakeNode], body: bytes) -> None:
+    """--url naming something else than a metakv node (or a node answering nonsense)."""
+    other = start(fake_nodes, "127.0.0.1", lambda path: (200, {"Content-Type": "application/json"}, body))
+    result = run_status(other.url)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "is not a quorum table" in result.stderr, result.stderr

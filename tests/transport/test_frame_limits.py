@@ -90,9 +90,11 @@ def test_frames_beyond_msgpack_limits_close_the_connection_only() -> None:
                 msgpack.packb([7, "x" * (128 * 1024)]),  # a string longer than any id or URL
                 msgpack.packb([7, msgpack.ExtType(1, b"x")]),  # an extension type
             ]
+            used: list[object] = []  # the server closed each: the client may not have seen it yet
             for closed, body in enumerate(bad_bodies, 1):
-                await wait_until(lambda: 2 in client.transport._outbound and not client.transport._outbound[2].closed,
-                                 "a connection")
+                await wait_until(lambda: (connection := client.transport._outbound.get(2)) is not None
+                                 and not connection.closed and connection not in used, "a new connection")
+                used.append(client.transport._outbound[2])
                 send_raw(client, msgpack.packb([0, 99, body], use_bin_type=True))()
                 await wait_until(lambda c=closed: server.transport.stats.connections_closed_bad_frame == c, "a close")
             client.transport.send(Envelope(1, 2, FetchRequest(1, 1, 5, 0, 0, 500, "")))
