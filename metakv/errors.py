@@ -36,6 +36,21 @@ class InvalidRequest(MetakvError):
     retrying it unchanged cannot succeed."""
 
 
+class LeaseNotFound(InvalidRequest):
+    """404 ``lease-not-found``: the cluster does not know the lease (never granted, revoked
+    or expired); a put with it wrote nothing."""
+
+
+class LeaseLost(MetakvError):
+    """A ``Lease`` this client held has ended (the cluster reported it gone, or no keep-alive
+    was acknowledged for a whole TTL): nothing may be done under it any more."""
+
+    def __init__(self, title: str, detail: str = "", *, lease_id: int, status: int = 0,
+                 problem: dict[str, Any] | None = None) -> None:
+        super().__init__(title, detail, status=status, problem=problem)
+        self.lease_id = lease_id
+
+
 class Unauthorized(MetakvError):
     """401: no token, or a token the cluster does not know."""
 
@@ -121,6 +136,8 @@ def error_from_answer(status: int, content: bytes) -> MetakvError:
     kinds: dict[int, type[MetakvError]] = {401: Unauthorized, 403: Forbidden, 503: Unavailable}
     if status in kinds:
         return kinds[status](title, detail, status=status, problem=problem)
+    if status == 404 and str(problem.get("type", "")).endswith(":lease-not-found"):
+        return LeaseNotFound(title, detail, status=status, problem=problem)
     if 400 <= status < 500:
         return InvalidRequest(title, detail, status=status, problem=problem)
     return ServerError(title, detail, status=status, problem=problem)
