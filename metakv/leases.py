@@ -257,8 +257,10 @@ class KeepAliveSchedule:
     def round_plan(self) -> Generator[Request, Answer, None]:
         """Keep every due lease alive (in batches of at most ``KEEPALIVE_BATCH_MAX``); end
         those the cluster no longer knows and those past their deadline."""
+        # Leases due within half an interval go now too: the batches stay few and full.
         now = self._clock()
-        due = sorted((lease for lease in self._live() if self.due_at(lease) <= now), key=lambda lease: lease.id)
+        due = sorted((lease for lease in self._live()
+                      if self.due_at(lease) - lease.ttl_s / (2 * KEEPALIVE_FRACTION) <= now), key=lambda lease: lease.id)
         for start in range(0, len(due), KEEPALIVE_BATCH_MAX):
             batch = {lease.id: lease for lease in due[start:start + KEEPALIVE_BATCH_MAX]}
             shortest_ttl_s = min(lease.ttl_s for lease in batch.values())
