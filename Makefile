@@ -97,6 +97,12 @@ bench-scale: $(STAMP) system-etcd system-wrk
 bench-client: $(STAMP) system-wrk
 	$(PY) -m loadtest.bench_client --out results/bench_client.json
 
+# Leases at scale against etcd in the same run: 10,000 leases kept alive by one generator,
+# the leader's CPU per keep-alive, expiry latency; results/bench_leases.json (docs/benchmarks.md).
+.PHONY: bench-leases
+bench-leases: $(STAMP) system-etcd
+	$(PY) -m loadtest.bench_leases --leases 10000 --keyed 1000 --out results/bench_leases.json
+
 # Watch fan-out against etcd in the same run: 100 watchers on distinct prefixes + 10 on a hot one.
 .PHONY: bench-watch
 bench-watch: $(STAMP) system-etcd
@@ -113,6 +119,12 @@ DURATION ?= 300
 .PHONY: chaos
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.harness --seed $(SEED) --duration-s $(DURATION) --results results/chaos-$(SEED)
+
+# Lock fencing at length (tests/leases_client/fencing.py): 5 holder processes, 20 rounds each,
+# 4 leader SIGKILLs each with a holder SIGSTOPped while it holds the lock (make test runs 3x2, 1).
+.PHONY: chaos-locks
+chaos-locks: $(STAMP)
+	$(PY) -m tests.leases_client.fencing --holders 5 --rounds 20 --faults 4
 
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)
