@@ -14,10 +14,12 @@ process, one asyncio loop, ``--concurrency`` requests in flight):
    gateway's ``POST /v3/lease/keepalive``, one lease per request, as its JSON API has no
    batch form): leases kept alive per second, and the leader process's CPU seconds (Linux
    /proc) per thousand keep-alives;
-3. stops, with a watch open on the keys' prefix (metakv SSE, etcd gateway watch): for each
-   keyed lease, the time from its deadline (when its last acknowledged keep-alive was
-   *sent*, plus the TTL: never earlier than the leader's real deadline) to its key's delete
-   arriving at the watcher: the expiry latency distribution.
+3. stops; a watch open on the keys' prefix from the start (metakv: the client's watch;
+   etcd: the gateway's watch stream) gives, for each keyed lease whose deadline falls after
+   the stop, the time from that deadline (when its last acknowledged keep-alive was *sent*,
+   plus the TTL: never earlier than the leader's real deadline) to its key's delete arriving
+   at the watcher: the expiry latency distribution. Keyed leases the generator could not
+   keep alive (their deadline passed before the stop) are counted, not timed.
 Figures only mean something as metakv/etcd ratios from one run: the machine is shared.
 """
 
@@ -38,6 +40,7 @@ import httpx
 from loadtest.bench_http import cpu_seconds
 from loadtest.clusters import LocalCluster, start_etcd, start_metakv
 from loadtest.stores import b64, parse_etcd_watch_message, prefix_end
+from metakv import AsyncClient
 
 KEY_PREFIX = "benchlease/"
 EXPIRY_MARGIN_S = 30.0  # after the last deadline: how long to wait for the remaining deletes
@@ -56,67 +59,60 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "mean": round(statistics.fmean(ordered), 3)}
 
 
-class MetakvLeases:
+class LeaseApi:
+    """One store's lease calls, sent to its leader."""
+
+    kind = ""
+
+    def __init__(self, http: httpx.AsyncClient, leader: str) -> None:
+        self.http, self.leader = http, leader
+
+    async def call(self, method: str, path: str, **options: Any) -> Any:
+        response = await self.http.request(method, f"{self.leader}{path}", **options)
+        response.raise_for_status()
+        return response.json()
+
+
+class MetakvLeases(LeaseApi):
     kind = "metakv"
 
-    def __init__(self, http: httpx.AsyncClient, leader: str) -> None:
-        self.http, self.leader = http, leader
-
     async def grant(self, ttl_s: int) -> int:
-        response = await self.http.post(f"{self.leader}/v1/leases", json={"ttl_s": ttl_s})
-        response.raise_for_status()
-        return int(response.json()["id"])
+        return int((await self.call("POST", "/v1/leases", json={"ttl_s": ttl_s}))["id"])
 
     async def attach(self, key: str, lease_id: int) -> None:
-        response = await self.http.put(f"{self.leader}/v1/kv/{key}", params={"lease": lease_id}, content=b"x")
-        response.raise_for_status()
+        await self.call("PUT", f"/v1/kv/{key}", params={"lease": lease_id}, content=b"x")
 
-    async def keep_alive(self, lease_ids: list[int]) -> tuple[int, int]:
-        """(acknowledged, not found)"""
-        response = await self.http.post(f"{self.leader}/v1/leases/keepalive", json={"ids": lease_ids})
-        response.raise_for_status()
-        body = response.json()
-        return len(body["leases"]), len(body["not_found"])
+    async def keep_alive(self, lease_ids: list[int]) -> tuple[list[int], int]:
+        """(the ids acknowledged, how many were not found)"""
+        body = await self.call("POST", "/v1/leases/keepalive", json={"ids": lease_ids})
+        return [int(item["id"]) for item in body["leases"]], len(body["not_found"])
 
     async def watch_deletes(self, ready: asyncio.Event, seen: dict[str, float]) -> None:
-        params = {"prefix": KEY_PREFIX, "timeout_ms": 600_000}
-        async with httpx.AsyncClient(timeout=None) as client, client.stream(
-                "GET", f"{self.leader}/v1/watch", params=params, headers={"accept": "text/event-stream"}) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("retry:"):
-                    ready.set()
-                elif line.startswith("data: "):
-                    event = json.loads(line[6:])
-                    if event.get("type") == "delete":
-                        seen.setdefault(event["key"], time.monotonic())
+        """Through the client's watch (long-polls, each answered as soon as events exist)."""
+        async with AsyncClient(self.leader) as kv:
+            start = (await kv.list(KEY_PREFIX, limit=1, keys_only=True)).version
+            ready.set()
+            async for event in kv.watch(KEY_PREFIX, since=start):
+                if event.type == "delete":
+                    seen.setdefault(event.key, time.monotonic())
 
 
-class EtcdLeases:
+class EtcdLeases(LeaseApi):
     kind = "etcd"
 
-    def __init__(self, http: httpx.AsyncClient, leader: str) -> None:
-        self.http, self.leader = http, leader
-
     async def grant(self, ttl_s: int) -> int:
-        response = await self.http.post(f"{self.leader}/v3/lease/grant", json={"TTL": ttl_s})
-        response.raise_for_status()
-        return int(response.json()["ID"])
+        return int((await self.call("POST", "/v3/lease/grant", json={"TTL": ttl_s}))["ID"])
 
     async def attach(self, key: str, lease_id: int) -> None:
-        response = await self.http.post(f"{self.leader}/v3/kv/put",
-                                        json={"key": b64(key), "value": b64("x"), "lease": str(lease_id)})
-        response.raise_for_status()
+        await self.call("POST", "/v3/kv/put", json={"key": b64(key), "value": b64("x"), "lease": str(lease_id)})
 
-    async def keep_alive(self, lease_ids: list[int]) -> tuple[int, int]:
-        acknowledged = not_found = 0
+    async def keep_alive(self, lease_ids: list[int]) -> tuple[list[int], int]:
+        acknowledged: list[int] = []
         for lease_id in lease_ids:
-            response = await self.http.post(f"{self.leader}/v3/lease/keepalive", json={"ID": str(lease_id)})
-            response.raise_for_status()
-            if int(response.json().get("result", {}).get("TTL", 0)) > 0:
-                acknowledged += 1
-            else:
-                not_found += 1
-        return acknowledged, not_found
+            body = await self.call("POST", "/v3/lease/keepalive", json={"ID": str(lease_id)})
+            if int(body.get("result", {}).get("TTL", 0)) > 0:
+                acknowledged.append(lease_id)
+        return acknowledged, len(lease_ids) - len(acknowledged)
 
     async def watch_deletes(self, ready: asyncio.Event, seen: dict[str, float]) -> None:
         body = {"create_request": {"key": b64(KEY_PREFIX), "range_end": b64(prefix_end(KEY_PREFIX.encode()))}}
@@ -135,9 +131,6 @@ class EtcdLeases:
                         seen.setdefault(event.key, now)
 
 
-Api = MetakvLeases | EtcdLeases
-
-
 async def in_parallel(count: int, concurrency: int, job: Callable[[int], Awaitable[None]]) -> float:
     """Run ``job(0..count-1)`` with ``concurrency`` in flight; the seconds it took."""
     indexes = iter(range(count))
@@ -150,85 +143,92 @@ async def in_parallel(count: int, concurrency: int, job: Callable[[int], Awaitab
     return time.monotonic() - started
 
 
-async def bench_store(api_type: type[Api], cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
+async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     leader = cluster.leader()
     assert leader is not None and leader.pid is not None
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(timeout=30.0, limits=limits) as http:
         api = api_type(http, leader.url)
-        lease_ids: list[int] = [0] * args.leases
         per_request = args.batch if api.kind == "metakv" else 1
-        granted: list[int] = []
-        granting = asyncio.Event()
-        granting.set()
-
-        async def grant(index: int) -> None:
-            lease_id = await api.grant(args.ttl_s)
-            if index < args.keyed:
-                await api.attach(f"{KEY_PREFIX}{index:06d}", lease_id)
-            lease_ids[index] = lease_id
-            granted.append(lease_id)
-
-        async def keep_granted_alive(worker: int, workers: int) -> None:
-            """While granting (which may take longer than a TTL): keep the granted ones alive."""
-            while granting.is_set():
-                ids = list(granted)
-                for start in range(worker * per_request, len(ids), per_request * workers):
-                    await api.keep_alive(ids[start:start + per_request])
-                await asyncio.sleep(0.05)
-        setup_keepers = [asyncio.create_task(keep_granted_alive(worker, SETUP_KEEPERS)) for worker in range(SETUP_KEEPERS)]
-        grant_s = await in_parallel(args.leases, args.concurrency, grant)
-        granting.clear()
-        await asyncio.gather(*setup_keepers)
-
-        # Keep-alive phase: sweep over every lease, closed loop; remember when each lease's
-        # last acknowledged keep-alive was sent (its deadline is that plus the TTL).
-        chunks = [lease_ids[start:start + per_request] for start in range(0, len(lease_ids), per_request)]
-        sweep = itertools.cycle(range(len(chunks)))
-        last_sent: dict[int, float] = {}
-        totals = {"acknowledged": 0, "not_found": 0, "requests": 0}
-        stop_at = time.monotonic() + args.keepalive_s
-
-        async def keeper() -> None:
-            while time.monotonic() < stop_at:
-                chunk = chunks[next(sweep)]
-                sent = time.monotonic()
-                acknowledged, not_found = await api.keep_alive(chunk)
-                totals["acknowledged"] += acknowledged
-                totals["not_found"] += not_found
-                totals["requests"] += 1
-                for lease_id in chunk:
-                    last_sent[lease_id] = sent
-        cpu_before = cpu_seconds([leader.pid])
-        phase_s = await in_parallel(args.concurrency, args.concurrency, lambda _: keeper())
-        cpu_used = cpu_seconds([leader.pid]) - cpu_before
-
-        # Expiry: the holders stopped; a watcher sees each keyed lease's key deleted.
+        # The watcher runs throughout: a lease the generator could not keep alive expires
+        # during the run, and is counted apart from those expiring after the stop.
         seen: dict[str, float] = {}
         ready = asyncio.Event()
         watcher = asyncio.create_task(api.watch_deletes(ready, seen))
         await asyncio.wait_for(ready.wait(), WATCH_READY_S)
-        deadlines = {f"{KEY_PREFIX}{index:06d}": last_sent.get(lease_ids[index], stop_at) + args.ttl_s
+        lease_ids: list[int] = [0] * args.leases
+        last_acked_send: dict[int, float] = {}  # when the last acknowledged grant/keep-alive was sent
+        totals = {"acknowledged": 0, "not_found": 0, "requests": 0}
+
+        async def keep_alive(ids: list[int], count: bool) -> None:
+            sent = time.monotonic()
+            acknowledged, not_found = await api.keep_alive(ids)
+            for lease_id in acknowledged:
+                last_acked_send[lease_id] = sent
+            if count:
+                totals["acknowledged"] += len(acknowledged)
+                totals["not_found"] += not_found
+                totals["requests"] += 1
+
+        async def grant(index: int) -> None:
+            sent = time.monotonic()
+            lease_id = await api.grant(args.ttl_s)
+            last_acked_send[lease_id] = sent
+            if index < args.keyed:
+                await api.attach(f"{KEY_PREFIX}{index:06d}", lease_id)
+            lease_ids[index] = lease_id
+
+        granting = True
+
+        async def keep_granted_alive(worker: int) -> None:
+            """While granting (which may take longer than a TTL): keep the granted ones alive."""
+            while granting:
+                ids = [lease_id for lease_id in lease_ids if lease_id]
+                for start in range(worker * per_request, len(ids), per_request * SETUP_KEEPERS):
+                    await keep_alive(ids[start:start + per_request], count=False)
+                await asyncio.sleep(0.05)
+        setup_keepers = [asyncio.create_task(keep_granted_alive(worker)) for worker in range(SETUP_KEEPERS)]
+        grant_s = await in_parallel(args.leases, args.concurrency, grant)
+        granting = False
+        await asyncio.gather(*setup_keepers)
+
+        # Keep-alive phase: sweep over every lease, closed loop.
+        chunks = [lease_ids[start:start + per_request] for start in range(0, len(lease_ids), per_request)]
+        sweep = itertools.cycle(range(len(chunks)))
+        stop_at = time.monotonic() + args.keepalive_s
+
+        async def keeper() -> None:
+            while time.monotonic() < stop_at:
+                await keep_alive(chunks[next(sweep)], count=True)
+        cpu_before = cpu_seconds([leader.pid])
+        phase_s = await in_parallel(args.concurrency, args.concurrency, lambda _: keeper())
+        cpu_used = cpu_seconds([leader.pid]) - cpu_before
+        stopped_at = time.monotonic()
+
+        # Expiry: the holders stopped; wait for every keyed lease's key to be deleted.
+        deadlines = {f"{KEY_PREFIX}{index:06d}": last_acked_send[lease_ids[index]] + args.ttl_s
                      for index in range(args.keyed)}
-        give_up = max(deadlines.values(), default=time.monotonic()) + EXPIRY_MARGIN_S
+        give_up = max(deadlines.values(), default=stopped_at) + EXPIRY_MARGIN_S
         while len(seen) < len(deadlines) and time.monotonic() < give_up:
             await asyncio.sleep(0.1)
         watcher.cancel()
-        latencies = [seen[key] - deadline for key, deadline in deadlines.items() if key in seen]
-    acknowledged = totals["acknowledged"]
+    after_stop = [seen[key] - deadline for key, deadline in deadlines.items() if key in seen and deadline >= stopped_at]
+    processed = totals["acknowledged"] + totals["not_found"]
     return {
         "leases": args.leases, "ttl_s": args.ttl_s, "grants_per_s": round(args.leases / grant_s, 1),
-        "keepalive_requests": totals["requests"], "keepalives_acknowledged": acknowledged,
+        "keepalive_requests": totals["requests"], "keepalives_acknowledged": totals["acknowledged"],
         "keepalives_not_found": totals["not_found"],
-        "keepalives_per_s": round(acknowledged / phase_s, 1),
-        "sweeps_per_ttl": round(acknowledged / phase_s * args.ttl_s / args.leases, 2),
+        "keepalives_per_s": round(totals["acknowledged"] / phase_s, 1),
+        "sweeps_per_ttl": round(totals["acknowledged"] / phase_s * args.ttl_s / args.leases, 2),
         "leader_cpu_s": round(cpu_used, 2),
-        "leader_cpu_ms_per_1000_keepalives": round(1e6 * cpu_used / max(acknowledged, 1), 2),
-        "expiry_latency_s": percentiles(latencies), "expired_seen": len(latencies), "keyed": args.keyed,
+        "leader_cpu_ms_per_1000_keepalives": round(1e6 * cpu_used / max(processed, 1), 2),
+        "expiry_latency_s": percentiles(after_stop), "expired_after_stop": len(after_stop),
+        "keyed_expired_before_stop": len([key for key, deadline in deadlines.items() if deadline < stopped_at]),
+        "keyed_never_seen_deleted": len([key for key in deadlines if key not in seen]), "keyed": args.keyed,
     }
 
 
-STARTERS: dict[str, tuple[type[Api], Callable[[int], LocalCluster]]] = {
+STARTERS: dict[str, tuple[type[LeaseApi], Callable[[int], LocalCluster]]] = {
     "metakv": (MetakvLeases, start_metakv), "etcd": (EtcdLeases, start_etcd)}
 
 
@@ -266,8 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ratios = {figure: round(statistics.median(r["metakv"][figure] / r["etcd"][figure] for r in rounds), 3)
               for figure in ("keepalives_per_s", "leader_cpu_ms_per_1000_keepalives")}
-    ratios["expiry_latency_p50"] = round(statistics.median(
-        r["metakv"]["expiry_latency_s"]["p50"] / r["etcd"]["expiry_latency_s"]["p50"] for r in rounds), 3)
+    for figure in ("p50", "p99"):
+        pairs = [(r["metakv"]["expiry_latency_s"].get(figure), r["etcd"]["expiry_latency_s"].get(figure))
+                 for r in rounds]
+        ratios[f"expiry_latency_{figure}"] = round(statistics.median(
+            mine / theirs for mine, theirs in pairs if mine is not None and theirs)) if any(
+            mine is not None and theirs for mine, theirs in pairs) else None
     report = {"settings": {k: str(v) for k, v in vars(args).items()}, "rounds": rounds, "ratio_metakv_to_etcd": ratios}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))

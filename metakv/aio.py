@@ -25,7 +25,7 @@ from metakv.core import (
     PlanRun,
     ResultT,
 )
-from metakv.errors import ClientClosed, MetakvError
+from metakv.errors import ClientClosed, MetakvError, raised_unless_failing
 from metakv.leases import LeaseCore, LeaseInfo, LeaseSummary
 from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
@@ -64,11 +64,8 @@ class AsyncLease(LeaseCore):
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        try:
+        with raised_unless_failing(exc_type):
             await self.revoke()
-        except MetakvError:
-            if exc_type is None:
-                raise
 
 
 class AsyncClient(ClientCore):

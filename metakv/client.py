@@ -29,7 +29,7 @@ from metakv.core import (
     PlanRun,
     ResultT,
 )
-from metakv.errors import ClientClosed, MetakvError
+from metakv.errors import ClientClosed, MetakvError, raised_unless_failing
 from metakv.leases import LeaseCore, LeaseInfo, LeaseSummary
 from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
@@ -69,11 +69,8 @@ class Lease(LeaseCore):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        try:
+        with raised_unless_failing(exc_type):
             self.revoke()
-        except MetakvError:
-            if exc_type is None:  # else the first error is the one to see; the lease expires anyway
-                raise
 
 
 class Client(ClientCore):

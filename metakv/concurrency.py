@@ -23,7 +23,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 from metakv.core import ClientCore, Plan
-from metakv.errors import Conflict, Indeterminate, InvalidRequest, MetakvError
+from metakv.errors import (
+    Conflict,
+    Indeterminate,
+    InvalidRequest,
+    MetakvError,
+    raised_unless_failing,
+)
 from metakv.leases import LeaseCore
 from metakv.protocol import WatchCursor
 from metakv.results import KeyValue
@@ -181,11 +187,8 @@ class Lock(LineHandle):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        try:
+        with raised_unless_failing(exc_type):
             self.release()
-        except MetakvError:
-            if exc_type is None:  # else the first error is the one to see; the lease frees it anyway
-                raise
 
 
 class AsyncLock(LineHandle):
@@ -207,11 +210,8 @@ class AsyncLock(LineHandle):
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        try:
+        with raised_unless_failing(exc_type):
             await self.release()
-        except MetakvError:
-            if exc_type is None:
-                raise
 
 
 # ---------------------------------------------------------------------------- elections

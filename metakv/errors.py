@@ -8,7 +8,9 @@ exception escapes the client.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 PROBLEM_TYPE_PREFIX = "urn:metakv:problem:"
@@ -145,3 +147,15 @@ def error_from_answer(status: int, content: bytes) -> MetakvError:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@contextlib.contextmanager
+def raised_unless_failing(exc_type: type[BaseException] | None) -> Iterator[None]:
+    """For an ``__exit__`` that cleans up through the cluster (revoke, release): its own
+    ``MetakvError`` is raised only when the block did not fail already, whose error is the
+    one to see (the lease frees whatever the cleanup could not)."""
+    try:
+        yield
+    except MetakvError:
+        if exc_type is None:
+            raise
