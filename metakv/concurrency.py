@@ -31,7 +31,7 @@ from metakv.errors import (
     raised_unless_failing,
 )
 from metakv.leases import LeaseCore
-from metakv.protocol import WatchCursor
+from metakv.protocol import WatchCursor, value_bytes
 from metakv.results import KeyValue
 from metakv.txn import TxnBuilder
 
@@ -100,12 +100,9 @@ class LineCore:
                 result = yield from self.client.txn_plan(request)
             except Indeterminate:
                 continue
-            if result.succeeded:
-                written = yield from self.client.get_plan(self.key, "local", result.version, None, None)
-                if written is None:  # the lease ended between the write and this read
-                    self.lease.check()
-                    raise Conflict("Lost its place", f"{self.key} was deleted at once", current_version=0)
-                return written
+            if result.succeeded:  # created by this txn: created and last written at its version
+                body, media_type = value_bytes(value, None)
+                return KeyValue(self.key, body, media_type or "", result.version, result.version, self.lease.id)
             existing: KeyValue = result.results[0]["kv"]
             return existing
 

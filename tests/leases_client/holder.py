@@ -24,6 +24,7 @@ from metakv.concurrency import Lock
 
 GUARD_KEY = "fence/guard"
 PATIENT = RetryPolicy(deadline_s=30.0)  # outlasts an election on a loaded machine
+ATTEMPTS_PER_ROUND = 5  # a turn lost to a fault (lease lost while waiting) is tried again
 
 
 def report(**members: Any) -> None:
@@ -45,14 +46,15 @@ def fenced_write(kv: Client, token: int, text: str) -> bool:
             continue
 
 
-def hold(kv: Client, args: argparse.Namespace, round_number: int) -> None:
+def hold(kv: Client, args: argparse.Namespace, round_number: int) -> bool:
+    """One turn with the lock; False when it was not had (the lease lost while waiting)."""
     lease = kv.lease(args.ttl)
     lock = Lock(kv, args.name, lease)
     try:
         token = lock.acquire()
     except LeaseLost as exc:
         report(event="lost", worker=args.worker, round=round_number, detail=str(exc))
-        return
+        return False
     report(event="acquired", worker=args.worker, round=round_number, token=token, lease=lease.id, ttl=lease.ttl_s)
     for write in range(args.writes):
         text = f"w{args.worker} r{round_number} n{write}"
@@ -68,6 +70,7 @@ def hold(kv: Client, args: argparse.Namespace, round_number: int) -> None:
     except MetakvError as exc:  # lost meanwhile: nothing left to release
         report(event="release-failed", worker=args.worker, detail=str(exc))
     report(event="released", worker=args.worker, round=round_number, token=token)
+    return True
 
 
 def main() -> int:
@@ -80,12 +83,15 @@ def main() -> int:
     parser.add_argument("--hold-s", type=float, default=0.2)
     parser.add_argument("--ttl", type=int, default=2)
     args = parser.parse_args()
+    held = 0
     with Client(args.endpoints, retry=PATIENT) as kv:
-        for round_number in range(args.rounds):
+        for round_number in range(args.rounds * ATTEMPTS_PER_ROUND):
             try:
-                hold(kv, args, round_number)
-            except MetakvError as exc:  # e.g. an unknown outcome during a failover: next round
+                held += hold(kv, args, round_number)
+            except MetakvError as exc:  # e.g. an unknown outcome during a failover: again
                 report(event="error", worker=args.worker, round=round_number, detail=str(exc))
+            if held == args.rounds:
+                break
     report(event="done", worker=args.worker)
     return 0
 

@@ -19,6 +19,7 @@ from tests.leases_client.holder import GUARD_KEY, fenced_write
 CANDIDATES = 3
 TERMS = 2  # each candidate leads this many times
 WAIT_S = 90.0
+LEASE_TTL_S = 5  # outlasts a failover: a candidate's lease is not lost to it
 STOP_KEY = "elections/svc/~stop"
 
 
@@ -34,7 +35,7 @@ def test_exactly_one_leader_at_a_time_across_a_leader_failover(cluster_factory: 
     def candidate(number: int) -> None:
         with Client(urls, retry=PATIENT) as kv:
             for term in range(TERMS):
-                with kv.lease(3) as lease:
+                with kv.lease(LEASE_TTL_S) as lease:
                     election = Election(kv, "svc", lease)
                     election.campaign(f"c{number} t{term}")
                     for step in range(2):
