@@ -121,10 +121,11 @@ chaos: $(STAMP)
 	$(PY) -m tests.chaos.harness --seed $(SEED) --duration-s $(DURATION) --results results/chaos-$(SEED)
 
 # Lock fencing at length (tests/leases_client/fencing.py): 5 holder processes, 20 rounds each,
-# 4 leader SIGKILLs each with a holder SIGSTOPped while it holds the lock (make test runs 3x2, 1).
+# 4 faults: a leader SIGKILL with a holder SIGSTOPped while it holds the lock, then the leader
+# isolated through the chaos proxy (make test runs 3 holders x 2 rounds, 1 kill, no proxy).
 .PHONY: chaos-locks
 chaos-locks: $(STAMP)
-	$(PY) -m tests.leases_client.fencing --holders 5 --rounds 20 --faults 4
+	$(PY) -m tests.leases_client.fencing --holders 5 --rounds 20 --faults 4 --partitions
 
 sim: $(STAMP)
 	$(PY) -m tests.sim.run --seeds $(SEEDS)

@@ -4,7 +4,7 @@ turn and make fenced writes to a guard key, while the cluster's leader is SIGKIL
 holder is SIGSTOPped while it holds the lock (its lease expires, the next holder takes
 over; resumed, its writes must be refused by the fence).
 
-    python -m tests.leases_client.fencing --holders 5 --rounds 20 --faults 4
+    python -m tests.leases_client.fencing --holders 5 --rounds 20 --faults 4 [--partitions]
 
 What is checked (``check``): the guard key's history, read back through a watch, never
 interleaves holders (the fencing tokens it holds never go down); every write a holder
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from metakv import Client, RetryPolicy
+from tests.chaos.harness import ChaosCluster
+from tests.chaos.proxy import ProxyNetwork
 from tests.cluster import REPO_ROOT, Cluster
 from tests.leases_client.holder import GUARD_KEY
 
@@ -125,8 +127,17 @@ def stop_a_holder(holders: Holders, after: float, ttl_s: int) -> tuple[int, int,
     return worker, token, resumed_at
 
 
+def isolate_leader(cluster: Cluster, network: ProxyNetwork, seconds: float) -> None:
+    """Cut the leader's raft links both ways for ``seconds`` (clients still reach it over
+    HTTP: it must stop granting and keeping leases alive), then heal."""
+    leader = cluster.wait_for_leader()
+    network.partition([{leader.node_id}, set(cluster.nodes) - {leader.node_id}])
+    time.sleep(seconds)
+    network.heal()
+
+
 def run_fencing(cluster: Cluster, holders_count: int, rounds: int, faults: int, writes: int = 3,
-                ttl_s: int = 2) -> FenceRun:
+                ttl_s: int = 2, network: ProxyNetwork | None = None) -> FenceRun:
     urls = [node.url for node in cluster.voters]
     cluster.wait_for_leader()
     with Client(urls, retry=PATIENT) as kv:
@@ -141,6 +152,8 @@ def run_fencing(cluster: Cluster, holders_count: int, rounds: int, faults: int, 
                 cluster.kill(leader)
                 stopped.append(stop_a_holder(holders, time.monotonic(), ttl_s))
                 cluster.restart(leader)
+                if network is not None:
+                    isolate_leader(cluster, network, 3.0 * ttl_s)
             holders.wait_done(WAIT_S * (1 + rounds * holders_count // 10))
         finally:
             holders.close()
@@ -164,14 +177,26 @@ def main() -> int:
     parser.add_argument("--holders", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--faults", type=int, default=4)
+    parser.add_argument("--partitions", action="store_true",
+                        help="raft links through the chaos proxy; each fault also isolates the leader")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="metakv-chaos-locks-") as tmp, \
-            Cluster(Path(tmp), voters=3, settings=FAST) as cluster:
-        run = run_fencing(cluster, args.holders, args.rounds, args.faults)
+    with tempfile.TemporaryDirectory(prefix="metakv-chaos-locks-") as tmp:
+        chaos = ChaosCluster(Path(tmp), voters=3, settings=FAST) if args.partitions else None
+        cluster = chaos.cluster if chaos is not None else Cluster(Path(tmp), voters=3, settings=FAST)
+        try:
+            cluster.start()
+            run = run_fencing(cluster, args.holders, args.rounds, args.faults,
+                              network=chaos.network if chaos is not None else None)
+        finally:
+            if chaos is not None:
+                chaos.close()
+            else:
+                cluster.close()
         check(run)
     acquisitions = len([e for e in run.events if e["event"] == "acquired"])
     print(f"ok: {acquisitions} acquisitions, {len(run.history) - 1} fenced writes in order, "
-          f"{len(run.stopped)} paused holders refused after resuming, {args.faults} leader kills")
+          f"{len(run.stopped)} paused holders refused after resuming, {args.faults} leader kills"
+          + (f", {args.faults} leader isolations" if args.partitions else ""))
     return 0
 
 
