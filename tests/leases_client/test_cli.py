@@ -12,6 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
+
+from app.cli import main
 from metakv import Client
 from tests.cluster import REPO_ROOT, Cluster
 from tests.leases_client.fencing import FAST
@@ -108,3 +111,21 @@ def test_elect_prints_the_leader_and_a_listener_sees_each_one(cluster_factory: C
             if process.poll() is None:
                 process.kill()
                 process.communicate()
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["lock", "job"], "lock: give the command to run after --"),
+    (["lock", "job", "--ttl", "0", "--", "true"], "--ttl: 0 is outside [1, 86400]"),
+    (["lock", "", "--", "true"], "KEY: must be non-empty"),
+    (["elect", "svc"], "elect: give a VALUE to campaign with, or --listen"),
+    (["elect", "svc", "v", "--listen"], "elect: --listen takes no VALUE"),
+    (["lease", "grant", "x"], "TTL: expected an integer"),
+    (["lease", "revoke", "0"], "ID: 0 is outside"),
+    (["lease", "ttl", "-5"], "ID: -5 is outside"),
+])
+def test_bad_input_exits_2_with_one_line_before_asking_the_cluster(
+        args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([*args[:1], *args[1:], "--endpoints", "http://127.0.0.1:9"] if "--" not in args
+                else [*args[:args.index("--")], "--endpoints", "http://127.0.0.1:9", *args[args.index("--"):]])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.count("\n") == 1 and expected in captured.err, captured.err
