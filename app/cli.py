@@ -78,6 +78,7 @@ SERVE_HELP = {
     "max_watchers": "answer 429 to a watch (long-poll or SSE) past this many open on the node",
     "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
     "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
+    "max_lease_ttl_s": "the longest lease TTL a grant may ask for, in seconds (longer: 400 invalid-ttl; docs/leases.md)",
     "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
     "cleaner_interval_ms": "how often the cleaner checks whether to compact the log (0 = never on its own)",
     "cleaner_min_dirty_ratio": "clean only when uncleaned bytes below the dirty offset are at least this fraction of the log (0..1)",

@@ -115,6 +115,8 @@ class NodeConfig:
     # --- end of security
     # --- storage quota (docs/security.md): past it the leader refuses writes that add data.
     quota_bytes: int = 0  # state.db + log bytes; 0 = no quota
+    # --- leases (docs/leases.md): the longest TTL a grant may ask for.
+    max_lease_ttl_s: int = 86_400
     # --- HTTP abuse limits (docs/security.md "Connection limits")
     # Literals, as app/http/settings.py's defaults: importing app.http here would load FastAPI
     # for every CLI command.
@@ -334,6 +336,7 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "insecure": parse_bool,
     # --- storage quota
     "quota_bytes": _bytes(0),
+    "max_lease_ttl_s": lambda name, raw: parse_int(name, raw, 1, 2**31 - 1),
     # --- HTTP abuse limits
     "max_header_bytes": _bytes(1024),
     "header_timeout_ms": _ms(100),

@@ -17,9 +17,13 @@ from app.service import (
     KeyRead,
     ListPage,
     VersionWaitTimeoutError,
+    is_internal_key,
 )
 from app.watch_hub import WatchHub
 from storage.state_machine import StateMachine, VersionCompactedError, VersionNotAppliedError
+
+# Above every internal key (NUL, then anything) and below every client key (no NUL).
+INTERNAL_KEYS_END = "\x00\U0010ffff"
 
 
 @contextlib.contextmanager
@@ -50,10 +54,16 @@ class NodeReads:
     def changes(self, prefix: str, since: int, limit: int) -> ChangePage:
         with _service_errors():
             version, events = self.state.changes(prefix, since, limit)
+        if not prefix:  # only the empty prefix reaches the internal keys (they start with NUL)
+            events = [event for event in events if not is_internal_key(event.key)]
         return ChangePage(version, events)
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> ListPage:
+        if is_internal_key(prefix):
+            prefix = INTERNAL_KEYS_END  # no client key starts with NUL: an empty page
+        elif not prefix and (after is None or after < INTERNAL_KEYS_END):
+            after = INTERNAL_KEYS_END  # the internal keys sort first: skip them
         with _service_errors():
             version, entries, next_key = self.state.list(prefix, after=after, limit=limit, at_version=at_version)
         return ListPage(version, entries, next_key)

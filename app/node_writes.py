@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from app.service import DEFAULT_CONTENT_TYPE, ApplyResult, Compare, Op
+from app.leases import lease_not_found
+from app.service import DEFAULT_CONTENT_TYPE, ApplyResult, Compare, LeaseNotFoundError, Op, OpKind
 from storage import commands
 
 
@@ -20,12 +21,23 @@ class NodeWrites:
     propose: Callable[[commands.Command], Awaitable[ApplyResult]]
 
     async def put(self, key: str, value: bytes, content_type: str = DEFAULT_CONTENT_TYPE,
-                  compares: tuple[Compare, ...] = ()) -> ApplyResult:
-        return await self.propose(commands.put(key, value, content_type, compares))
+                  compares: tuple[Compare, ...] = (), lease: int = 0) -> ApplyResult:
+        if not lease:
+            return await self.propose(commands.put(key, value, content_type, compares))
+        return _lease_checked(await self.propose(commands.Command(
+            compares, (Op(OpKind.PUT, key, value, content_type, lease=lease),))))
 
     async def delete(self, key: str, compares: tuple[Compare, ...] = ()) -> ApplyResult:
         return await self.propose(commands.delete(key, compares))
 
     async def txn(self, compares: tuple[Compare, ...], success: tuple[Op, ...],
                   failure: tuple[Op, ...] = ()) -> ApplyResult:
-        return await self.propose(commands.Command(compares, success, failure))
+        return _lease_checked(await self.propose(commands.Command(compares, success, failure)))
+
+
+def _lease_checked(result: ApplyResult) -> ApplyResult:
+    """The result, or LeaseNotFoundError when a put named a lease that did not exist."""
+    missing = lease_not_found(result)
+    if missing is not None:
+        raise LeaseNotFoundError(missing)
+    return result

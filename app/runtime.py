@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
+from app.leases import LeaderHooks, LeaseManager, NodeLeases, min_ttl_s
 from app.node_reads import NodeReads
 from app.node_writes import NodeWrites
 from app.peer_setup import raft_transport_for
@@ -112,7 +113,7 @@ class _PendingWrite:
     started_s: float
 
 
-class NodeRuntime(NodeReads, NodeWrites):
+class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
     """Implements app.service.KVService for one node (its reads: app/node_reads.py, its
     writes: app/node_writes.py); see the module docstring."""
 
@@ -121,6 +122,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         self.config = config
         self.node_id = config.node_id
         self.max_value_bytes = config.max_value_bytes  # read by app.http.create_app
+        self.max_lease_ttl_s = config.max_lease_ttl_s
         # Read by app.http.create_app (None: auth off); SIGHUP reloads it (app/cli.py).
         self.auth_tokens = AuthTokens(config.auth_policy) if config.auth_policy is not None else None
         self.data_dir = Path(config.data_dir)
@@ -159,6 +161,11 @@ class NodeRuntime(NodeReads, NodeWrites):
         self._applied_changed = asyncio.Event()
         self._applied_version = 0
         self.watch_hub = WatchHub(self.changes, 0)  # fed by _apply_committed
+        commit_timeout_s = config.commit_timeout_ms / 1000
+        self.leases = LeaseManager(lambda: self.state, LeaderHooks(
+            self.propose, self._leading_epoch, lambda: self._read_index(time.monotonic() + commit_timeout_s),
+            lambda version: self._wait_consistent(version, time.monotonic())),
+            max_ttl_s=config.max_lease_ttl_s, min_ttl_s=min_ttl_s(config.election_timeout_ms), metrics=self.metrics)
         self._installing_snapshot = False
         self._started = False
         self._closing = False
@@ -221,6 +228,7 @@ class NodeRuntime(NodeReads, NodeWrites):
             self._close_storage()  # and the lock: a later start in this process may take it
             raise
         self._started = True
+        self.leases.start()
         self._loop_lag.start(asyncio.get_running_loop())
         self.maintenance.schedule_cleaner()
         self._drive()
@@ -326,6 +334,7 @@ class NodeRuntime(NodeReads, NodeWrites):
         if self._closed or not self._started:
             return
         await self.begin_shutdown()
+        await self.leases.stop()
         self._fail_pending(IndeterminateError("node shut down before the write committed"),
                            include_committed=False)
         self._fail_reads()
@@ -694,6 +703,10 @@ class NodeRuntime(NodeReads, NodeWrites):
         except VersionWaitTimeoutError:
             raise NotReadyError(f"the leader did not apply its high watermark {version} within "
                                 f"{self.config.commit_timeout_ms} ms") from None
+
+    def _leading_epoch(self) -> int | None:
+        """The epoch this node leads (app/leases.py), None when it does not."""
+        return self.node.epoch if self.node.role == Role.LEADER and not self._closing else None
 
     def _require_leader(self) -> None:
         if self.node.role != Role.LEADER or self._closing:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Literal, NotRequired, Protocol, TypedDict
 
 from storage.cleaning_run import CleaningReport
-from storage.commands import DEFAULT_CONTENT_TYPE, Compare, CompareKind, Op, OpKind
+from storage.commands import DEFAULT_CONTENT_TYPE, Compare, CompareKind, Op, OpKind, is_internal_key
 from storage.state_machine import ApplyResult, Entry, Event, OpResult
 
 if TYPE_CHECKING:
@@ -27,13 +27,15 @@ if TYPE_CHECKING:
 # write path builds them once per record). Front ends import them from here.
 __all__ = [
     "ApplyResult", "ChangePage", "ChangeWatch", "CompactReport", "Consistency", "Entry", "Event", "HistoryCompactedError",
-    "IndeterminateError", "KVService", "KeyRead", "ListPage", "NodeHeaders", "NodeStatus", "NotLeaderError",
+    "IndeterminateError", "KVService", "KeyRead", "LeaseExistsError", "LeaseGrant", "MAX_LEASE_ID", "LeaseInfo", "LeaseKeepAlive",
+    "LeaseList", "LeaseNotFoundError", "LeaseRevoke", "LeaseTtlError", "ListPage", "NodeHeaders", "NodeStatus",
+    "NotLeaderError",
     "NotReadyError", "OpResult", "QuorumView", "ReplicaView", "ResignReport", "ServiceError", "SnapshotReport",
     "SnapshotStorageError", "VersionWaitTimeoutError", "WriteRejectedError", "WriteTooLargeError",
 ]
 # The conditions and operations a front end builds for a write are the log's own value types
 # (re-exported, like the result records): the service adds no second spelling of them.
-__all__ += ["DEFAULT_CONTENT_TYPE", "Compare", "CompareKind", "Op", "OpKind"]
+__all__ += ["DEFAULT_CONTENT_TYPE", "Compare", "CompareKind", "Op", "OpKind", "is_internal_key"]
 
 Consistency = Literal["local", "leader", "linearizable"]
 
@@ -105,6 +107,62 @@ class HistoryCompactedError(ServiceError):
         super().__init__(f"version {requested_version} is compacted; the oldest available is {oldest_version}")
         self.requested_version = requested_version
         self.oldest_version = oldest_version
+
+
+# Lease ids are 1..MAX_LEASE_ID: the largest integer every JSON parser reads exactly.
+MAX_LEASE_ID = 2**53 - 1
+
+
+class LeaseNotFoundError(ServiceError):
+    """The lease does not exist (never granted, revoked or expired); for a write that named
+    it, decided when the write applied, so the write did not happen."""
+
+    def __init__(self, lease_id: int) -> None:
+        super().__init__(f"lease {lease_id} does not exist (never granted, revoked or expired)")
+        self.lease_id = lease_id
+
+
+class LeaseExistsError(ServiceError):
+    """A grant named a lease id that is taken; nothing was granted."""
+
+
+class LeaseTtlError(ServiceError):
+    """A grant's TTL is not positive or above the node's maximum; nothing was granted."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    id: int
+    ttl_s: int  # the TTL granted (a TTL below the minimum is raised to it)
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseKeepAlive:
+    kept: list[tuple[int, int]]  # (id, ttl_s) of each lease whose countdown restarted
+    not_found: list[int]  # ids of leases that do not exist (or are expiring)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRevoke:
+    id: int
+    version: int  # the version that deleted the lease and its keys
+    deleted_keys: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    id: int
+    ttl_s: int
+    remaining_s: float  # until the leader ends it without a keep-alive
+    granted_version: int
+    keys: list[str] | None  # the attached keys, when asked for
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseList:
+    version: int
+    leases: list[tuple[int, int]]  # (id, ttl_s), by id
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +300,7 @@ class KVService(Protocol):
 
     node_id: int
     max_value_bytes: int  # the node's configured bound on one value
+    max_lease_ttl_s: int  # the longest lease TTL a grant may ask for
     metrics: CollectorRegistry  # front ends register their request metrics here
     auth_tokens: AuthTokens | None  # the token policy in force; None: auth is off
     # Leader only, else NotLeaderError: clean the log now up to the announced dirty offset.
@@ -252,10 +311,12 @@ class KVService(Protocol):
 
     # Writes: replicated, then applied; each answers its ApplyResult (``succeeded`` False when
     # a compare failed, with ``failed_compares``). Each raises NotLeaderError,
-    # WriteRejectedError (WriteTooLargeError) or IndeterminateError.
+    # WriteRejectedError (WriteTooLargeError) or IndeterminateError; a put or txn whose put
+    # names a lease that does not exist when it applies raises LeaseNotFoundError.
     async def put(self, key: str, value: bytes, content_type: str = DEFAULT_CONTENT_TYPE,
-                  compares: tuple[Compare, ...] = ()) -> ApplyResult:
-        """Set ``key`` if every compare holds."""
+                  compares: tuple[Compare, ...] = (), lease: int = 0) -> ApplyResult:
+        """Set ``key`` if every compare holds; ``lease``: attach it to that lease (0: none,
+        and detached from any lease it had)."""
         ...
 
     async def delete(self, key: str, compares: tuple[Compare, ...] = ()) -> ApplyResult:
@@ -296,6 +357,30 @@ class KVService(Protocol):
 
     def is_ready(self) -> bool:
         """True when this node can serve consistent reads (/readyz)."""
+        ...
+
+    # Leases (docs/leases.md). Grant, keep-alive, revoke and info are the leader's (others
+    # raise NotLeaderError); each may raise WriteRejectedError or IndeterminateError.
+    async def grant_lease(self, ttl_s: int, lease_id: int | None = None) -> LeaseGrant:
+        """A new lease (``lease_id`` None: an id is chosen). Raises LeaseTtlError,
+        LeaseExistsError."""
+        ...
+
+    async def keep_alive_leases(self, lease_ids: list[int]) -> LeaseKeepAlive:
+        """Restart each lease's countdown from its TTL: one leadership confirmation for all."""
+        ...
+
+    async def revoke_lease(self, lease_id: int) -> LeaseRevoke:
+        """Delete the lease and every key attached to it in one record. Raises
+        LeaseNotFoundError."""
+        ...
+
+    async def lease_info(self, lease_id: int, with_keys: bool = False) -> LeaseInfo:
+        """Raises LeaseNotFoundError."""
+        ...
+
+    def list_leases(self) -> LeaseList:
+        """Every lease in this node's applied state."""
         ...
 
     def status(self) -> NodeStatus: ...

@@ -254,6 +254,8 @@ class WatchHub:
                 if not (kind is OpKind.PUT or (kind is OpKind.DELETE and op.deleted)):
                     continue  # a txn's read, or the delete of a missing key: no change
                 key = op.key
+                if key[:1] == "\x00":  # internal (a lease): storage.commands.is_internal_key
+                    continue
                 key_length = len(key)
                 event: Event | None = None
                 for length in lengths:
@@ -263,7 +265,7 @@ class WatchHub:
                     if group is None:
                         continue
                     if event is None:
-                        event = _event(result.version, kind, key, op.entry)
+                        event = _event(result.version, kind, key, op.entry, op.reason)
                     for watcher in group:
                         if watcher._live and not watcher._push(event):
                             lagging.append(watcher)
@@ -271,9 +273,9 @@ class WatchHub:
             self.leave(watcher)
 
 
-def _event(version: int, kind: OpKind, key: str, entry: Entry | None) -> Event:
+def _event(version: int, kind: OpKind, key: str, entry: Entry | None, reason: str | None) -> Event:
     """The event a watch answers for one change: what storage's ``changes`` reads back
     from the change's history row."""
     if kind is OpKind.PUT and entry is not None:
         return Event("put", key, entry.mod_version, entry.value, entry.content_type)
-    return Event("delete", key, version, None, None)
+    return Event("delete", key, version, None, None, reason)

@@ -66,7 +66,7 @@ EVALUATE_CHUNK_RECORDS = 1_000  # records evaluated per call of the evaluator
 _PUT, _DELETE, _GET = int(OpKind.PUT), int(OpKind.DELETE), int(OpKind.GET)
 
 # an entry as the cleaner tracks it: Entry's fields as a plain tuple (cheaper to build)
-_Row = tuple[str, bytes, str, int, int]
+_Row = tuple[str, bytes, str, int, int] | tuple[str, bytes, str, int, int, int]
 # keys -> their entries (None: absent) as of the given version; see clean_prefix
 BaseState = Callable[[Sequence[str], int], Mapping[str, Entry | None]]
 
@@ -143,7 +143,7 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
                         kind, key = op[0], op[1]
                         if kind == _PUT:
                             newest[key] = (offset, op)
-                            known[key] = (key, op[2], op[3], offset + 1, op[4])
+                            known[key] = (key, op[2], op[3], offset + 1, op[4], *op[5:6])
                         elif kind == _DELETE:
                             newest[key] = (offset, None)
                             known[key] = None
@@ -201,12 +201,12 @@ def _state_independent_ops(record: bytes) -> list[Any] | None:
         return None
     ops = value[2]
     for op in ops:
-        if type(op) is not list or len(op) not in (4, 5) or type(op[1]) is not str:
+        if type(op) is not list or len(op) not in (4, 5, 6) or type(op[1]) is not str:
             return None
         kind = op[0]
         if kind == _PUT:
-            if (len(op) != 5 or type(op[2]) is not bytes or type(op[3]) is not str
-                    or type(op[4]) is not int or op[4] <= 0):
+            if (len(op) not in (5, 6) or type(op[2]) is not bytes or type(op[3]) is not str
+                    or type(op[4]) is not int or op[4] <= 0 or type(op[-1]) is not int):
                 return None
         elif kind in (_DELETE, _GET):
             if len(op) != 4 or type(op[2]) is not bytes or type(op[3]) is not str:
@@ -254,7 +254,7 @@ def _evaluate(pending: list[tuple[int, CompactCommand]], state: dict[str, Entry 
                 if op.kind == OpKind.PUT:
                     entry: Entry = op.entry  # type: ignore[assignment]
                     newest[op.key] = (offset, (_PUT, op.key, entry.value, entry.content_type,
-                                               entry.create_version))
+                                               entry.create_version, *((entry.lease,) if entry.lease else ())))
                 elif op.kind == OpKind.DELETE:
                     newest[op.key] = (offset, None)
 

@@ -7,6 +7,13 @@ apply time, deterministically, so every replica reaches the same outcome. Encodi
     [COMMAND_VERSION, [[key, compare_kind, target], ...], [op, ...], [op, ...]]
     op = [op_kind, key, value (bytes), content_type (str)]
     op = [op_kind, key, value, content_type, create_version]   (cleaned PUT, see below)
+    op = [op_kind, key, value, content_type, create_version, lease(, key_version)]
+
+Trailing op fields are written only up to the last one that is not its default (0), so
+records without them keep the 4- or 5-element form; the decoder accepts 4 to 7 elements.
+``lease`` (a PUT's lease id, see docs/leases.md) attaches the key to that lease; a DELETE
+whose content_type is a LEASE_DELETE_REASONS member was written by a lease's revoke or
+expiry and the reason shows in watch events.
 
 The cleaner (storage/cleaner.py) rewrites a key's newest record into an unconditional PUT
 that carries the key's ``create_version``, so that a replica replaying the cleaned log
@@ -22,6 +29,23 @@ import msgpack
 
 COMMAND_VERSION = 1
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+# Leases live under this key prefix, which clients cannot write or read (keys hold no NUL):
+# one key per lease, its value the TTL, its create_version the version that granted it.
+LEASE_KEY_PREFIX = "\x00lease/"
+LEASE_EXPIRED = "lease-expired"
+LEASE_REVOKED = "lease-revoked"
+LEASE_DELETE_REASONS = frozenset((LEASE_EXPIRED, LEASE_REVOKED))
+MAX_OP_FIELDS = 7  # [kind, key, value, content_type, create_version, lease, key_version]
+
+
+def lease_key(lease_id: int) -> str:
+    """The internal key that holds lease ``lease_id`` (zero-padded: keys sort by id)."""
+    return f"{LEASE_KEY_PREFIX}{lease_id:020d}"
+
+
+def is_internal_key(key: str) -> bool:
+    """Keys clients never see: they start with NUL (leases)."""
+    return key.startswith("\x00")
 
 
 class CommandDecodeError(ValueError):
@@ -54,6 +78,7 @@ class Op:
     value: bytes = b""
     content_type: str = DEFAULT_CONTENT_TYPE
     create_version: int = 0  # set only by the cleaner: the key's create_version to restore
+    lease: int = 0  # a PUT's lease id (0: none; the put detaches the key from any lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +110,10 @@ def encode_command(command: Command) -> bytes:
 
 def _encode_op(op: Op) -> list[object]:
     encoded: list[object] = [int(op.kind), op.key, op.value, op.content_type]
-    if op.create_version:
+    if op.create_version or op.lease:
         encoded.append(op.create_version)
+    if op.lease:
+        encoded.append(op.lease)
     return encoded
 
 
@@ -96,7 +123,7 @@ _OP_KINDS = {int(kind): kind for kind in OpKind}
 # Raw (validated) command parts: what decode_command_parts returns. Readers that only need
 # the fields (the pipeline decodes millions of records) skip building the dataclasses.
 RawCompare = list  # [key: str, kind: int (a CompareKind value), target]
-RawOp = list  # [kind: int (an OpKind value), key: str, value: bytes, content_type: str(, create_version: int)]
+RawOp = list  # [kind: int (an OpKind value), key: str, value: bytes, content_type: str(, create_version, lease, key_version: int)]
 
 
 def _check_compare(item: object) -> None:
@@ -111,20 +138,22 @@ def _check_compare(item: object) -> None:
 
 
 def _check_op(item: object) -> None:
-    if (type(item) is not list or len(item) not in (4, 5) or type(item[1]) is not str
+    if (type(item) is not list or not 4 <= len(item) <= MAX_OP_FIELDS or type(item[1]) is not str
             or type(item[2]) is not bytes or type(item[3]) is not str):
         raise CommandDecodeError("malformed op")
-    create_version = item[4] if len(item) == 5 else 0
-    if type(create_version) is not int or create_version < 0:
-        raise CommandDecodeError("malformed op create_version")
+    for number in item[4:]:
+        if type(number) is not int or number < 0:
+            raise CommandDecodeError("malformed op create_version, lease or key_version")
+    create_version = item[4] if len(item) > 4 else 0
+    lease = item[5] if len(item) > 5 else 0
     kind = _OP_KINDS.get(item[0]) if type(item[0]) is int else None
     if kind is None:
         try:
             kind = OpKind(item[0])
         except ValueError as exc:
             raise CommandDecodeError(f"unknown op kind {item[0]!r}") from exc
-    if create_version and kind != OpKind.PUT:
-        raise CommandDecodeError("create_version on an op that is not a put")
+    if (create_version or lease) and kind != OpKind.PUT:
+        raise CommandDecodeError("create_version or lease on an op that is not a put")
 
 
 def decode_command_parts(record: bytes) -> tuple[list[RawCompare], list[RawOp], list[RawOp]]:
@@ -156,7 +185,8 @@ def _compare(item: RawCompare) -> Compare:
 
 
 def _op(item: RawOp) -> Op:
-    return Op(OpKind(item[0]), item[1], item[2], item[3], item[4] if len(item) == 5 else 0)
+    return Op(OpKind(item[0]), item[1], item[2], item[3], item[4] if len(item) > 4 else 0,
+              item[5] if len(item) > 5 else 0)
 
 
 def decode_command(record: bytes) -> Command:

@@ -10,6 +10,14 @@ every replica, the cleaner and the pipeline agree on which branch of a command r
 - A PUT keeps the key's create_version, takes its own version for a new key, or restores
   the create_version a cleaned record carries. A DELETE of a missing key changes nothing.
 - Records that do not decode are no-ops (their result carries the error), never a crash.
+- Leases (docs/leases.md): a PUT with a lease (not a cleaned one) needs the lease's key
+  (storage.commands.lease_key) to exist when the branch runs; if one does not, the record
+  is a no-op whose error starts with LEASE_NOT_FOUND. Otherwise each lease it attaches
+  keys to has its key put again with its own value (after the branch's ops, once per
+  lease), so the lease key's mod_version changes whenever a key is attached: the revoke
+  command compares it, and so applies only if no key was attached since it was built.
+- A DELETE whose content_type is a lease reason (LEASE_DELETE_REASONS) records the reason
+  in its history row and result (watch events show it).
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ import msgpack
 from raft.types import Batch
 from storage.commands import (
     COMMAND_VERSION,
+    LEASE_DELETE_REASONS,
     Command,
     CommandDecodeError,
     CompareKind,
     OpKind,
     decode_command,
+    lease_key,
 )
 from storage.state_schema import HISTORY_OP_DELETE, HISTORY_OP_PUT
 from storage.state_types import (
@@ -43,9 +53,10 @@ logger = logging.getLogger(__name__)
 
 # The state machine's working form of a command: plain tuples, cheaper to build and read
 # than the Command dataclasses, with the same content:
-#   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type, create_version), ...) x 2)
-# (create_version is 0 except in a PUT the cleaner rewrote, see storage/commands.py)
-CompactOp = tuple[int, str, bytes, str, int]
+#   (((key, compare_kind, target), ...), ((op_kind, key, value, content_type, create_version, lease), ...) x 2)
+# (create_version is 0 except in a PUT the cleaner rewrote, see storage/commands.py; lease 0: none)
+CompactOp = tuple[int, str, bytes, str, int, int]
+LEASE_NOT_FOUND = "lease-not-found: "  # the error of a record that names a missing lease
 CompactCommand = tuple[tuple[tuple[str, int, Any], ...], tuple[CompactOp, ...], tuple[CompactOp, ...]]
 _OP_KINDS = {int(kind): kind for kind in OpKind}
 _PUT, _DELETE, _GET = int(OpKind.PUT), int(OpKind.DELETE), int(OpKind.GET)
@@ -62,7 +73,7 @@ def decode_compact(record: bytes) -> CompactCommand:
     """
     op = _single_op(record)
     if op is not None:
-        return (), ((op[0], op[1], op[2], op[3], 0),), ()
+        return (), ((op[0], op[1], op[2], op[3], 0, 0),), ()
     return compact_command(decode_command(record))
 
 
@@ -87,8 +98,8 @@ def _single_op(record: bytes) -> list[Any] | None:
 def compact_command(command: Command) -> CompactCommand:
     return (
         tuple((c.key, int(c.kind), c.target) for c in command.compare),
-        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.success),
-        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.failure),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease) for o in command.success),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease) for o in command.failure),
     )
 
 
@@ -120,7 +131,7 @@ def decode_call(plan: list[tuple[Batch, int]]
                 append((base_offset + index, op[1], op[2], op[3]))
                 continue
             commands: list[tuple[int, CompactCommand | str]] = [
-                (offset, ((), ((_PUT, key, value, content_type, 0),), ()))
+                (offset, ((), ((_PUT, key, value, content_type, 0, 0),), ()))
                 for offset, key, value, content_type in puts]
             _decode_rest(plan, position, index, commands)
             return puts, commands
@@ -155,7 +166,7 @@ def keys_of(commands: list[tuple[int, CompactCommand | str]]) -> tuple[set[str],
         if type(command) is str:
             continue
         compares, success, failure = command
-        if not compares and not failure and len(success) == 1:
+        if not compares and not failure and len(success) == 1 and not _attaches(success[0]):
             add(success[0][1])
             if success[0][0] == _GET:
                 value_keys.add(success[0][1])
@@ -163,17 +174,24 @@ def keys_of(commands: list[tuple[int, CompactCommand | str]]) -> tuple[set[str],
             keys.update(command_keys(command))
             value_keys.update(compare[0] for compare in compares if compare[1] == _VALUE)
             value_keys.update(op[1] for op in (*success, *failure) if op[0] == _GET)
+            value_keys.update(lease_key(op[5]) for op in (*success, *failure) if _attaches(op))
     return keys, value_keys
+
+
+def _attaches(op: CompactOp) -> bool:
+    """A client's PUT with a lease (a cleaned PUT, carrying its create_version, is
+    unconditional: its lease's key may stand at a later offset of a cleaned log)."""
+    return op[0] == _PUT and op[5] != 0 and op[4] == 0
 
 
 def command_keys(command: CompactCommand) -> Iterator[str]:
     compares, success, failure = command
     for compare in compares:
         yield compare[0]
-    for op in success:
+    for op in (*success, *failure):
         yield op[1]
-    for op in failure:
-        yield op[1]
+        if _attaches(op):
+            yield lease_key(op[5])
 
 
 def compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) -> bool:
@@ -185,8 +203,9 @@ def compare_holds(kind: int, target: int | bool | bytes, entry: Entry | None) ->
 
 
 # A change as the evaluator reports it: (version, seq, key, op, value, content_type,
-# create_version); apply links it to the key's previous change before writing it.
-HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int]
+# create_version, lease); apply links it to the key's previous change before writing it.
+# A delete's content_type is its lease reason (None: an ordinary delete); lease None: none.
+HistoryRow = tuple[int, int, str, int, bytes | None, str | None, int, int | None]
 
 
 def evaluate_commands(
@@ -219,15 +238,15 @@ def evaluate_compact(
             append_result(new_apply_result(offset, version, False, (), (), command))
             continue
         compares, success, failure = command
-        if not compares and len(success) == 1 and success[0][0] == _PUT:
+        if not compares and len(success) == 1 and success[0][0] == _PUT and not _attaches(success[0]):
             # The common record, one unconditional PUT: the loop below without its branches.
-            _kind, key, value, content_type, op_create_version = success[0]
+            _kind, key, value, content_type, op_create_version, lease = success[0]
             previous = state[key]
             create_version = op_create_version or (
                 version if previous is None else previous.create_version)
-            entry = new_entry(key, value, content_type, version, create_version)
+            entry = new_entry(key, value, content_type, version, create_version, lease)
             state[key] = entry
-            append_history((version, 0, key, HISTORY_OP_PUT, value, content_type, create_version))
+            append_history((version, 0, key, HISTORY_OP_PUT, value, content_type, create_version, lease or None))
             append_result(new_apply_result(
                 offset, version, True, (new_op_result(OpKind.PUT, key, previous is None, False, entry),), ()))
             continue
@@ -236,27 +255,44 @@ def evaluate_compact(
             failed = tuple(
                 (key, 0 if state[key] is None else state[key].mod_version)  # type: ignore[union-attr]
                 for key, kind, target in compares if not compare_holds(kind, target, state[key]))
+        ops = failure if failed else success
+        leases = [op[5] for op in ops if _attaches(op)]
+        missing = next((lease for lease in leases if state[lease_key(lease)] is None), None)
+        if missing is not None:
+            append_result(new_apply_result(offset, version, False, (), failed, f"{LEASE_NOT_FOUND}{missing}"))
+            continue
         op_results: list[OpResult] = []
-        for kind, key, value, content_type, op_create_version in failure if failed else success:
+        for kind, key, value, content_type, op_create_version, lease in ops:
             previous = state[key]
             if kind == _PUT:
                 # A cleaned record restores the create_version of the records it replaced.
                 create_version = op_create_version or (
                     version if previous is None else previous.create_version)
-                entry = new_entry(key, value, content_type, version, create_version)
+                entry = new_entry(key, value, content_type, version, create_version, lease)
                 state[key] = entry
-                append_history((version, seq, key, HISTORY_OP_PUT, value, content_type, create_version))
+                append_history((version, seq, key, HISTORY_OP_PUT, value, content_type, create_version,
+                                lease or None))
                 seq += 1
                 op_results.append(new_op_result(_OP_KINDS[kind], key, previous is None, False, entry))
             elif kind == _DELETE:
+                reason = content_type if content_type in LEASE_DELETE_REASONS else None
                 if previous is not None:
                     state[key] = None
-                    append_history((version, seq, key, HISTORY_OP_DELETE, None, None,
-                                    previous.create_version))
+                    append_history((version, seq, key, HISTORY_OP_DELETE, None, reason,
+                                    previous.create_version, None))
                     seq += 1
-                op_results.append(new_op_result(_OP_KINDS[kind], key, False, previous is not None, None))
+                op_results.append(new_op_result(_OP_KINDS[kind], key, False, previous is not None, None, reason))
             else:
                 op_results.append(new_op_result(_OP_KINDS[kind], key, False, False, previous))
+        for lease in dict.fromkeys(leases):  # the attach bump, once per lease (module docstring)
+            key = lease_key(lease)
+            held: Entry = state[key]  # type: ignore[assignment]
+            entry = new_entry(key, held.value, held.content_type, version, held.create_version)
+            state[key] = entry
+            append_history((version, seq, key, HISTORY_OP_PUT, held.value, held.content_type,
+                            held.create_version, None))
+            seq += 1
+            op_results.append(new_op_result(OpKind.PUT, key, False, False, entry))
         append_result(new_apply_result(offset, version, not failed, tuple(op_results), failed))
     return results, history_rows
 

@@ -43,6 +43,7 @@ from storage.key_index import Head, HeadIndex
 from storage.state_heads_sweep import HeadsSweep
 from storage.state_schema import (
     COMPLETE_HEADS_VERSION_SQL,
+    HISTORY_LEASE_INDEX_SQL,
     HISTORY_OP_PUT,
     KEY_HEADS_UPSERT_SQL,
     SCHEMA_VERSION,
@@ -51,7 +52,7 @@ from storage.state_schema import (
     key_heads,
     meta,
     metadata,
-    upgrade_schema_2,
+    upgrade_schema,
 )
 from storage.state_types import StateDatabaseError
 
@@ -210,8 +211,8 @@ class StateDatabase:
         with self._write_transaction() as connection:
             if sa.inspect(connection).has_table(meta.name):
                 found = connection.exec_driver_sql("SELECT schema_version FROM meta").scalar()
-                if found == 2:
-                    upgrade_schema_2(connection.connection.driver_connection)
+                if found in (2, 3):
+                    upgrade_schema(connection.connection.driver_connection, found)
                     found = SCHEMA_VERSION
                 if found is not None and found != SCHEMA_VERSION:
                     raise StateDatabaseError(
@@ -219,6 +220,7 @@ class StateDatabase:
                         " the log is the source of truth: move the file away and restart to"
                         " rebuild it from the log")
             metadata.create_all(connection)
+            connection.exec_driver_sql(HISTORY_LEASE_INDEX_SQL)
             connection.exec_driver_sql(create_entries_view_sql(self._engine.dialect))
             if connection.execute(sa.select(meta.c.id)).first() is None:
                 connection.execute(meta.insert().values(
@@ -233,7 +235,8 @@ class StateDatabase:
         # up by primary key. "(version, seq) IN (VALUES ...)" was planned as a SCAN of
         # history: every call read the whole table (tests/storage/test_state_query_plans.py).
         rows_by_head = compile_sql(
-            sa.select(history.c.version, history.c.seq, history.c.value, history.c.content_type),
+            sa.select(history.c.version, history.c.seq, history.c.value, history.c.content_type,
+                      history.c.lease),
             dialect)
         columns, from_word, table = " ".join(rows_by_head.split()).rpartition(" FROM ")
         check(from_word == " FROM " and table == "history", "unexpected compiled history select")
@@ -326,10 +329,10 @@ class StateDatabase:
             self._index.load(heads)
 
     def _rows_of(self, cursor: sqlite3.Cursor, heads: Sequence[Head]
-                 ) -> dict[tuple[int, int], tuple[bytes, str]]:
-        """(version, seq) -> (value, content_type) of the history rows ``heads`` name (put
-        heads); rows not found are left out."""
-        rows: dict[tuple[int, int], tuple[bytes, str]] = {}
+                 ) -> dict[tuple[int, int], tuple[bytes, str, int | None]]:
+        """(version, seq) -> (value, content_type, lease) of the history rows ``heads`` name
+        (put heads); rows not found are left out."""
+        rows: dict[tuple[int, int], tuple[bytes, str, int | None]] = {}
         for start in range(0, len(heads), KEY_LOOKUP_CHUNK_KEYS):
             chunk = heads[start:start + KEY_LOOKUP_CHUNK_KEYS]
             sql = self._sql_rows_by_head.get(len(chunk))
@@ -337,9 +340,9 @@ class StateDatabase:
                 head, tail = self._sql_rows_by_head_parts
                 sql = head + ",".join(["(?,?)"] * len(chunk)) + tail
                 self._sql_rows_by_head[len(chunk)] = sql
-            for version, seq, value, content_type in cursor.execute(
+            for version, seq, value, content_type, lease in cursor.execute(
                     sql, [number for head in chunk for number in head[1:]]):
-                rows[version, seq] = (value, content_type)
+                rows[version, seq] = (value, content_type, lease)
         return rows
 
     # ---- lifecycle -----------------------------------------------------------------

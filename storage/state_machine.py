@@ -7,6 +7,7 @@ imports; its parts live in one module per concern:
   index, checkpoints, close), the base the other parts extend;
 - storage/state_writes.py: apply, clear and prune_history;
 - storage/state_reads.py: get, list, entries_at and changes;
+- storage/state_leases.py: the leases and the keys attached to one;
 - storage/state_snapshots.py: create_snapshot and load_snapshot;
 - storage/key_index.py: every key's head in memory, in key order;
 - storage/state_heads_sweep.py: which heads apply writes behind it into key_heads;
@@ -29,7 +30,7 @@ from storage.state_database import (
     WAL_BACKSTOP_PAGES,
 )
 from storage.state_heads_sweep import HEADS_SWEEP_KEYS_PER_RECORD
-from storage.state_reads import StateReads
+from storage.state_leases import LeaseState, StateLeases
 from storage.state_snapshots import StateSnapshots
 from storage.state_types import (
     ApplyResult,
@@ -53,6 +54,7 @@ __all__ = [
     "ApplyResult",
     "Entry",
     "Event",
+    "LeaseState",
     "OpResult",
     "PutResults",
     "SnapshotRejectedError",
@@ -65,7 +67,7 @@ __all__ = [
 ]
 
 
-class StateMachine(StateWrites, StateReads, StateSnapshots):
+class StateMachine(StateWrites, StateLeases, StateSnapshots):
     """Applies committed batches to ``db_path`` and answers versioned reads from it.
 
     StateMachine(db_path, *, history_retention_versions=None, background_checkpoint=True,

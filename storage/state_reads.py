@@ -54,7 +54,7 @@ class StateReads(StateDatabase):
         dialect = self._engine.dialect
         # The value of a put head, by the head's (version, seq).
         self._sql_row = compile_sql(
-            sa.select(history.c.value, history.c.content_type)
+            sa.select(history.c.value, history.c.content_type, history.c.lease)
             .where(history.c.version == sa.bindparam("version"), history.c.seq == sa.bindparam("seq")),
             dialect,
         )
@@ -98,12 +98,12 @@ class StateReads(StateDatabase):
             if head is None:
                 return version, None
             if row is not None:
-                return version, new_entry(key, row[0], row[1], head[1], head[0])
+                return version, new_entry(key, row[0], row[1], head[1], head[0], row[2] or 0)
         raise self._missing_rows_error([key])
 
     def _current_row(self, cursor: sqlite3.Cursor, key: str
-                     ) -> tuple[int, Head | None, tuple[bytes, str] | None]:
-        """(applied version, the key's head if it is a put, that head's (value, content_type);
+                     ) -> tuple[int, Head | None, tuple[bytes, str, int | None] | None]:
+        """(applied version, the key's head if it is a put, that head's (value, content_type, lease);
         None for a row pruned since the head was taken)."""
         with self._publish_lock:
             version = self._applied_version
@@ -180,12 +180,11 @@ class StateReads(StateDatabase):
             with self._publish_lock if attempt else _UNLOCKED:
                 version, puts, rows = self._current_rows(cursor, prefix, after, limit)
             if len(rows) == len(puts):
-                return version, [new_entry(key, *rows[head[1], head[2]], head[1], head[0])
-                                 for key, head in puts]
+                return version, [_current_entry(key, head, rows[head[1], head[2]]) for key, head in puts]
         raise self._missing_rows_error([key for key, _head in puts])
 
     def _current_rows(self, cursor: sqlite3.Cursor, prefix: str, after: str | None, limit: int
-                      ) -> tuple[int, list[tuple[str, Head]], dict[tuple[int, int], tuple[bytes, str]]]:
+                      ) -> tuple[int, list[tuple[str, Head]], dict[tuple[int, int], tuple[bytes, str, int | None]]]:
         """(applied version, up to ``limit`` (key, put head) under ``prefix`` after ``after``,
         their rows by (version, seq); rows pruned since the heads were taken are missing)."""
         with self._publish_lock:
@@ -281,11 +280,17 @@ def _check_version(version: int, applied_version: int, oldest_version: int) -> N
 def _event(row: Any) -> Event:
     if row.op == HISTORY_OP_PUT:
         return Event("put", row.key, row.version, row.value, row.content_type)
-    return Event("delete", row.key, row.version, None, None)
+    # A delete row's content_type is its lease reason (NULL: an ordinary delete).
+    return Event("delete", row.key, row.version, None, None, row.content_type)
+
+
+def _current_entry(key: str, head: Head, row: tuple[bytes, str, int | None]) -> Entry:
+    value, content_type, lease = row
+    return new_entry(key, value, content_type, head[1], head[0], lease or 0)
 
 
 def _states_at_query(heads: sa.Select[Any]) -> sa.Select[Any]:
-    """Entries (key, value, content_type, mod_version, create_version) as of the version
+    """Entries (key, value, content_type, mod_version, create_version, lease) as of the version
     bound to the parameter "version", for the keys whose heads ``heads`` selects as (key,
     version, seq): walk back from each head through (prev_version, prev_seq) while the row
     is newer than that version; the row reached is the key's state then if it is a put.
@@ -301,7 +306,7 @@ def _states_at_query(heads: sa.Select[Any]) -> sa.Select[Any]:
     found = history.alias("found")
     return (
         sa.select(chain.c.key, found.c.value, found.c.content_type, found.c.version,
-                  found.c.create_version)
+                  found.c.create_version, sa.func.coalesce(found.c.lease, sa.literal_column("0")))
         .select_from(chain.join(found, sa.and_(found.c.version == chain.c.version,
                                                found.c.seq == chain.c.seq)))
         .where(found.c.version <= sa.bindparam("version"),

@@ -23,7 +23,9 @@ from sqlalchemy.pool import NullPool
 # 3: ``key_heads`` is written behind apply, a slice of keys at a time; ``meta.heads_version``
 # says up to which version it is complete (the heads of later changes are in memory, and in
 # their history rows). Schema 2 is upgraded in place (its ``key_heads`` is always complete).
-SCHEMA_VERSION = 3
+# 4: ``history.lease``, the lease a put attached its key to (docs/leases.md), with a partial
+# index so a lease's keys are found without a scan; schemas 2 and 3 are upgraded in place.
+SCHEMA_VERSION = 4
 HISTORY_OP_PUT = 1
 HISTORY_OP_DELETE = 2
 
@@ -57,10 +59,15 @@ history = sa.Table(
     sa.Column("value", sa.LargeBinary, nullable=True),
     sa.Column("content_type", sa.Text, nullable=True),
     sa.Column("create_version", sa.Integer, nullable=False),
+    # A put's lease (NULL: none). A delete's content_type holds its lease reason, if any.
+    # (Before prev_version here, so statements bind it in that order; ALTER TABLE appends it
+    # to an upgraded table, which is the same to every statement: they name their columns.)
+    sa.Column("lease", sa.Integer, nullable=True),
     sa.Column("prev_version", sa.Integer, nullable=True),
     sa.Column("prev_seq", sa.Integer, nullable=True),
     sqlite_with_rowid=False,
 )
+HISTORY_LEASE_INDEX_SQL = "CREATE INDEX IF NOT EXISTS history_lease ON history (lease) WHERE lease IS NOT NULL"
 
 meta = sa.Table(
     "meta",
@@ -119,8 +126,8 @@ COMPLETE_KEY_HEADS_SQL = (
 COMPLETE_HEADS_VERSION_SQL = "UPDATE meta SET heads_version = applied_version WHERE id = 1"
 
 
-# The schemas this code reads; 2 is upgraded in place (upgrade_schema_2) before use.
-READABLE_SCHEMA_VERSIONS = (2, SCHEMA_VERSION)
+# The schemas this code reads; 2 and 3 are upgraded in place (upgrade_schema) before use.
+READABLE_SCHEMA_VERSIONS = (2, 3, SCHEMA_VERSION)
 
 
 @contextmanager
@@ -138,11 +145,17 @@ def write_transaction(connection: sqlite3.Connection) -> Iterator[sqlite3.Connec
         raise
 
 
-def upgrade_schema_2(connection: sqlite3.Connection) -> None:
-    """Make a schema-2 database schema 3, inside the caller's transaction. Schema 2 wrote
-    key_heads in every apply call, so it is complete at the applied version."""
-    connection.execute("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
-    connection.execute(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}, heads_version = applied_version")
+def upgrade_schema(connection: sqlite3.Connection, found: int) -> None:
+    """Make a database of schema ``found`` (2 or 3) the current schema, inside the caller's
+    transaction. Schema 2 wrote key_heads in every apply call, so it is complete at the
+    applied version; before schema 4 no key had a lease."""
+    if found == 2:
+        connection.execute("ALTER TABLE meta ADD COLUMN heads_version INTEGER NOT NULL DEFAULT 0")
+        connection.execute("UPDATE meta SET heads_version = applied_version")
+    if "lease" not in [row[1] for row in connection.execute("PRAGMA table_info(history)")]:
+        connection.execute("ALTER TABLE history ADD COLUMN lease INTEGER")
+    connection.execute(HISTORY_LEASE_INDEX_SQL)
+    connection.execute(f"UPDATE meta SET schema_version = {SCHEMA_VERSION}")
 
 
 def complete_key_heads(connection: sqlite3.Connection) -> None:

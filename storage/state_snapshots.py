@@ -29,7 +29,7 @@ from storage.state_schema import (
     key_heads,
     meta,
     read_database_meta,
-    upgrade_schema_2,
+    upgrade_schema,
     write_transaction,
 )
 from storage.state_types import SnapshotRejectedError
@@ -85,11 +85,11 @@ class StateSnapshots(StateDatabase):
             if snapshot_meta.schema_version not in READABLE_SCHEMA_VERSIONS:
                 raise CorruptSnapshotError(
                     f"{path}: schema version {snapshot_meta.schema_version}, this code reads {SCHEMA_VERSION}")
-            if snapshot_meta.schema_version == 2:  # from a peer not yet upgraded
+            if snapshot_meta.schema_version != SCHEMA_VERSION:  # from a peer not yet upgraded
                 copy = sqlite3.connect(temp_path, isolation_level=None)
                 try:
                     with write_transaction(copy):
-                        upgrade_schema_2(copy)
+                        upgrade_schema(copy, snapshot_meta.schema_version)
                 finally:
                     copy.close()
             with self._write_lock:

@@ -20,6 +20,7 @@ class Entry:
     content_type: str
     mod_version: int
     create_version: int
+    lease: int = 0  # the lease the key is attached to (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class Event:
     mod_version: int
     value: bytes | None
     content_type: str | None
+    reason: str | None = None  # a delete by a lease's end: storage.commands.LEASE_DELETE_REASONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,7 @@ class OpResult:
     created: bool
     deleted: bool
     entry: Entry | None  # GET: the entry read; PUT: the entry written; DELETE: None
+    reason: str | None = None  # a DELETE by a lease's revoke or expiry: its reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +50,9 @@ class ApplyResult:
     succeeded: bool
     ops: tuple[OpResult, ...]
     failed_compares: tuple[tuple[str, int], ...]  # (key, its current mod_version; 0 = missing)
-    error: str | None = None  # the record did not decode and was applied as a no-op
+    # The record was applied as a no-op: it did not decode, or it named a lease that does
+    # not exist (the error then starts with storage.evaluator.LEASE_NOT_FOUND).
+    error: str | None = None
 
 
 def builder_class(cls: type) -> type:
@@ -72,24 +77,28 @@ _OpResultBuilder = builder_class(OpResult)
 _ApplyResultBuilder = builder_class(ApplyResult)
 
 
-def new_entry(key: str, value: bytes, content_type: str, mod_version: int, create_version: int) -> Entry:
+def new_entry(key: str, value: bytes, content_type: str, mod_version: int, create_version: int,
+              lease: int = 0) -> Entry:
     entry = _EntryBuilder()
     entry.key = key
     entry.value = value
     entry.content_type = content_type
     entry.mod_version = mod_version
     entry.create_version = create_version
+    entry.lease = lease
     entry.__class__ = Entry
     return entry  # type: ignore[return-value]
 
 
-def new_op_result(kind: OpKind, key: str, created: bool, deleted: bool, entry: Entry | None) -> OpResult:
+def new_op_result(kind: OpKind, key: str, created: bool, deleted: bool, entry: Entry | None,
+                  reason: str | None = None) -> OpResult:
     result = _OpResultBuilder()
     result.kind = kind
     result.key = key
     result.created = created
     result.deleted = deleted
     result.entry = entry
+    result.reason = reason
     result.__class__ = OpResult
     return result  # type: ignore[return-value]
 

@@ -79,12 +79,12 @@ class StateWrites(StateDatabase):
                 version=sa.bindparam("version"), seq=sa.bindparam("seq"), key=sa.bindparam("key"),
                 op=sa.bindparam("op"), value=sa.bindparam("value"),
                 content_type=sa.bindparam("content_type"),
-                create_version=sa.bindparam("create_version"),
+                create_version=sa.bindparam("create_version"), lease=sa.bindparam("lease"),
                 prev_version=sa.bindparam("prev_version"), prev_seq=sa.bindparam("prev_seq")),
             dialect,
         )
         head, values_word, row = self._sql_history.rpartition(" VALUES ")
-        check(values_word == " VALUES " and row == "(" + ", ".join("?" * 9) + ")",
+        check(values_word == " VALUES " and row == "(" + ", ".join("?" * 10) + ")",
               "unexpected compiled history insert")
         # (the text up to VALUES, one row's parameters): fragments, so not a str "_sql_"
         # attribute (tests/storage/test_state_query_plans.py plans every such statement).
@@ -115,7 +115,7 @@ class StateWrites(StateDatabase):
         # The compiled statements use pysqlite's qmark style; check the order we bind in.
         check([self._sql_history.count("?"), self._sql_meta.count("?"), self._sql_prune_superseded.count("?"),
                self._sql_prune_deletes.count("?"), self._sql_prune_delete_heads.count("?"),
-               self._sql_prune_delete_rows.count("?")] == [9, 4, 2, 2, 1, 2],
+               self._sql_prune_delete_rows.count("?")] == [10, 4, 2, 2, 1, 2],
               "unexpected compiled statement shape")
 
     def clear(self) -> None:
@@ -294,8 +294,8 @@ class StateWrites(StateDatabase):
                 raise StateDatabaseError(
                     f"{self.db_path}: the head of key {key!r} names history row ({version}, {seq}),"
                     " which is missing")
-            value, content_type = row
-            found[key] = new_entry(key, value, content_type, version, create_version)
+            value, content_type, lease = row
+            found[key] = new_entry(key, value, content_type, version, create_version, lease or 0)
         return found, heads
 
     def _retention_horizon(self, applied_version: int, call_versions: int) -> int | None:
@@ -429,11 +429,11 @@ def _apply_puts(puts: list[PutRecord], known: dict[str, Head]
         previous = known.get(key)
         if previous is None:  # no head: never written, or its delete was pruned
             create_version = version
-            append_row((version, 0, key, history_put, value, content_type, version, None, None))
+            append_row((version, 0, key, history_put, value, content_type, version, None, None, None))
         else:
             # A put after a delete head creates the key again.
             create_version = previous[0] or version
-            append_row((version, 0, key, history_put, value, content_type, create_version,
+            append_row((version, 0, key, history_put, value, content_type, create_version, None,
                         previous[1], previous[2]))
         known[key] = (create_version, version, 0)
     return PutResults(rows), rows

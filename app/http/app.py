@@ -20,6 +20,7 @@ from app.http.cluster import cluster_router
 from app.http.edge import EdgeMiddleware
 from app.http.key_fast_path import KeyPathDispatch, KeyRoutes
 from app.http.keys import KeyEndpoints, key_documentation_router, list_router
+from app.http.leases import leases_router
 from app.http.openapi import complete_openapi
 from app.http.problems import install_problem_handlers
 from app.http.settings import HttpSettings
@@ -72,7 +73,8 @@ def create_app(service: KVService, settings: HttpSettings | None = None, ui: UiM
     # Never served: it only feeds /openapi.json (the fast path serves these routes).
     key_documentation = key_documentation_router(key_endpoints)
     routers = [list_router(service, settings), txn_router(service, settings), watch_router(service, settings),
-               cluster_router(service), admin_router(service), snapshot_download_router(service)]
+               cluster_router(service), admin_router(service), snapshot_download_router(service),
+               leases_router(service)]
     if ui != "off":
         routers.append(data_router(service, ui))
     for router in routers:

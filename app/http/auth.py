@@ -65,6 +65,7 @@ class Need(enum.Enum):
     KEY = "key"  # an access level on one key
     PREFIX = "prefix"  # an access level on every key under a prefix
     TXN = "txn"  # per key of the body
+    SOME_WRITE = "some-write"  # write access to at least one key (the lease calls)
     ADMIN = "admin"
 
 
@@ -101,6 +102,8 @@ def requirement_for(method: str, path: str, raw_path: bytes | None, query_string
         return _AUTHENTICATED
     if path == "/v1/txn":
         return Requirement(Need.TXN) if method == "POST" else _AUTHENTICATED
+    if path == "/v1/leases" or path.startswith("/v1/leases/"):
+        return Requirement(Need.SOME_WRITE, Access.WRITE)
     if path.startswith(_ADMIN_PREFIX):
         return Requirement(Need.ADMIN, Access.ADMIN, "")
     return _AUTHENTICATED  # /v1/status, /v1/quorum, and paths no route serves (404)
@@ -230,6 +233,9 @@ class AuthMiddleware:
             if token.access_to_prefix(requirement.target) < requirement.access:
                 return (f"token {token.name!r} lacks {requirement.access.name.lower()} access "
                         f"to every key under the prefix {requirement.target!r}")
+        elif requirement.need == Need.SOME_WRITE:
+            if not any(access >= Access.WRITE for _prefix, access in token.rules):
+                return f"token {token.name!r} lacks write access to any key (the lease calls need it)"
         elif requirement.need == Need.ADMIN:
             # The rule on "" itself: narrower rules limit keys, not cluster operations.
             if token.access_to_key("") < Access.ADMIN:

@@ -15,7 +15,14 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import Response
 
 from app.http.conditions import IF_MATCH_PATTERN, check_condition, write_compares
-from app.http.models import CONTENT_TYPE_RE, NO_NUL_PATTERN, DeleteResult, ListResponse, WriteResult
+from app.http.models import (
+    CONTENT_TYPE_RE,
+    MAX_LEASE_ID,
+    NO_NUL_PATTERN,
+    DeleteResult,
+    ListResponse,
+    WriteResult,
+)
 from app.http.parsing import KEY_ROUTE_TEMPLATE, header, read_body_bounded, wait_readable
 from app.http.problems import Answer, ProblemError, problem_responses
 from app.http.render import render_entry
@@ -44,6 +51,9 @@ IfMatchHeader = Annotated[str | None, Header(
     alias="If-Match", json_schema_extra={"pattern": IF_MATCH_PATTERN},  # enforced by conditions.parse_if_match
     description='"<mod_version>" (quotes optional): only if the key is at this version (compare-and-set); *: only if it '
                 'exists. Weak tags (W/"<n>") never match (strong comparison); a list may hold one strong tag at most')]
+LeaseQuery = Annotated[int, Query(ge=0, le=MAX_LEASE_ID, description=(
+    "attach the key to this lease: it is deleted when the lease ends (0: none; a put without it "
+    "detaches the key). 404 lease-not-found when the lease does not exist as the write applies"))]
 IfNoneMatchHeader = Annotated[Literal["*"] | None, Header(
     alias="If-None-Match", description="*: only if the key does not exist")]
 
@@ -73,9 +83,11 @@ class KeyEndpoints:
         headers = [(b"content-type", content_type.encode("latin-1")), (b"etag", f'"{entry.mod_version}"'.encode()),
                    (b"x-create-version", str(entry.create_version).encode()),
                    (b"content-length", str(len(entry.value)).encode())]
+        if entry.lease:
+            headers.append((b"x-lease", str(entry.lease).encode()))
         return Answer(200, headers, b"" if request.method == "HEAD" else entry.value)
 
-    async def put_key(self, request: Request, key: KeyPath,
+    async def put_key(self, request: Request, key: KeyPath, lease: LeaseQuery = 0,
                       if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None) -> Answer:
         content_type = header(request.scope, b"content-type") or DEFAULT_CONTENT_TYPE
         if len(content_type) > CONTENT_TYPE_MAX_BYTES or not CONTENT_TYPE_RE.fullmatch(content_type):
@@ -83,7 +95,7 @@ class KeyEndpoints:
                                f"Content-Type must be a media type (type/subtype; name=value) of at most {CONTENT_TYPE_MAX_BYTES} characters")
         compares = write_compares(key, if_match, if_none_match)
         value = await read_body_bounded(request, self.settings.max_value_bytes, "the value", "value-too-large")
-        result = await self.service.put(key, value, content_type, compares)
+        result = await self.service.put(key, value, content_type, compares, lease)
         check_condition(result, key)
         return _json_answer({"key": key, "version": result.version, "created": bool(result.ops[0].created)})
 
@@ -100,12 +112,13 @@ def key_documentation_router(endpoints: KeyEndpoints) -> APIRouter:
     router = APIRouter(tags=["keys"])
     read_statuses = problem_responses(307, 400, 404, 410, 413, 503, 504)
     write_statuses = problem_responses(307, 400, 412, 413, 503, 504)
-    put_statuses = problem_responses(307, 400, 412, 413, 503, 504, 507)
+    put_statuses = problem_responses(307, 400, 404, 412, 413, 503, 504, 507)
     value_response = {200: {
         "description": "the value as raw bytes with its stored Content-Type",
         "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
         "headers": {"ETag": {"schema": {"type": "string"}, "description": '"<mod_version>"'},
-                    "X-Create-Version": {"schema": {"type": "integer"}}},
+                    "X-Create-Version": {"schema": {"type": "integer"}},
+                    "X-Lease": {"schema": {"type": "integer"}, "description": "the key's lease, when attached"}},
     }}
     router.add_api_route(
         KEY_ROUTE_TEMPLATE, endpoints.get_key, methods=["GET"], name="get_key",

@@ -19,7 +19,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.http.settings import CONTENT_TYPE_MAX_BYTES, KEY_MAX_BYTES, MAX_VERSION, TXN_MAX_OPS
-from app.service import DEFAULT_CONTENT_TYPE
+from app.service import DEFAULT_CONTENT_TYPE, MAX_LEASE_ID
 
 KEY_TOO_LARGE_ERROR = "key_too_large"  # the pydantic error type the txn route answers 413 for
 
@@ -69,6 +69,10 @@ def _version_number(value: Any) -> Any:
 
 
 VersionNumber = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(_version_number)]
+JsonInteger = Annotated[int, BeforeValidator(_version_number)]  # any JSON integer (1.0 counts)
+LeaseId = Annotated[int, Field(ge=0, le=MAX_LEASE_ID, description="attach the key to this lease (0: none; "
+                               "docs/leases.md)"), BeforeValidator(_version_number)]
+PositiveLeaseId = Annotated[int, Field(ge=1, le=MAX_LEASE_ID), BeforeValidator(_version_number)]
 
 
 def utf8_bytes(value: str) -> bytes:
@@ -128,6 +132,7 @@ class PutOp(_Strict):
     value: Utf8Text = ""
     encoding: Literal["utf-8"] = "utf-8"
     content_type: ContentType = DEFAULT_CONTENT_TYPE
+    lease: LeaseId = 0
 
 
 class PutBase64Op(_Strict):
@@ -138,6 +143,7 @@ class PutBase64Op(_Strict):
     value: Base64Text
     encoding: Literal["base64"]
     content_type: ContentType = DEFAULT_CONTENT_TYPE
+    lease: LeaseId = 0
 
 
 class DeleteOp(_Strict):
@@ -196,6 +202,7 @@ class ListItem(BaseModel):
     content_type: str
     mod_version: int
     create_version: int
+    lease: int | None = Field(None, description="the lease the key is attached to (absent: none)")
 
 
 class ListResponse(BaseModel):
@@ -215,6 +222,7 @@ class TxnOpResult(BaseModel):
     content_type: str | None = None
     mod_version: int | None = None
     create_version: int | None = None
+    lease: int | None = None
 
 
 class FailedCompare(BaseModel):
@@ -236,6 +244,8 @@ class WatchEvent(BaseModel):
     value: str | None = Field(None, description="put only")
     encoding: Literal["base64"] | None = None
     content_type: str | None = None
+    reason: Literal["lease-expired", "lease-revoked"] | None = Field(
+        None, description="delete only: the key went with its lease (absent: an ordinary delete)")
 
 
 class WatchResponse(BaseModel):

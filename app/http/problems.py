@@ -25,6 +25,9 @@ from app.http.routing import downgrades_scheme
 from app.service import (
     HistoryCompactedError,
     IndeterminateError,
+    LeaseExistsError,
+    LeaseNotFoundError,
+    LeaseTtlError,
     NotLeaderError,
     NotReadyError,
     QuotaExceededError,
@@ -177,6 +180,12 @@ def as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
         return ProblemError(504, "version-not-reached", "Version not reached",
                             f"this node is still at version {exc.current_version}",
                             current_version=exc.current_version)
+    if isinstance(exc, LeaseNotFoundError):
+        return ProblemError(404, "lease-not-found", "Lease not found", str(exc), lease=exc.lease_id)
+    if isinstance(exc, LeaseExistsError):
+        return ProblemError(409, "lease-exists", "Lease exists", str(exc))
+    if isinstance(exc, LeaseTtlError):
+        return ProblemError(400, "invalid-ttl", "Invalid TTL", str(exc))
     if isinstance(exc, HistoryCompactedError):
         detail, extras = history_compacted_body(exc.oldest_version)
         return ProblemError(410, "version-compacted", "Version compacted", detail, **extras)
@@ -247,7 +256,8 @@ def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
 _STATUS_DESCRIPTIONS = {
     307: "not the leader: Location is the same request on the leader's advertised URL",
     400: "invalid key or parameter",
-    404: "no such key",
+    404: "no such key, or (lease-not-found) no such lease",
+    409: "the lease id is taken",
     410: "the requested version is below the oldest retained version (oldest_version)",
     412: "the If-Match / If-None-Match condition failed (current_version)",
     413: "key or value (or body) too large",

@@ -40,6 +40,8 @@ def render_value(value: bytes, content_type: str) -> dict[str, Any]:
 def render_entry(entry: Entry, keys_only: bool = False) -> dict[str, Any]:
     item: dict[str, Any] = {"key": entry.key, "content_type": entry.content_type,
                             "mod_version": entry.mod_version, "create_version": entry.create_version}
+    if entry.lease:
+        item["lease"] = entry.lease
     if not keys_only:
         item.update(render_value(entry.value, entry.content_type))
     return item
@@ -58,6 +60,8 @@ def render_event(event: Event) -> dict[str, Any]:
         content_type = event.content_type or DEFAULT_CONTENT_TYPE
         rendered["content_type"] = content_type
         rendered.update(render_value(event.value, content_type))
+    elif event.reason:
+        rendered["reason"] = event.reason
     return rendered
 
 

@@ -27,7 +27,7 @@ from app.http.parsing import read_body_bounded
 from app.http.problems import ProblemError, describe, problem_responses, validation_errors
 from app.http.render import render_op_result
 from app.http.settings import HttpSettings
-from app.service import Compare, CompareKind, KVService, Op, OpKind
+from app.service import Compare, CompareKind, KVService, Op, OpKind, is_internal_key
 
 
 def _txn_value(item: PutOp | PutBase64Op | CompareValue | CompareValueBase64) -> bytes:
@@ -45,7 +45,7 @@ def txn_parts(body: TxnRequest, max_value_bytes: int) -> tuple[tuple[Compare, ..
             if len(value) > max_value_bytes:
                 raise ProblemError(413, "value-too-large", "Value too large",
                                    f"the value for {item.key!r} is {len(value)} bytes; at most {max_value_bytes} are allowed")
-            return Op(OpKind.PUT, item.key, value, item.content_type)
+            return Op(OpKind.PUT, item.key, value, item.content_type, lease=item.lease)
         return Op(OpKind.DELETE if isinstance(item, DeleteOp) else OpKind.GET, item.key)
 
     def compare(item: TxnCompare) -> Compare:
@@ -63,7 +63,7 @@ def txn_router(service: KVService, settings: HttpSettings) -> APIRouter:
     router = APIRouter(tags=["keys"])
 
     @router.post("/v1/txn", summary="Atomic compare-and-apply over several keys",
-                 response_model=TxnResponse, responses=problem_responses(307, 400, 413, 422, 503, 504, 507),
+                 response_model=TxnResponse, responses=problem_responses(307, 400, 404, 413, 422, 503, 504, 507),
                  openapi_extra={"requestBody": {"required": True, "content": {
                      "application/json": {"schema": {"$ref": "#/components/schemas/TxnRequest"}}}}})
     async def txn(request: Request) -> Response:
@@ -83,7 +83,8 @@ def txn_router(service: KVService, settings: HttpSettings) -> APIRouter:
         result = await service.txn(compares, success, failure)
         return JSONResponse({
             "succeeded": bool(result.succeeded), "version": result.version,
-            "results": [render_op_result(op) for op in result.ops],
+            # (a put with a lease also touched the lease's internal key: not the client's op)
+            "results": [render_op_result(op) for op in result.ops if not is_internal_key(op.key)],
             "failed_compares": [{"key": key, "current_version": current} for key, current in result.failed_compares],
         })
 

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from app.auth import AuthTokens
 from app.http.settings import DEFAULT_MAX_VALUE_BYTES
+from app.leases import DEFAULT_MAX_LEASE_TTL_S, LeaderHooks, LeaseManager, NodeLeases
 from app.node_reads import NodeReads
 from app.node_writes import NodeWrites
 from app.service import (
@@ -38,7 +39,7 @@ from storage.snapshot_store import SnapshotStore
 from storage.state_machine import StateMachine
 
 
-class InProcessService(NodeReads, NodeWrites):
+class InProcessService(NodeReads, NodeWrites, NodeLeases):
     """One node that is always the leader of epoch 1 and always ready. Reads and the typed
     writes are the runtime's own (app/node_reads.py, app/node_writes.py)."""
 
@@ -54,10 +55,21 @@ class InProcessService(NodeReads, NodeWrites):
         self.snapshot_dir = snapshot_dir
         self.metrics = CollectorRegistry()
         self.max_value_bytes = max_value_bytes
+        self.max_lease_ttl_s = DEFAULT_MAX_LEASE_TTL_S
+        # The lease calls as the leader answers them; no expiry loop (nothing is started).
+        self.leases = LeaseManager(lambda: self.state, LeaderHooks(
+            self.propose, lambda: self.epoch, self._confirm_leadership, self._applied),
+            max_ttl_s=self.max_lease_ttl_s, min_ttl_s=1, metrics=self.metrics)
         self.proposals = 0
         self._waiting = 0  # requests parked in wait_readable right now
         self._waits_started = 0  # every such park so far
         self._changed: asyncio.Condition | None = None
+
+    async def _confirm_leadership(self) -> int:
+        return self.state.applied_version
+
+    async def _applied(self, version: int) -> None:
+        """Every committed version is applied at once here."""
 
     def _condition(self) -> asyncio.Condition:
         # Created lazily: the condition must belong to the loop that serves requests.

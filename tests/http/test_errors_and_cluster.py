@@ -292,11 +292,11 @@ async def test_service_max_value_bytes_is_the_default_limit(tmp_path: Path) -> N
 EXPECTED_STATUSES = {
     ("/v1/kv/{key}", "get"): {"200", "307", "400", "404", "410", "413", "503", "504"},
     ("/v1/kv/{key}", "head"): {"200", "307", "400", "404", "410", "413", "503", "504"},
-    ("/v1/kv/{key}", "put"): {"200", "307", "400", "412", "413", "503", "504", "507"},
+    ("/v1/kv/{key}", "put"): {"200", "307", "400", "404", "412", "413", "503", "504", "507"},
     ("/v1/kv/{key}", "delete"): {"200", "307", "400", "412", "413", "503", "504"},
     ("/v1/kv", "get"): {"200", "307", "400", "410", "503", "504"},
     ("/v1/kv", "head"): {"200", "307", "400", "410", "503", "504"},
-    ("/v1/txn", "post"): {"200", "307", "400", "413", "422", "503", "504", "507"},
+    ("/v1/txn", "post"): {"200", "307", "400", "404", "413", "422", "503", "504", "507"},
     ("/v1/watch", "get"): {"200", "400", "410", "429", "503"},
     ("/v1/status", "get"): {"200"},
     ("/v1/status", "head"): {"200"},
@@ -312,6 +312,12 @@ EXPECTED_STATUSES = {
     ("/v1/admin/snapshot/download", "post"): {"200", "503", "507"},
     ("/v1/admin/resign", "post"): {"200", "307", "503"},
     ("/v1/admin/compact", "post"): {"200", "307", "503"},
+    ("/v1/leases", "get"): {"200", "503"},
+    ("/v1/leases", "post"): {"201", "307", "400", "409", "413", "422", "503", "504", "507"},
+    ("/v1/leases/keepalive", "post"): {"200", "307", "400", "413", "422", "503", "504"},
+    ("/v1/leases/{lease_id}/keepalive", "post"): {"200", "307", "400", "404", "503", "504"},
+    ("/v1/leases/{lease_id}", "delete"): {"200", "307", "400", "404", "503", "504"},
+    ("/v1/leases/{lease_id}", "get"): {"200", "307", "400", "404", "503", "504"},
 }
 
 
@@ -326,9 +332,10 @@ async def test_openapi_documents_every_route_status_and_problem_schema(faulty_cl
     assert "HTTPValidationError" not in schemas
     for (path, method), statuses in EXPECTED_STATUSES.items():
         responses = document["paths"][path][method]["responses"]
-        for status in statuses - {"200"}:
+        success = "201" if "201" in statuses else "200"
+        for status in statuses - {success}:
             assert responses[status]["content"]["application/problem+json"]["schema"] == {"$ref": "#/components/schemas/Problem"}
-        assert "X-Metadata-Version" in responses["200"]["headers"]
+        assert "X-Metadata-Version" in responses[success]["headers"]
     for path, item in document["paths"].items():
         if "head" in item:  # the headers of GET, never a body
             assert "content" not in item["head"]["responses"]["200"], path

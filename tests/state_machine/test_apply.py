@@ -29,7 +29,7 @@ from storage.state_machine import (
     StateDatabaseError,
     StateMachine,
 )
-from storage.state_schema import read_database_meta
+from storage.state_schema import SCHEMA_VERSION, read_database_meta
 from storage.state_types import builder_class, new_apply_result, new_entry, new_op_result
 from storage.state_writes import HISTORY_ROWS_PER_STATEMENT
 from tests.state_machine.helpers import (
@@ -293,7 +293,7 @@ def test_an_older_schema_is_refused_by_name_and_left_untouched(tmp_path):
     path = str(tmp_path / "state.db")
     write_schema_1_database(path)
     tables_before = table_names(path)
-    with pytest.raises(StateDatabaseError, match=f"{path}: schema version 1, this code reads 3.*rebuild it from the log"):
+    with pytest.raises(StateDatabaseError, match=f"{path}: schema version 1, this code reads {SCHEMA_VERSION}.*rebuild it from the log"):
         StateMachine(path)
     assert table_names(path) == tables_before
     # The documented way out: move it away; a new state.db replays the log from offset 0.
@@ -317,7 +317,7 @@ def test_a_schema_2_database_is_upgraded_in_place(tmp_path):
         assert state.get("b", at_version=2)[1].value == b"1"
         state.apply([data_batch(4, [put("b", b"3")])])
         assert state.get("b")[1].create_version == 5
-    assert read_database_meta(path).schema_version == 3
+    assert read_database_meta(path).schema_version == SCHEMA_VERSION
 
 
 def test_close_leaves_no_wal_behind(tmp_path):
@@ -507,7 +507,7 @@ def _general_path_only(real_decode_call):
     def decode_call(plan):
         puts, commands = real_decode_call(plan)
         if commands is None:
-            commands = [(offset, ((), ((int(OpKind.PUT), key, value, content_type, 0),), ()))
+            commands = [(offset, ((), ((int(OpKind.PUT), key, value, content_type, 0, 0),), ()))
                         for offset, key, value, content_type in puts]
         return puts, commands
     return decode_call

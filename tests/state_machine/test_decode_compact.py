@@ -27,8 +27,8 @@ def expected(record: bytes) -> object:
         return "error"
     return (
         tuple((c.key, int(c.kind), c.target) for c in command.compare),
-        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.success),
-        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version) for o in command.failure),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease) for o in command.success),
+        tuple((int(o.kind), o.key, o.value, o.content_type, o.create_version, o.lease) for o in command.failure),
     )
 
 
@@ -47,14 +47,14 @@ def test_decode_compact_agrees_with_decode_command(record):
 
 
 def test_one_op_shortcut_and_its_near_misses():
-    assert compact(msgpack.packb([1, [], [[1, "k", b"v", "t"]], []])) == ((), ((1, "k", b"v", "t", 0),), ())
+    assert compact(msgpack.packb([1, [], [[1, "k", b"v", "t"]], []])) == ((), ((1, "k", b"v", "t", 0, 0),), ())
     # A cleaned PUT carries the key's create_version (a fifth op element).
     cleaned = msgpack.packb([1, [], [[1, "k", b"v", "t", 7]], []], use_bin_type=True)
-    assert compact(cleaned) == expected(cleaned) == ((), ((1, "k", b"v", "t", 7),), ())
+    assert compact(cleaned) == expected(cleaned) == ((), ((1, "k", b"v", "t", 7, 0),), ())
     for record in ([1, [], [[9, "k", b"v", "t"]], []], [2, [], [[1, "k", b"v", "t"]], []],
                    [1, [], [[1, "k", "not bytes", "t"]], []], [True, [], [[1, "k", b"v", "t"]], []]):
         packed = msgpack.packb(record, use_bin_type=True)
         assert compact(packed) == expected(packed)
     # A bool op kind is not an int for the shortcut, but decode_command takes it as PUT.
     packed = msgpack.packb([1, [], [[True, "k", b"v", "t"]], []], use_bin_type=True)
-    assert compact(packed) == expected(packed) == ((), ((1, "k", b"v", "t", 0),), ())
+    assert compact(packed) == expected(packed) == ((), ((1, "k", b"v", "t", 0, 0),), ())

@@ -18,7 +18,7 @@ from storage.snapshot_store import (
     verify_snapshot_file,
 )
 from storage.state_machine import StateMachine, VersionCompactedError
-from storage.state_schema import read_database_meta
+from storage.state_schema import SCHEMA_VERSION, read_database_meta
 from tests.state_machine.helpers import (
     control_batch,
     data_batch,
@@ -211,7 +211,7 @@ def test_load_of_an_older_schema_snapshot_names_it_and_changes_nothing(tmp_path)
     with StateMachine(str(tmp_path / "target.db")) as target:
         target.apply([data_batch(0, [put("kept", b"1")])])
         before = dump_tables(target.db_path)
-        with pytest.raises(CorruptSnapshotError, match=f"{path}: schema version 1, this code reads 3"):
+        with pytest.raises(CorruptSnapshotError, match=f"{path}: schema version 1, this code reads {SCHEMA_VERSION}"):
             target.load_snapshot(path)
         assert dump_tables(target.db_path) == before
 
@@ -236,7 +236,7 @@ def test_a_schema_2_snapshot_from_a_peer_not_yet_upgraded_loads(source, tmp_path
         assert target.get("k1", at_version=12) == source.get("k1", at_version=12)
         target.apply([data_batch(target.applied_version, [put("k1", b"new")])])
         assert target.get("k1")[1].create_version == source.get("k1")[1].create_version
-    assert read_database_meta(target.db_path).schema_version == 3
+    assert read_database_meta(target.db_path).schema_version == SCHEMA_VERSION
 
 
 def test_create_snapshot_refuses_version_zero_and_a_wrong_epoch(tmp_path):

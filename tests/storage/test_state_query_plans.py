@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from storage.commands import Command, Compare, CompareKind, Op, OpKind, delete, put
+from storage.commands import Command, Compare, CompareKind, Op, OpKind, delete, lease_key, put
 from storage.snapshot_store import SnapshotStore
 from storage.state_machine import StateMachine
 from tests.state_machine.helpers import control_batch, data_batch
@@ -126,6 +126,10 @@ def _run_every_path(tmp_path) -> tuple[str, list[str]]:
     state.get(present)
     state.get(present, at_version=middle)
     state.get("absent")
+    apply([Command((Compare(lease_key(1), CompareKind.EXISTS, False),), (Op(OpKind.PUT, lease_key(1), b"60"),)),
+           Command((), (Op(OpKind.PUT, "k/leased", b"v", lease=1),))])
+    state.lease(1)
+    state.leases()
     state.list("k/", limit=100)
     state.list("k/", after="k/00100", limit=100, at_version=middle)
     state.changes("k/", middle, limit=50)
