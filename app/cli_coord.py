@@ -100,13 +100,28 @@ class Signals:
     def __init__(self) -> None:
         self.received: int | None = None
         self.child: subprocess.Popen[bytes] | None = None
+        self._starting = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
+        if self._starting:
+            return  # inside Popen: raising there could leave a child nobody stops; see start
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
             return
         raise Interrupted(signum)
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start the child; a signal that arrived meanwhile is passed on to it at once."""
+        self.received = None
+        self._starting = True
+        try:
+            self.child = subprocess.Popen(command, env=env)
+        finally:
+            self._starting = False
+        if self.received is not None:
+            self.child.send_signal(self.received)
+        return self.child
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Signals]:
@@ -164,7 +179,7 @@ def _lock(client: Client, args: argparse.Namespace, output: str) -> int:
             lock.acquire()
             env = {**os.environ, "METAKV_LOCK_KEY": lock.key, "METAKV_LOCK_VERSION": str(lock.version)}
             try:
-                signals.child = child = subprocess.Popen(command, env=env)
+                child = signals.start(command, env)
             except OSError as exc:
                 print(f"metakv: lock: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
                 return EXIT_NOT_RUN
@@ -181,6 +196,8 @@ def _lock(client: Client, args: argparse.Namespace, output: str) -> int:
     except Interrupted as interrupted:
         return 128 + interrupted.signum
     finally:
+        if signals.child is not None and signals.child.poll() is None:  # never leave CMD running
+            _stop_child(signals.child)
         _release(lease)
 
 

@@ -36,7 +36,7 @@ def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
-        raise AssertionError(f"still running: {out} {err}") from None
+        raise AssertionError(f"{process.args[3:]} still running; stdout {out!r}, stderr {err!r}") from None
     return process.returncode, out, err
 
 
