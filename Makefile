@@ -66,6 +66,11 @@ test: $(STAMP) system lint
 test-storage-crash: $(STAMP)
 	METAKV_CRASH_ITERATIONS=2000 $(PY) -m pytest -q --timeout=7200 tests/storage/test_crash.py
 
+# Lease determinism at length: 500 random logs of grants, attaches and racing revokes (make test runs 12).
+.PHONY: test-leases-soak
+test-leases-soak: $(STAMP)
+	LEASE_DETERMINISM_EXAMPLES=500 $(PY) -m pytest -q tests/leases/test_lease_determinism.py
+
 bench-storage: $(STAMP)
 	$(PY) -m loadtest.bench_storage
 

@@ -123,7 +123,13 @@ class LeaseManager:
                                    registry=metrics)
         self._revokes = Counter("metakv_lease_revokes", "Leases revoked by a client", registry=metrics)
         live = Gauge("metakv_leases", "Leases in this node's applied state", registry=metrics)
-        live.set_function(lambda: self._state().lease_count())
+        live.set_function(self._live_count)
+
+    def _live_count(self) -> int:
+        try:
+            return self._state().lease_count()
+        except AttributeError:  # scraped before the node opened its state
+            return 0
 
     # ---- leadership ------------------------------------------------------------------
 

@@ -52,11 +52,15 @@ class NodeReads:
         return KeyRead(version, entry)
 
     def changes(self, prefix: str, since: int, limit: int) -> ChangePage:
-        with _service_errors():
-            version, events = self.state.changes(prefix, since, limit)
-        if not prefix:  # only the empty prefix reaches the internal keys (they start with NUL)
-            events = [event for event in events if not is_internal_key(event.key)]
-        return ChangePage(version, events)
+        while True:
+            with _service_errors():
+                version, events = self.state.changes(prefix, since, limit)
+            if prefix:  # only the empty prefix reaches the internal keys (they start with NUL)
+                return ChangePage(version, events)
+            visible = [event for event in events if not is_internal_key(event.key)]
+            if visible or not events:
+                return ChangePage(version, visible)
+            since = version  # a page of internal changes only: an empty page would end a catch-up early
 
     def list(self, prefix: str, *, after: str | None = None, limit: int = 100,
              at_version: int | None = None) -> ListPage:

@@ -160,7 +160,7 @@ def _command_rows(node: str, segment: str, position: int, offset: int, record: b
             kind = int(op[0])
             if kind == _PUT:
                 rows.append((txn, packed, compare_keys, len(rows), branch, "put", op[1], op[2], op[3],
-                             (op[4] if len(op) == 5 else 0) or None, None, None))
+                             (op[4] if len(op) > 4 else 0) or None, None, None))
             else:
                 rows.append((txn, packed, compare_keys, len(rows), branch, _OPERATION_BY_KIND[kind], op[1], None,
                              None, None, None, None))

@@ -154,7 +154,7 @@ def clean_prefix(batches: Sequence[Batch], dirty_offset: int, tombstone_horizon:
                 continue  # applied as a no-op by every replica: no effect in any state
             pending.append((offset, command))
             compares, success, failure = command
-            if not compares and len(success) == 1 and not failure:
+            if not compares and len(success) == 1 and not failure and not success[0][5]:
                 pending_keys.add(success[0][1])
             else:
                 pending_keys.update(command_keys(command))

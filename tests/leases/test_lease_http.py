@@ -89,6 +89,8 @@ async def test_batch_keepalive(client):
                       "not_found": [424242]}
     one = (await client.post(f"/v1/leases/{ids[0]}/keepalive")).json()
     assert one == {"id": ids[0], "ttl_s": 30}
+    metrics = (await client.get("/metrics")).text
+    assert "metakv_leases 3.0" in metrics and "metakv_lease_keepalives_total 4.0" in metrics
 
 
 @pytest.mark.parametrize("ttl_s", [0, -5, 86_401])
@@ -141,3 +143,11 @@ async def test_the_batch_route_allows_post_only(client):
 @pytest.mark.parametrize("query", ["lease=abc", "lease=-1", "lease=99999999999999999999"])
 async def test_bad_lease_on_put_is_400(client, query):
     problem(await client.put(f"/v1/kv/k?{query}", content=b"v"), 400, "invalid-parameter")
+
+
+async def test_a_page_of_internal_changes_only_is_read_past(service):
+    for lease_id in (1, 2, 3):
+        await service.grant_lease(60, lease_id)
+    await service.put("k", b"v")
+    page = service.changes("", 0, 1)  # three grants, then the put: one change a page
+    assert [(event.key, event.mod_version) for event in page.events] == [("k", 4)] and page.version == 4
