@@ -102,11 +102,13 @@ bench-scale: $(STAMP) system-etcd system-wrk
 bench-client: $(STAMP) system-wrk
 	$(PY) -m loadtest.bench_client --out results/bench_client.json
 
-# Leases at scale against etcd in the same run: 10,000 leases kept alive by one generator,
-# the leader's CPU per keep-alive, expiry latency; results/bench_leases.json (docs/benchmarks.md).
+# Leases at scale against etcd in the same run: 10,000 leases kept alive by one generator
+# (etcd through its gRPC keep-alive stream), the leader's CPU per keep-alive, expiry latency;
+# then 1,000 against etcd's JSON gateway (one lease per request). docs/benchmarks.md.
 .PHONY: bench-leases
 bench-leases: $(STAMP) system-etcd
-	$(PY) -m loadtest.bench_leases --leases 10000 --keyed 1000 --out results/bench_leases.json
+	$(PY) -m loadtest.bench_leases --leases 10000 --keyed 1000 --stores metakv,etcd-grpc --out results/bench_leases.json
+	$(PY) -m loadtest.bench_leases --leases 1000 --keyed 200 --stores metakv,etcd --out results/bench_leases_gateway.json
 
 # Watch fan-out against etcd in the same run: 100 watchers on distinct prefixes + 10 on a hot one.
 .PHONY: bench-watch
