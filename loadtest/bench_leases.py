@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import aetcd
+import aetcd.exceptions
 import aetcd.rpc
 import httpx
 
@@ -191,11 +192,19 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
         await asyncio.wait_for(ready.wait(), WATCH_READY_S)
         lease_ids: list[int] = [0] * args.leases
         last_acked_send: dict[int, float] = {}  # when the last acknowledged grant/keep-alive was sent
-        totals = {"acknowledged": 0, "not_found": 0, "requests": 0}
+        totals: dict[str, Any] = {"acknowledged": 0, "not_found": 0, "requests": 0, "errors": 0, "attach_failed": 0,
+                                  "grant_failed": 0, "last_error": None}
+        attach_failed: set[str] = set()
 
         async def keep_alive(ids: list[int], count: bool) -> None:
             sent = time.monotonic()
-            acknowledged, not_found = await keep_api.keep_alive(ids)
+            try:
+                acknowledged, not_found = await keep_api.keep_alive(ids)
+            except (httpx.HTTPError, aetcd.exceptions.ClientError) as exc:
+                # E.g. a pooled connection the server closed as it was reused: counted, not fatal.
+                totals["errors"] += 1
+                totals["last_error"] = f"{type(exc).__name__}: {exc}"
+                return
             for lease_id in acknowledged:
                 last_acked_send[lease_id] = sent
             if count:
@@ -205,11 +214,22 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
 
         async def grant(index: int) -> None:
             sent = time.monotonic()
-            lease_id = await api.grant(args.ttl_s)
+            try:
+                lease_id = await api.grant(args.ttl_s)
+            except httpx.HTTPError as exc:  # an unknown outcome: this lease is left out
+                totals["grant_failed"] += 1
+                totals["last_error"] = f"{type(exc).__name__}: {exc}"
+                attach_failed.add(f"{KEY_PREFIX}{index:06d}")
+                return
             last_acked_send[lease_id] = sent
-            if index < args.keyed:
-                await api.attach(f"{KEY_PREFIX}{index:06d}", lease_id)
             lease_ids[index] = lease_id
+            if index < args.keyed:
+                try:
+                    await api.attach(f"{KEY_PREFIX}{index:06d}", lease_id)
+                except httpx.HTTPError as exc:  # e.g. the lease expired already: not timed
+                    totals["attach_failed"] += 1
+                    totals["last_error"] = f"{type(exc).__name__}: {exc}"
+                    attach_failed.add(f"{KEY_PREFIX}{index:06d}")
 
         granting = True
 
@@ -226,7 +246,8 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
         await asyncio.gather(*setup_keepers)
 
         # Keep-alive phase: sweep over every lease, closed loop.
-        chunks = [lease_ids[start:start + per_request] for start in range(0, len(lease_ids), per_request)]
+        granted = [lease_id for lease_id in lease_ids if lease_id]
+        chunks = [granted[start:start + per_request] for start in range(0, len(granted), per_request)]
         sweep = itertools.cycle(range(len(chunks)))
         stop_at = time.monotonic() + args.keepalive_s
 
@@ -240,7 +261,7 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
 
         # Expiry: the holders stopped; wait for every keyed lease's key to be deleted.
         deadlines = {f"{KEY_PREFIX}{index:06d}": last_acked_send[lease_ids[index]] + args.ttl_s
-                     for index in range(args.keyed)}
+                     for index in range(args.keyed) if f"{KEY_PREFIX}{index:06d}" not in attach_failed}
         give_up = max(deadlines.values(), default=stopped_at) + EXPIRY_MARGIN_S
         while len(seen) < len(deadlines) and time.monotonic() < give_up:
             await asyncio.sleep(0.1)
@@ -258,6 +279,8 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
         "expiry_latency_s": percentiles(after_stop), "expired_after_stop": len(after_stop),
         "keyed_expired_before_stop": len([key for key, deadline in deadlines.items() if deadline < stopped_at]),
         "keyed_never_seen_deleted": len([key for key in deadlines if key not in seen]), "keyed": args.keyed,
+        "keepalive_errors": totals["errors"], "attach_failed": totals["attach_failed"],
+        "grant_failed": totals["grant_failed"], "last_error": totals["last_error"],
     }
 
 
