@@ -7,6 +7,7 @@ the data commands are in app/cli_data.py.
     metakv status [--url http://127.0.0.1:8001]
     metakv repair --data-dir ./data/1 (--verify | --truncate-at OFFSET) [--dry-run]
     metakv get | put | del | list | watch | txn | snapshot ...   (app/cli_data.py)
+    metakv lock | elect | lease ...                              (app/cli_coord.py)
 
 Bad flags or configuration exit with code 2 and one line on stderr (argparse's multi-line
 usage dump is replaced, so scripts and people see just what is wrong).
@@ -34,6 +35,7 @@ from typing import Any, NoReturn
 import uvicorn
 
 from app.auth import AuthFileError, load_auth_policy
+from app.cli_coord import COORDINATION_COMMANDS, add_coordination_commands, split_lock_command
 from app.cli_data import DATA_COMMANDS, add_data_commands, run_data_command
 from app.config import (
     SERVE_SETTINGS,
@@ -171,12 +173,16 @@ def _build_parser() -> _Parser:
                         help="remove every record at OFFSET and above (the node re-fetches them)")
     repair.add_argument("--dry-run", action="store_true", help="say what --truncate-at would remove")
     add_data_commands(commands)
+    add_coordination_commands(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = _build_parser().parse_args(argv)
+        words, lock_command = split_lock_command(sys.argv[1:] if argv is None else argv)
+        args = _build_parser().parse_args(words)
+        if lock_command:
+            args.cmd = lock_command
         if args.command == "serve":
             config = build_node_config(vars(args), config_path=args.config)
             return serve(config)
@@ -188,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return certs(args)
         if args.command in DATA_COMMANDS:
             return run_data_command(args)
+        if args.command in COORDINATION_COMMANDS:
+            return run_data_command(args, COORDINATION_COMMANDS)
         return status(args)
     except UsageError as exc:
         print(exc, file=sys.stderr)

@@ -33,8 +33,8 @@ KEY_MAX_BYTES = 1024  # the API's bound (docs/http.md): refused here with exit 2
 DATA_COMMANDS = frozenset({"get", "put", "del", "list", "watch", "txn", "snapshot"})
 
 
-def add_data_commands(commands: Any) -> None:
-    """Add the data commands to ``metakv``'s subcommands (an argparse subparsers action)."""
+def common_options() -> argparse.ArgumentParser:
+    """The options every command talking to a cluster takes (an argparse parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--endpoints", default=os.environ.get("METAKV_ENDPOINTS", DEFAULT_ENDPOINTS),
                         help=f"comma-separated node URLs [env METAKV_ENDPOINTS] (default {DEFAULT_ENDPOINTS})")
@@ -44,6 +44,12 @@ def add_data_commands(commands: Any) -> None:
                         help="json (default: one JSON document per line), table, or value (the raw value; "
                              "a write's version)")
     common.add_argument("--timeout-ms", default="15000", help="give up on the cluster after this long (default 15000)")
+    return common
+
+
+def add_data_commands(commands: Any) -> None:
+    """Add the data commands to ``metakv``'s subcommands (an argparse subparsers action)."""
+    common = common_options()
     reads = argparse.ArgumentParser(add_help=False)
     reads.add_argument("--consistency", default="local", metavar="{local,leader,linearizable}",
                        help="local (default: the first endpoint's node, which may lag), leader (the "
@@ -82,8 +88,12 @@ def add_data_commands(commands: Any) -> None:
     restore.add_argument("--data-dir", required=True, help="the new data directory (absent or empty)")
 
 
-def run_data_command(args: argparse.Namespace) -> int:
-    """Run one data command; ``ConfigError`` for bad input, exit 1 for a cluster error."""
+ClientCommand = Callable[[Client, argparse.Namespace, str], int]
+
+
+def run_data_command(args: argparse.Namespace, handlers: dict[str, ClientCommand] | None = None) -> int:
+    """Run one data command (of ``handlers``, default the data commands' own) with a client
+    built from the common options; ``ConfigError`` for bad input, exit 1 for a cluster error."""
     if args.command == "snapshot" and args.snapshot_command == "restore":
         return _restore(args)
     output = _choice("--output", args.output, OUTPUTS)
@@ -91,7 +101,7 @@ def run_data_command(args: argparse.Namespace) -> int:
     endpoints = [parse_url("--endpoints", url) for url in str(args.endpoints).split(",") if url.strip()]
     if not endpoints:
         raise ConfigError("--endpoints: no URL given")
-    command = COMMANDS["snapshot" if args.command == "snapshot" else args.command]
+    command = (handlers or COMMANDS)[args.command]
     try:
         with Client(endpoints, token=args.token, timeout_s=timeout_s,
                     retry=RetryPolicy(deadline_s=timeout_s)) as client:
@@ -103,15 +113,16 @@ def run_data_command(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except InvalidRequest as exc:  # the cluster refused the input as malformed: bad input too
-        raise ConfigError(_one_line(exc)) from None
+        raise ConfigError(one_line(exc)) from None
     except MetakvError as exc:
-        print(f"metakv: {_one_line(exc)}", file=sys.stderr)
+        print(f"metakv: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
 
 
-def _one_line(exc: MetakvError) -> str:
+def one_line(exc: MetakvError) -> str:
+    """A client error as one line: its title and detail."""
     text = f"{exc.title}: {exc.detail}" if exc.detail else exc.title
     return " ".join(text.split())
 
@@ -122,7 +133,7 @@ def _choice(name: str, raw: str, choices: Sequence[str]) -> str:
     return raw
 
 
-def _key(raw: str) -> str:
+def checked_key(raw: str) -> str:
     if not raw or "\x00" in raw:
         raise ConfigError("KEY: must be non-empty and hold no NUL")
     if len(raw.encode("utf-8", "surrogateescape")) > KEY_MAX_BYTES:
@@ -137,7 +148,7 @@ def _version(name: str, raw: str | None) -> int | None:
 # ---------------------------------------------------------------------------- output
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     print(json.dumps(value, ensure_ascii=False, separators=(",", ":")), flush=True)
 
 
@@ -153,7 +164,7 @@ def _cell(value: bytes | None) -> str:
     return shown["value"] if "encoding" not in shown else f"<{len(value)} bytes>"
 
 
-def _print_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[str(cell) for cell in row] for row in [header, *rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
@@ -172,7 +183,7 @@ WATCH_ROW = "{:<7} {:<12} {}  {}"  # a watch's table streams: fixed widths, not 
 
 
 def _get(client: Client, args: argparse.Namespace, output: str) -> int:
-    key = _key(args.key)
+    key = checked_key(args.key)
     found = client.get(key, consistency=_choice("--consistency", args.consistency, ("local", "leader", "linearizable")))
     if found is None:
         print(f"metakv: Key not found: {key!r}", file=sys.stderr)
@@ -180,14 +191,14 @@ def _get(client: Client, args: argparse.Namespace, output: str) -> int:
     if output == "value":
         _write_value(found.value, newline=False)
     elif output == "table":
-        _print_table(KEY_HEADER, _key_rows([found]))
+        print_table(KEY_HEADER, _key_rows([found]))
     else:
-        _print_json(found.as_json())
+        print_json(found.as_json())
     return 0
 
 
 def _put(client: Client, args: argparse.Namespace, output: str) -> int:
-    key = _key(args.key)
+    key = checked_key(args.key)
     if_version = _version("--if-version", args.if_version)
     value: bytes | str = args.value if args.value is not None else sys.stdin.buffer.read()
     if args.create:
@@ -199,7 +210,7 @@ def _put(client: Client, args: argparse.Namespace, output: str) -> int:
 
 
 def _delete(client: Client, args: argparse.Namespace, output: str) -> int:
-    result = client.delete(_key(args.key), if_version=_version("--if-version", args.if_version))
+    result = client.delete(checked_key(args.key), if_version=_version("--if-version", args.if_version))
     _print_write(output, {"key": result.key, "version": result.version, "deleted": result.deleted})
     return 0
 
@@ -208,9 +219,9 @@ def _print_write(output: str, result: dict[str, Any]) -> None:
     if output == "value":
         print(result["version"])
     elif output == "table":
-        _print_table([name.upper() for name in result], [list(result.values())])
+        print_table([name.upper() for name in result], [list(result.values())])
     else:
-        _print_json(result)
+        print_json(result)
 
 
 def _list(client: Client, args: argparse.Namespace, output: str) -> int:
@@ -221,11 +232,11 @@ def _list(client: Client, args: argparse.Namespace, output: str) -> int:
         for kv in listing.items:
             _write_value(kv.key.encode() if args.keys_only else kv.value, newline=True)
     elif output == "table":
-        _print_table(KEY_HEADER, _key_rows(listing.items))
+        print_table(KEY_HEADER, _key_rows(listing.items))
     else:
         items = [{key: value for key, value in kv.as_json().items()
                   if not (args.keys_only and key in ("value", "encoding"))} for kv in listing.items]
-        _print_json({"version": listing.version, "items": items, "next": listing.next_key})
+        print_json({"version": listing.version, "items": items, "next": listing.next_key})
     return 0
 
 
@@ -249,7 +260,7 @@ def _print_event(event: Event, output: str) -> None:
     elif output == "table":
         print(WATCH_ROW.format(event.type, event.mod_version, event.key, _cell(event.value)), flush=True)
     else:
-        _print_json(event.as_json())
+        print_json(event.as_json())
 
 
 def _txn(client: Client, args: argparse.Namespace, output: str) -> int:
@@ -272,9 +283,9 @@ def _txn(client: Client, args: argparse.Namespace, output: str) -> int:
         return 0
     results = [{k: v for k, v in r.items() if k != "kv"} for r in result.results]
     if output == "table":
-        _print_table(("SUCCEEDED", "VERSION", "RESULTS"), [(result.succeeded, result.version, json.dumps(results))])
+        print_table(("SUCCEEDED", "VERSION", "RESULTS"), [(result.succeeded, result.version, json.dumps(results))])
     else:
-        _print_json({"succeeded": result.succeeded, "version": result.version, "results": results,
+        print_json({"succeeded": result.succeeded, "version": result.version, "results": results,
                      "failed_compares": result.failed_compares})
     return 0
 
@@ -306,6 +317,6 @@ def _restore(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[Client, argparse.Namespace, str], int]] = {
+COMMANDS: dict[str, ClientCommand] = {
     "get": _get, "put": _put, "del": _delete, "list": _list, "watch": _watch, "txn": _txn, "snapshot": _save,
 }

@@ -365,6 +365,8 @@ KNOWN_ENV_VARS: frozenset[str] = frozenset({
     "METAKV_TOKEN",  # status, cluster up: bearer token
     "METAKV_URL",  # status: the node to ask
     "METAKV_ENDPOINTS",  # the data commands (app/cli_data.py): the nodes to talk to
+    "METAKV_LOCK_KEY",  # `metakv lock` exports them to its command (app/cli_coord.py)
+    "METAKV_LOCK_VERSION",
     "METAKV_FAILPOINTS",  # storage/failpoints.py: fault injection in tests
     "METAKV_CRASH_ITERATIONS",  # tests/storage/test_crash.py
     "METAKV_BENCH_TRACE_OUT",  # loadtest/bench_write_path.py

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Unpack
 
@@ -24,7 +25,8 @@ from metakv.core import (
     PlanRun,
     ResultT,
 )
-from metakv.errors import MetakvError
+from metakv.errors import ClientClosed, MetakvError, raised_unless_failing
+from metakv.leases import LeaseCore, LeaseInfo, LeaseSummary
 from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
 from metakv.routing import CLIENT_ERRORS, Call, closed_error
@@ -40,6 +42,30 @@ class AsyncTxn(TxnBuilder):
 
     async def commit(self) -> TxnResult:
         return await self._client.run(self._client.txn_plan(self.request()))
+
+
+class AsyncLease(LeaseCore):
+    """See ``metakv.Lease``: kept alive by the client's keep-alive task; ``done`` is an
+    ``asyncio.Event`` and ``revoke`` a coroutine."""
+
+    def __init__(self, client: AsyncClient, lease_id: int, ttl_s: int, granted_version: int,
+                 sent_at: float) -> None:
+        super().__init__(lease_id, ttl_s, granted_version, sent_at)
+        self.done = asyncio.Event()
+        self._client = client
+
+    def notify_lost(self) -> None:
+        self.done.set()
+
+    async def revoke(self) -> int | None:
+        return await self._client.revoke(self)
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        with raised_unless_failing(exc_type):
+            await self.revoke()
 
 
 class AsyncClient(ClientCore):
@@ -58,10 +84,18 @@ class AsyncClient(ClientCore):
             max_connections=per_shard, max_keepalive_connections=per_shard)}
         self._pools = [httpx.AsyncClient(transport=transport, **settings) for _ in range(shards)]
         self._next_pool = 0
+        self._keeper: asyncio.Task[None] | None = None
+        self._keeper_wake: asyncio.Event | None = None
 
     async def aclose(self) -> None:
+        """See ``Client.close``."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
         for pool in self._pools:
             await pool.aclose()
+        self.keepalives.end_all("the client was closed")
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -103,11 +137,12 @@ class AsyncClient(ClientCore):
         return await self.run(self.get_plan(key, consistency, min_version, at_version, wait_ms))
 
     async def put(self, key: str, value: bytes | str, *, content_type: str | None = None,
-                  if_version: int | None = None) -> PutResult:
-        return await self.run(self.put_plan(key, value, content_type, if_version))
+                  if_version: int | None = None, lease: int | AsyncLease | None = None) -> PutResult:
+        return await self.run(self.put_plan(key, value, content_type, if_version, lease=lease))
 
-    async def create(self, key: str, value: bytes | str, *, content_type: str | None = None) -> PutResult:
-        return await self.run(self.put_plan(key, value, content_type, None, create_only=True))
+    async def create(self, key: str, value: bytes | str, *, content_type: str | None = None,
+                     lease: int | AsyncLease | None = None) -> PutResult:
+        return await self.run(self.put_plan(key, value, content_type, None, create_only=True, lease=lease))
 
     async def delete(self, key: str, *, if_version: int | None = None) -> DeleteResult:
         return await self.run(self.delete_plan(key, if_version))
@@ -123,6 +158,39 @@ class AsyncClient(ClientCore):
     async def cas_loop(self, key: str, update: CasUpdate, *, content_type: str | None = None,
                        max_attempts: int = CAS_MAX_ATTEMPTS) -> PutResult:
         return await self.run(self.cas_plan(key, update, content_type, max_attempts))
+
+    async def lease(self, ttl_s: int, *, lease_id: int | None = None) -> AsyncLease:
+        """See ``Client.lease``; kept alive by a task on the running loop."""
+        granted_id, ttl, version, sent_at = await self.run(self.grant_plan(ttl_s, lease_id))
+        lease = AsyncLease(self, granted_id, ttl, version, sent_at)
+        self.keepalives.add(lease)
+        if self._keeper is None or self._keeper_wake is None:
+            self._keeper_wake = asyncio.Event()
+            self._keeper = asyncio.get_running_loop().create_task(self._keep_alive(self._keeper_wake))
+        self._keeper_wake.set()
+        return lease
+
+    async def revoke(self, lease: int | AsyncLease) -> int | None:
+        return await self.run(self.revoke_plan(lease))
+
+    async def lease_info(self, lease: int | AsyncLease, *, keys: bool = False) -> LeaseInfo:
+        return await self.run(self.lease_info_plan(lease, keys))
+
+    async def leases(self) -> list[LeaseSummary]:
+        return await self.run(self.leases_plan())
+
+    async def keep_alive_once(self, lease: int | AsyncLease) -> int:
+        return await self.run(self.keep_alive_once_plan(lease))
+
+    async def _keep_alive(self, wake: asyncio.Event) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.keepalives.wait_s())
+            wake.clear()
+            try:
+                await self.run(self.keepalives.round_plan())
+            except ClientClosed:
+                return
 
     async def status(self) -> dict[str, Any]:
         return parse_status(await self.call(Request("GET", "/v1/status")))

@@ -12,6 +12,7 @@ logic is in metakv/core.py (plans), routing and retries in metakv/routing.py.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Unpack
@@ -28,7 +29,8 @@ from metakv.core import (
     PlanRun,
     ResultT,
 )
-from metakv.errors import MetakvError
+from metakv.errors import ClientClosed, MetakvError, raised_unless_failing
+from metakv.leases import LeaseCore, LeaseInfo, LeaseSummary
 from metakv.protocol import Answer, Request, WatchCursor, parse_status
 from metakv.results import DeleteResult, Event, KeyValue, ListResult, PutResult, TxnResult
 from metakv.routing import CLIENT_ERRORS, Call, closed_error
@@ -46,6 +48,31 @@ class Txn(TxnBuilder):
         return self._client.run(self._client.txn_plan(self.request()))
 
 
+class Lease(LeaseCore):
+    """A lease the client keeps alive in its keep-alive thread until ``revoke`` (or the end
+    of its ``with`` block). ``done`` is set when it ends; see ``metakv.leases.LeaseCore``."""
+
+    def __init__(self, client: Client, lease_id: int, ttl_s: int, granted_version: int, sent_at: float) -> None:
+        super().__init__(lease_id, ttl_s, granted_version, sent_at)
+        self.done = threading.Event()
+        self._client = client
+
+    def notify_lost(self) -> None:
+        self.done.set()
+
+    def revoke(self) -> int | None:
+        """Revoke it: every key attached goes in one version. The number of keys deleted
+        (None: the cluster no longer knew the lease)."""
+        return self._client.revoke(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        with raised_unless_failing(exc_type):
+            self.revoke()
+
+
 class Client(ClientCore):
     """A metakv cluster: ``endpoints`` is a comma-separated string or a list of node URLs;
     ``options`` are ``metakv.core.ClientOptions``. ``transport`` replaces httpx's (tests)."""
@@ -54,9 +81,20 @@ class Client(ClientCore):
                  **options: Unpack[ClientOptions]) -> None:
         super().__init__(endpoints, options)
         self._http = httpx.Client(transport=transport, **self.http_settings)
+        self._keeper: threading.Thread | None = None
+        self._keeper_wake = threading.Event()
+        self._closing = threading.Event()
+        self._keeper_guard = threading.Lock()
 
     def close(self) -> None:
+        """Close the connections; leases still held end for this client (and expire on the
+        cluster after their TTL: closing does not revoke them)."""
+        self._closing.set()
+        self._keeper_wake.set()
         self._http.close()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(timeout=self.timeout_s)
+        self.keepalives.end_all("the client was closed")
 
     def __enter__(self) -> Client:
         return self
@@ -104,17 +142,19 @@ class Client(ClientCore):
         return self.run(self.get_plan(key, consistency, min_version, at_version, wait_ms))
 
     def put(self, key: str, value: bytes | str, *, content_type: str | None = None,
-            if_version: int | None = None) -> PutResult:
+            if_version: int | None = None, lease: int | Lease | None = None) -> PutResult:
         """Set the key. ``if_version``: only if its mod_version is that (0: missing), else
         ``Conflict``. Without a condition (or with 0) an unknown outcome raises
         ``Indeterminate``; with ``if_version >= 1`` the client re-sends it, since it can
-        apply at most once."""
-        return self.run(self.put_plan(key, value, content_type, if_version))
+        apply at most once. ``lease``: attach the key to it (deleted when it ends; a lost
+        ``Lease`` raises ``LeaseLost``, a lease the cluster does not know ``LeaseNotFound``)."""
+        return self.run(self.put_plan(key, value, content_type, if_version, lease=lease))
 
-    def create(self, key: str, value: bytes | str, *, content_type: str | None = None) -> PutResult:
+    def create(self, key: str, value: bytes | str, *, content_type: str | None = None,
+               lease: int | Lease | None = None) -> PutResult:
         """Set the key only if it does not exist, else ``Conflict``; an unknown outcome
         raises ``Indeterminate`` (never re-sent: a delete in between would let it apply twice)."""
-        return self.run(self.put_plan(key, value, content_type, None, create_only=True))
+        return self.run(self.put_plan(key, value, content_type, None, create_only=True, lease=lease))
 
     def delete(self, key: str, *, if_version: int | None = None) -> DeleteResult:
         return self.run(self.delete_plan(key, if_version))
@@ -133,6 +173,52 @@ class Client(ClientCore):
         """Read the key, write ``update(value or None)`` if it did not change meanwhile; on a
         lost race, again (at most ``max_attempts`` times, then ``Conflict``)."""
         return self.run(self.cas_plan(key, update, content_type, max_attempts))
+
+    # ------------------------------------------------------------------ leases
+
+    def lease(self, ttl_s: int, *, lease_id: int | None = None) -> Lease:
+        """Grant a lease of ``ttl_s`` seconds (the cluster may raise it to its minimum: see
+        ``ttl_s``) and keep it alive in the background until revoked or lost."""
+        granted_id, ttl, version, sent_at = self.run(self.grant_plan(ttl_s, lease_id))
+        lease = Lease(self, granted_id, ttl, version, sent_at)
+        self.keepalives.add(lease)
+        self._start_keeper()
+        return lease
+
+    def revoke(self, lease: int | Lease) -> int | None:
+        """Revoke a lease (a ``Lease`` or an id): see ``Lease.revoke``."""
+        return self.run(self.revoke_plan(lease))
+
+    def lease_info(self, lease: int | Lease, *, keys: bool = False) -> LeaseInfo:
+        """The lease's TTL and time left (the leader's), and its keys with ``keys=True``;
+        ``LeaseNotFound`` when the cluster does not know it."""
+        return self.run(self.lease_info_plan(lease, keys))
+
+    def leases(self) -> list[LeaseSummary]:
+        """Every live lease of the cluster."""
+        return self.run(self.leases_plan())
+
+    def keep_alive_once(self, lease: int | Lease) -> int:
+        """One keep-alive of a lease by id (this client need not hold it): its TTL, restarted."""
+        return self.run(self.keep_alive_once_plan(lease))
+
+    def _start_keeper(self) -> None:
+        with self._keeper_guard:
+            if self._keeper is None:
+                self._keeper = threading.Thread(target=self._keep_alive, name="metakv-keepalive", daemon=True)
+                self._keeper.start()
+        self._keeper_wake.set()
+
+    def _keep_alive(self) -> None:
+        while not self._closing.is_set():
+            self._keeper_wake.wait(self.keepalives.wait_s())
+            self._keeper_wake.clear()
+            if self._closing.is_set():
+                return
+            try:
+                self.run(self.keepalives.round_plan())
+            except ClientClosed:
+                return
 
     # ------------------------------------------------------------------ watch
 

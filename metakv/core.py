@@ -13,12 +13,30 @@ after any failover, answers from a state older than one this client already saw 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import httpx
 
 from metakv.errors import Conflict, InvalidRequest, MetakvError
+from metakv.leases import (
+    KeepAliveSchedule,
+    LeaseCore,
+    LeaseInfo,
+    LeaseSummary,
+    grant_request,
+    info_request,
+    keepalive_one_request,
+    lease_id_of,
+    parse_grant,
+    parse_info,
+    parse_revoke,
+    parse_ttl,
+    revoke_request,
+)
+from metakv.leases import list_request as lease_list_request
+from metakv.leases import parse_list as parse_lease_list
 from metakv.protocol import (
     Answer,
     Request,
@@ -100,6 +118,7 @@ class ClientCore:
             max_connections=connections, max_keepalive_connections=connections)}
         self._seen_version = 0
         self._seen_lock = threading.Lock()
+        self.keepalives = KeepAliveSchedule()  # this client's leases (metakv/leases.py)
 
     def new_call(self, request: Request) -> Call:
         return Call(request, self.endpoints, self.retry)
@@ -139,8 +158,9 @@ class ClientCore:
         return parse_get(key, (yield get_request(key, params)))
 
     def put_plan(self, key: str, value: bytes | str, content_type: str | None, if_version: int | None,
-                 create_only: bool = False) -> Plan[PutResult]:
-        result = parse_put((yield put_request(key, value, content_type, if_version, create_only)))
+                 create_only: bool = False, lease: int | LeaseCore | None = None) -> Plan[PutResult]:
+        lease_id = None if lease is None else lease_id_of(lease)
+        result = parse_put((yield put_request(key, value, content_type, if_version, create_only, lease_id)))
         self.observe(result.version)
         return result
 
@@ -186,3 +206,31 @@ class ClientCore:
                 lost = exc
         raise Conflict("Precondition failed", f"cas_loop on {key!r} lost the race {max_attempts} times in a row",
                        current_version=lost.current_version if lost else 0, problem=lost.problem if lost else None)
+
+    # ------------------------------------------------------------------ leases
+
+    def grant_plan(self, ttl_s: int, lease_id: int | None) -> Plan[tuple[int, int, int, float]]:
+        """``(id, ttl_s, version, sent_at)``: ``sent_at`` starts the holder's own deadline."""
+        sent_at = time.monotonic()
+        granted_id, ttl, version = parse_grant((yield grant_request(ttl_s, lease_id)))
+        self.observe(version)
+        return granted_id, ttl, version, sent_at
+
+    def revoke_plan(self, lease: int | LeaseCore) -> Plan[int | None]:
+        """End the lease (locally first: nothing more is done under it), then on the cluster."""
+        if isinstance(lease, LeaseCore):
+            self.keepalives.remove(lease.id)
+            lease.end("revoked by its holder")
+        deleted_keys = parse_revoke((yield revoke_request(lease.id if isinstance(lease, LeaseCore)
+                                                          else lease_id_of(lease))))
+        return deleted_keys
+
+    def lease_info_plan(self, lease: int | LeaseCore, keys: bool) -> Plan[LeaseInfo]:
+        lease_id = lease.id if isinstance(lease, LeaseCore) else lease_id_of(lease)
+        return parse_info((yield info_request(lease_id, keys)))
+
+    def leases_plan(self) -> Plan[list[LeaseSummary]]:
+        return parse_lease_list((yield lease_list_request()))
+
+    def keep_alive_once_plan(self, lease: int | LeaseCore) -> Plan[int]:
+        return parse_ttl((yield keepalive_one_request(lease_id_of(lease))))

@@ -8,7 +8,9 @@ exception escapes the client.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 PROBLEM_TYPE_PREFIX = "urn:metakv:problem:"
@@ -34,6 +36,21 @@ class MetakvError(Exception):
 class InvalidRequest(MetakvError):
     """The cluster refused the request as malformed or too large (400, 404, 405, 413, 422):
     retrying it unchanged cannot succeed."""
+
+
+class LeaseNotFound(InvalidRequest):
+    """404 ``lease-not-found``: the cluster does not know the lease (never granted, revoked
+    or expired); a put with it wrote nothing."""
+
+
+class LeaseLost(MetakvError):
+    """A ``Lease`` this client held has ended (the cluster reported it gone, or no keep-alive
+    was acknowledged for a whole TTL): nothing may be done under it any more."""
+
+    def __init__(self, title: str, detail: str = "", *, lease_id: int, status: int = 0,
+                 problem: dict[str, Any] | None = None) -> None:
+        super().__init__(title, detail, status=status, problem=problem)
+        self.lease_id = lease_id
 
 
 class Unauthorized(MetakvError):
@@ -121,6 +138,8 @@ def error_from_answer(status: int, content: bytes) -> MetakvError:
     kinds: dict[int, type[MetakvError]] = {401: Unauthorized, 403: Forbidden, 503: Unavailable}
     if status in kinds:
         return kinds[status](title, detail, status=status, problem=problem)
+    if status == 404 and str(problem.get("type", "")).endswith(":lease-not-found"):
+        return LeaseNotFound(title, detail, status=status, problem=problem)
     if 400 <= status < 500:
         return InvalidRequest(title, detail, status=status, problem=problem)
     return ServerError(title, detail, status=status, problem=problem)
@@ -128,3 +147,15 @@ def error_from_answer(status: int, content: bytes) -> MetakvError:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@contextlib.contextmanager
+def raised_unless_failing(exc_type: type[BaseException] | None) -> Iterator[None]:
+    """For an ``__exit__`` that cleans up through the cluster (revoke, release): its own
+    ``MetakvError`` is raised only when the block did not fail already, whose error is the
+    one to see (the lease frees whatever the cleanup could not)."""
+    try:
+        yield
+    except MetakvError:
+        if exc_type is None:
+            raise

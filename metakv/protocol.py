@@ -57,6 +57,7 @@ class Request:
     ok_statuses: frozenset[int] = OK
     timeout_s: float | None = None  # None: the client's own timeout
     long_poll: bool = False  # the server may hold it open for long (a watch): see Call's deadline
+    deadline_s: float | None = None  # None: the retry policy's (a keep-alive gives up sooner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,8 @@ def parse_get(key: str, answer: Answer) -> KeyValue | None:
     create_version = header_int(headers, "x-create-version")
     if mod_version is None or create_version is None:
         raise ServerError("Malformed answer", f"GET {key!r} answered without ETag or X-Create-Version")
-    return KeyValue(key, answer.content, headers.get("content-type", ""), mod_version, create_version)
+    return KeyValue(key, answer.content, headers.get("content-type", ""), mod_version, create_version,
+                    header_int(headers, "x-lease") or 0)
 
 
 def list_request(prefix: str, limit: int, after: str | None, keys_only: bool,
@@ -166,7 +168,7 @@ def applies_at_most_once(if_version: int | None) -> bool:
 
 
 def put_request(key: str, value: bytes | str, content_type: str | None, if_version: int | None,
-                create_only: bool) -> Request:
+                create_only: bool, lease_id: int | None = None) -> Request:
     body, media_type = value_bytes(value, content_type)
     if media_type is not None and not (media_type.isascii() and media_type.isprintable()):
         raise InvalidRequest("Invalid Content-Type", f"{media_type!r}: a media type is printable ASCII")
@@ -175,8 +177,8 @@ def put_request(key: str, value: bytes | str, content_type: str | None, if_versi
         headers["If-Match"] = f'"{if_version}"'
     if create_only:
         headers["If-None-Match"] = "*"
-    return Request("PUT", key_path(key), headers, body, target_leader=True, writes=True,
-                   safe_to_resend=applies_at_most_once(if_version))
+    return Request("PUT", with_query(key_path(key), {"lease": lease_id}), headers, body, target_leader=True,
+                   writes=True, safe_to_resend=applies_at_most_once(if_version))
 
 
 @parses_answer

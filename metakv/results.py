@@ -19,6 +19,7 @@ class KeyValue:
     content_type: str
     mod_version: int
     create_version: int
+    lease: int = 0  # the lease the key is attached to (0: none)
 
     @property
     def text(self) -> str:
@@ -27,7 +28,8 @@ class KeyValue:
     def as_json(self) -> dict[str, Any]:
         """The key as JSON members (the value a string when it is UTF-8, else base64)."""
         return {"key": self.key, **value_members(self.value), "content_type": self.content_type,
-                "mod_version": self.mod_version, "create_version": self.create_version}
+                "mod_version": self.mod_version, "create_version": self.create_version,
+                **({"lease": self.lease} if self.lease else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +64,15 @@ class Event:
     mod_version: int
     value: bytes | None = None
     content_type: str | None = None
+    reason: str | None = None  # a delete by a lease: "lease-expired" or "lease-revoked"
 
     def as_json(self) -> dict[str, Any]:
         members: dict[str, Any] = {"type": self.type, "key": self.key, "mod_version": self.mod_version}
         if self.value is not None:
             members.update(value_members(self.value))
             members["content_type"] = self.content_type
+        if self.reason is not None:
+            members["reason"] = self.reason
         return members
 
 
@@ -107,7 +112,7 @@ def decode_value(item: dict[str, Any]) -> bytes:
 def key_value_of(item: dict[str, Any]) -> KeyValue:
     """A list item or a txn get's result as a ``KeyValue``."""
     return KeyValue(str(item["key"]), decode_value(item), str(item.get("content_type", "")),
-                    int(item["mod_version"]), int(item["create_version"]))
+                    int(item["mod_version"]), int(item["create_version"]), int(item.get("lease") or 0))
 
 
 def event_of(item: dict[str, Any]) -> Event:
@@ -115,4 +120,6 @@ def event_of(item: dict[str, Any]) -> Event:
     if kind not in ("put", "delete"):
         raise ServerError("Malformed answer", f"unknown event type {kind!r}")
     value = decode_value(item) if kind == "put" and "value" in item else None
-    return Event(kind, str(item["key"]), int(item["mod_version"]), value, item.get("content_type"))
+    reason = item.get("reason")
+    return Event(kind, str(item["key"]), int(item["mod_version"]), value, item.get("content_type"),
+                 str(reason) if reason is not None else None)

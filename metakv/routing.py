@@ -154,7 +154,7 @@ class Call:
         self.policy = policy
         self._clock = clock
         self._rng = rng or random.Random()
-        self._deadline = clock() + policy.deadline_s
+        self._deadline = clock() + (policy.deadline_s if request.deadline_s is None else request.deadline_s)
         self._failures = 0
         self._not_reached = 0  # 504 version-not-reached answers: one try per endpoint
         self._redirects = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Self
 
+from metakv.leases import LeaseCore, lease_id_of
 from metakv.protocol import Request, txn_request, value_bytes
 
 
@@ -21,11 +22,13 @@ def _value_members(value: bytes | str) -> dict[str, str]:
     return {"value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
 
 
-def _put_op(key: str, value: bytes | str, content_type: str | None) -> dict[str, Any]:
+def _put_op(key: str, value: bytes | str, content_type: str | None, lease: int | LeaseCore | None) -> dict[str, Any]:
     _, media_type = value_bytes(value, content_type)
     op: dict[str, Any] = {"op": "put", "key": key, **_value_members(value)}
     if media_type:
         op["content_type"] = media_type
+    if lease is not None:
+        op["lease"] = lease_id_of(lease)
     return op
 
 
@@ -51,8 +54,10 @@ class TxnBuilder:
         self.compare.append({"key": key, **_value_members(value)})
         return self
 
-    def then_put(self, key: str, value: bytes | str, content_type: str | None = None) -> Self:
-        self.success.append(_put_op(key, value, content_type))
+    def then_put(self, key: str, value: bytes | str, content_type: str | None = None,
+                 lease: int | LeaseCore | None = None) -> Self:
+        """``lease``: attach the key to it (a ``Lease`` or its id)."""
+        self.success.append(_put_op(key, value, content_type, lease))
         return self
 
     def then_delete(self, key: str) -> Self:
@@ -63,8 +68,9 @@ class TxnBuilder:
         self.success.append({"op": "get", "key": key})
         return self
 
-    def else_put(self, key: str, value: bytes | str, content_type: str | None = None) -> Self:
-        self.failure.append(_put_op(key, value, content_type))
+    def else_put(self, key: str, value: bytes | str, content_type: str | None = None,
+                 lease: int | LeaseCore | None = None) -> Self:
+        self.failure.append(_put_op(key, value, content_type, lease))
         return self
 
     def else_delete(self, key: str) -> Self:

@@ -32,7 +32,7 @@ UI_PATH = "/ui"
 DATA_PATH_PREFIX = "/ui/api/"  # the dashboard's JSON routes: behind auth, not served here
 KEY_PAGE_PREFIX = "/ui/keys/"
 # Typed with a trailing slash, these mean the page without it (/ui/keys/ is no key's page).
-SLASHED_PAGES = frozenset({UI_PATH + "/", "/ui/keys/", "/ui/watch/"})
+SLASHED_PAGES = frozenset({UI_PATH + "/", "/ui/keys/", "/ui/watch/", "/ui/leases/"})
 SECURITY_HEADERS = [
     (b"content-security-policy",
      b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -98,11 +98,15 @@ def page_routes(service: KVService, mode: UiMode) -> Router:
     async def watch(request: Request) -> Response:
         return render("watch.html", "watch", prefix=request.query_params.get("prefix", ""))
 
+    async def leases(request: Request) -> Response:
+        return render("leases.html", "leases")
+
     return Router([
         Route(UI_PATH, cluster, methods=["GET"]),
         Route(f"{UI_PATH}/keys", keys, methods=["GET"]),
         Route(KEY_PAGE_PREFIX + "{key:path}", key, methods=["GET"]),
         Route(f"{UI_PATH}/watch", watch, methods=["GET"]),
+        Route(f"{UI_PATH}/leases", leases, methods=["GET"]),
         Route(f"{UI_PATH}/static/{{name}}", assets.serve, methods=["GET"]),
     ])
 

@@ -20,7 +20,7 @@ from tests.http.service_double import InProcessService
 
 pytestmark = pytest.mark.anyio
 XSS_KEY = "<img src=x onerror=alert(1)>/\"quoted\" & 'single'"
-PAGES = ["/ui", "/ui/keys?prefix=a/b/", "/ui/keys/a/b", "/ui/watch?prefix=a/"]
+PAGES = ["/ui", "/ui/keys?prefix=a/b/", "/ui/keys/a/b", "/ui/watch?prefix=a/", "/ui/leases"]
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ async def test_every_page_is_served_with_a_strict_policy_and_only_vendored_asset
         assert "<script>" not in response.text and " style=" not in response.text  # nothing inline
         for asset in ("/ui/static/common.js", "/ui/static/ui.css"):
             assert asset in response.text
-    for name in ("common.js", "cluster.js", "chart.js", "keys.js", "key.js", "watch.js", "ui.css"):
+    for name in ("common.js", "cluster.js", "chart.js", "keys.js", "key.js", "watch.js", "leases.js", "ui.css"):
         asset = await client.get(f"/ui/static/{name}")
         assert asset.status_code == 200 and asset.content, name
         text = asset.text.replace("http://www.w3.org/2000/svg", "")  # SVG's namespace name, not fetched
@@ -81,7 +81,8 @@ async def test_each_page_has_a_title_naming_what_it_shows(client: httpx.AsyncCli
                                                          service: InProcessService) -> None:
     """Tabs of a whole-store listing and feed were titled "keys  · node 1" (nothing named)."""
     titles = {"/ui": "cluster", "/ui/keys": "keys (root)", "/ui/keys?prefix=a/": "keys a/",
-              "/ui/watch": "watch (root)", "/ui/watch?prefix=a/": "watch a/", "/ui/keys/a/b": "key a/b"}
+              "/ui/watch": "watch (root)", "/ui/watch?prefix=a/": "watch a/", "/ui/keys/a/b": "key a/b",
+              "/ui/leases": "leases"}
     for path, title in titles.items():
         assert f"<title>metakv · {title} · node {service.node_id}</title>" in (await client.get(path)).text, path
 
