@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
-from app.etcd.mapping import prefix_end as prefix_end  # re-exported for the benchmarks
+
+def prefix_end(prefix: bytes) -> bytes:
+    """etcd's range_end for every key starting with ``prefix`` (clientv3.GetPrefixRangeEnd).
+    Not imported from app/etcd: the Locust image of the compose profile holds only loadtest/."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else b"\0"
+
 
 REDIRECTS_MAX = 3  # a write is re-sent at most this many times after 307
 TXN_OPS_MAX = 100  # preload batch size; etcd's default --max-txn-ops is 128

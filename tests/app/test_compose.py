@@ -48,7 +48,9 @@ def _local_nodes(compose: dict, root: Path) -> list[Node]:
         environment = {key: _expand(str(value), {}) for key, value in service["environment"].items()}
         assert all(key.startswith("METAKV_") for key in environment), "configured only through METAKV_*"
         container_http = int(environment["METAKV_LISTEN_HTTP"].rsplit(":", 1)[1])
-        host_port, container_port = (int(p) for p in service["ports"][0].split(":"))
+        host_address, host_port, container_port = service["ports"][0].split(":")
+        assert host_address == "127.0.0.1", "a public default secret: publish on loopback only"
+        container_port = int(container_port)
         assert container_port == container_http
         # Hostnames of the compose network -> loopback with each service's own local port.
         voters = environment["METAKV_VOTERS"]

@@ -47,7 +47,7 @@ def test_loadtest_profile_master_and_worker_run_a_scenario(metakv_cluster: Any) 
     for service in (master, worker):
         assert service["profiles"] == ["loadtest"]
         assert "./loadtest:/mnt/metakv/loadtest:ro" in service["volumes"]
-    node_ports = {service["ports"][0].split(":")[0] for service in services.values() if not service.get("profiles")}
+    node_ports = {service["ports"][0].split(":")[1] for service in services.values() if not service.get("profiles")}
     compose_endpoints = master["environment"]["LOADTEST_ENDPOINTS"].split(",")
     assert {endpoint.rsplit(":", 1)[1] for endpoint in compose_endpoints} <= node_ports
     assert master["environment"]["LOADTEST_STORE"] == "metakv"

@@ -35,7 +35,7 @@ def local_node(name: str, service: dict, ports: dict[str, tuple[int, int]], cert
     for other, (_, raft_port) in ports.items():
         voters = voters.replace(f"{other}:9001", f"127.0.0.1:{raft_port}")
     http_port, raft_port = ports[name]
-    host_port = service["ports"][0].split(":")[0]
+    host_port = service["ports"][0].split(":")[1]
     environment = {key: value.replace("/certs/", f"{certs}/") for key, value in environment.items()}
     environment.update({
         "METAKV_VOTERS": voters, "METAKV_LISTEN_HTTP": f"127.0.0.1:{http_port}",
