@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from app.etcd.protos import rpc_pb2
+from app.etcd.protos import kv_pb2, rpc_pb2
 from tests.etcd.conftest import Stubs
+from tests.etcd.test_watch import Stream
 
 pytestmark = pytest.mark.anyio
 NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found")
@@ -33,7 +34,17 @@ async def test_grant_attach_time_to_live_and_revoke_deletes_the_keys(etcd: Stubs
     assert 0 < ttl.TTL <= 30
     listed = await etcd.lease.LeaseLeases(rpc_pb2.LeaseLeasesRequest())
     assert [status.ID for status in listed.leases] == [lease.ID]
-    revoked = await etcd.lease.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=lease.ID))
+    watch = Stream(etcd)
+    try:
+        watch.create(key=b"svc/a", start_revision=got.kvs[0].mod_revision)
+        assert (await watch.next()).created
+        assert [event.kv.lease for event in (await watch.next()).events] == [lease.ID]
+        revoked = await etcd.lease.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=lease.ID))
+        deleted = (await watch.next()).events
+        assert [(event.type, event.kv.mod_revision) for event in deleted] == [
+            (kv_pb2.Event.DELETE, revoked.header.revision)]
+    finally:
+        watch.close()
     left = await etcd.kv.Range(rpc_pb2.RangeRequest(key=b"svc/", range_end=b"svc0"))
     assert [kv.key for kv in left.kvs] == [b"svc/keep"]
     assert left.header.revision == revoked.header.revision  # both keys went in one revision
