@@ -29,6 +29,9 @@ FUTURE_REVISION = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required rev
 EMPTY_KEY = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key is not provided")
 KEY_NOT_FOUND = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key not found")
 LEASE_NOT_FOUND = (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found")
+LEASE_EXISTS = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: lease already exists")
+LEASE_TTL_TOO_LARGE = (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large lease TTL")
+LEASE_PROVIDED = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: lease is provided")
 NO_LEADER = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
 TIMEOUT = (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
 LEADER_FAIL = (grpc.StatusCode.UNAVAILABLE,
@@ -64,6 +67,9 @@ def from_service_error(exc: service.ServiceError) -> EtcdError:
 
 _SERVICE_ERRORS: tuple[tuple[type[service.ServiceError], tuple[grpc.StatusCode, str]], ...] = (
     (service.VersionWaitTimeoutError, FUTURE_REVISION),
+    (service.LeaseNotFoundError, LEASE_NOT_FOUND),
+    (service.LeaseExistsError, LEASE_EXISTS),
+    (service.LeaseTtlError, LEASE_TTL_TOO_LARGE),
     (service.NotLeaderError, NO_LEADER),
     (service.WriteTooLargeError, TOO_LARGE),
     (service.WriteRejectedError, TIMEOUT),

@@ -91,6 +91,15 @@ def gateway_app(mapping: EtcdMapping) -> Starlette:
                     yield json.dumps({"result": _json(response)}).encode() + b"\n"
         return StreamingResponse(lines(), media_type="application/json")
 
+    async def keep_alive(request: Request) -> Response:
+        """grpc-gateway's stream of one request: the body's keep-alive, answered {"result": ...}."""
+        try:
+            body = await _body(request, rpc_pb2.LeaseKeepAliveRequest())
+            [answer] = await mapping.lease_keep_alive([body.ID])  # type: ignore[attr-defined]
+        except EtcdError as exc:
+            return _error(exc)
+        return JSONResponse({"result": _json(answer)})
+
     async def version(request: Request) -> Response:
         """etcd's /version: clients such as etcd3gw pick the API path from it."""
         return JSONResponse({"etcdserver": ETCD_API_VERSION, "etcdcluster": ETCD_API_VERSION})
@@ -109,6 +118,15 @@ def gateway_app(mapping: EtcdMapping) -> Starlette:
         Route("/v3/cluster/member/list", _unary(rpc_pb2.MemberListRequest, lambda _request: mapping.member_list()),
               methods=["POST"]),
         Route("/v3/watch", watch, methods=["POST"]),
+        Route("/v3/lease/grant", _unary(rpc_pb2.LeaseGrantRequest, mapping.lease_grant), methods=["POST"]),
+        Route("/v3/lease/keepalive", keep_alive, methods=["POST"]),
+        # etcd's gateway serves the /v3/kv/lease/ spellings too (older clients use them)
+        *(Route(f"{base}/{name}", _unary(request_type, call), methods=["POST"])
+          for base in ("/v3/lease", "/v3/kv/lease")
+          for name, request_type, call in (("revoke", rpc_pb2.LeaseRevokeRequest, mapping.lease_revoke),
+                                           ("timetolive", rpc_pb2.LeaseTimeToLiveRequest,
+                                            mapping.lease_time_to_live),
+                                           ("leases", rpc_pb2.LeaseLeasesRequest, mapping.lease_leases))),
         Route("/version", version, methods=["GET"]),
         Route("/v3/{rest:path}", not_implemented, methods=["POST", "GET"]),
     ]

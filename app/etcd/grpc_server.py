@@ -1,9 +1,11 @@
 """etcd's v3 gRPC services on the node's event loop (grpc.aio), each call handed to the
-mapping (app/etcd/mapping.py) or the watch streams (app/etcd/watch.py). Lease and Auth are
-not registered: gRPC answers their calls UNIMPLEMENTED."""
+mapping (app/etcd/mapping.py) or the watch streams (app/etcd/watch.py). Auth is not
+registered: gRPC answers its calls UNIMPLEMENTED."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
@@ -65,6 +67,58 @@ class _Watch(rpc_pb2_grpc.WatchServicer):
                 yield response
 
 
+class _Lease(rpc_pb2_grpc.LeaseServicer):
+    def __init__(self, mapping: EtcdMapping) -> None:
+        self.mapping = mapping
+
+    async def LeaseGrant(self, request: rpc_pb2.LeaseGrantRequest,
+                         context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseGrantResponse:
+        return await _answer(context, self.mapping.lease_grant(request))
+
+    async def LeaseRevoke(self, request: rpc_pb2.LeaseRevokeRequest,
+                          context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseRevokeResponse:
+        return await _answer(context, self.mapping.lease_revoke(request))
+
+    async def LeaseTimeToLive(self, request: rpc_pb2.LeaseTimeToLiveRequest,
+                              context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseTimeToLiveResponse:
+        return await _answer(context, self.mapping.lease_time_to_live(request))
+
+    async def LeaseLeases(self, request: rpc_pb2.LeaseLeasesRequest,
+                          context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseLeasesResponse:
+        return await _answer(context, self.mapping.lease_leases(request))
+
+    async def LeaseKeepAlive(self, request_iterator: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest],
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[rpc_pb2.LeaseKeepAliveResponse]:
+        """The ids that arrived while the previous keep-alive ran go together as one batch
+        (one leadership confirmation), each still answered on its own."""
+        arrived: asyncio.Queue[int | None] = asyncio.Queue()
+
+        async def receive() -> None:
+            try:
+                async for request in request_iterator:
+                    arrived.put_nowait(request.ID)
+            finally:
+                arrived.put_nowait(None)  # the client closed its side
+
+        receiver = asyncio.ensure_future(receive())
+        try:
+            ended = False
+            while not ended and (first := await arrived.get()) is not None:
+                ids = [first]
+                while not arrived.empty():
+                    more = arrived.get_nowait()
+                    if more is None:
+                        ended = True
+                        break
+                    ids.append(more)
+                for response in await _answer(context, self.mapping.lease_keep_alive(ids)):
+                    yield response
+        finally:
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await receiver
+
+
 class _Maintenance(rpc_pb2_grpc.MaintenanceServicer):
     def __init__(self, mapping: EtcdMapping) -> None:
         self.mapping = mapping
@@ -101,6 +155,7 @@ class EtcdGrpcServer:
         rpc_pb2_grpc.add_WatchServicer_to_server(_Watch(self.mapping), server)
         rpc_pb2_grpc.add_MaintenanceServicer_to_server(_Maintenance(self.mapping), server)
         rpc_pb2_grpc.add_ClusterServicer_to_server(_Cluster(self.mapping), server)
+        rpc_pb2_grpc.add_LeaseServicer_to_server(_Lease(self.mapping), server)
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
             self.port = server.add_insecure_port(address)

@@ -10,13 +10,31 @@ ReadIndex): the read rules stay in one place, the local read path.
 
 from __future__ import annotations
 
-from app.etcd.errors import LEADER_FAIL, NO_LEADER, TIMEOUT, etcd_error, from_service_error
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from app.etcd.errors import (
+    LEADER_FAIL,
+    LEASE_EXISTS,
+    LEASE_NOT_FOUND,
+    LEASE_TTL_TOO_LARGE,
+    NO_LEADER,
+    TIMEOUT,
+    EtcdError,
+    etcd_error,
+    from_service_error,
+)
 from app.service import (
     ApplyResult,
     Compare,
     CompareKind,
     Entry,
     KVService,
+    LeaseGrant,
+    LeaseInfo,
+    LeaseKeepAlive,
+    LeaseRevoke,
     NotLeaderError,
     Op,
     OpKind,
@@ -25,7 +43,17 @@ from app.service import (
     VersionWaitTimeoutError,
 )
 from metakv import AsyncClient
-from metakv.errors import Indeterminate, MetakvError
+from metakv.core import Plan
+from metakv.errors import Indeterminate, LeaseNotFound, MetakvError
+from metakv.leases import (
+    grant_request,
+    info_request,
+    keepalive_request,
+    parse_grant,
+    parse_info,
+    parse_keepalive,
+    revoke_request,
+)
 from metakv.results import TxnResult
 from metakv.routing import RetryPolicy
 
@@ -34,6 +62,7 @@ FORWARD_TIMEOUT_S = 5.0
 # A forwarded call gives up on a leader that stopped answering this soon: the etcd client
 # then retries (UNAVAILABLE), and the retry goes to whichever leader this node knows by then.
 FORWARD_DEADLINE_S = 2.0
+Answered = TypeVar("Answered")
 
 
 class LeaderLink:
@@ -109,18 +138,70 @@ class LeaderLink:
                                          (failure, builder.else_put, builder.else_delete, builder.else_get)):
             for op in branch:
                 if op.kind == OpKind.PUT:
-                    put(op.key, op.value, op.content_type)
+                    put(op.key, op.value, op.content_type, lease=op.lease or None)
                 elif op.kind == OpKind.DELETE:
                     delete(op.key)
                 else:
                     get(op.key)
         try:
             answer = await builder.commit()
-        except Indeterminate as exc:
-            raise etcd_error(LEADER_FAIL) from exc
         except MetakvError as exc:
-            raise etcd_error(NO_LEADER) from exc
+            raise _forward_error(exc) from exc
         return _apply_result(answer, success if answer.succeeded else failure)
+
+    # ---- leases: the leader's calls (docs/leases.md), forwarded like writes ----------
+
+    async def _lease_call(self, local: Callable[[], Awaitable[Answered]],
+                          plan: Callable[[], Plan[Answered]]) -> Answered:
+        try:
+            return await local()
+        except NotLeaderError as exc:
+            if exc.leader_url is None:
+                raise etcd_error(NO_LEADER) from exc
+            try:
+                return await self._client(exc.leader_url).run(plan())
+            except MetakvError as forwarded:
+                raise _forward_error(forwarded) from forwarded
+        except ServiceError as exc:
+            raise from_service_error(exc) from exc
+
+    async def grant_lease(self, ttl_s: int, lease_id: int | None) -> LeaseGrant:
+        def plan() -> Plan[LeaseGrant]:
+            return LeaseGrant(*parse_grant((yield grant_request(ttl_s, lease_id))))
+        return await self._lease_call(lambda: self.service.grant_lease(ttl_s, lease_id), plan)
+
+    async def keep_alive_leases(self, lease_ids: list[int]) -> LeaseKeepAlive:
+        def plan() -> Plan[LeaseKeepAlive]:
+            kept, not_found = parse_keepalive((yield keepalive_request(lease_ids, FORWARD_DEADLINE_S)))
+            return LeaseKeepAlive(sorted(kept.items()), sorted(not_found))
+        return await self._lease_call(lambda: self.service.keep_alive_leases(lease_ids), plan)
+
+    async def revoke_lease(self, lease_id: int) -> LeaseRevoke:
+        def plan() -> Plan[LeaseRevoke]:
+            # The client counts a 404 as a revoke done (safe to resend); etcd says not found.
+            answer = yield replace(revoke_request(lease_id), ok_statuses=frozenset({200}))
+            body = answer.json()
+            return LeaseRevoke(lease_id, int(body["version"]), int(body["deleted_keys"]))
+        return await self._lease_call(lambda: self.service.revoke_lease(lease_id), plan)
+
+    async def lease_info(self, lease_id: int, with_keys: bool) -> LeaseInfo:
+        def plan() -> Plan[LeaseInfo]:
+            info = parse_info((yield info_request(lease_id, with_keys)))
+            return LeaseInfo(info.id, info.ttl_s, info.remaining_s, info.granted_version, info.keys)
+        return await self._lease_call(lambda: self.service.lease_info(lease_id, with_keys), plan)
+
+
+def _forward_error(exc: MetakvError) -> EtcdError:
+    """etcd's answer for what the leader's HTTP API answered a forwarded call."""
+    if isinstance(exc, Indeterminate):
+        return etcd_error(LEADER_FAIL)
+    if isinstance(exc, LeaseNotFound):
+        return etcd_error(LEASE_NOT_FOUND)
+    if exc.slug == "lease-exists" or exc.status == 409:
+        return etcd_error(LEASE_EXISTS)
+    if exc.slug == "invalid-ttl":
+        return etcd_error(LEASE_TTL_TOO_LARGE)
+    return etcd_error(NO_LEADER)
 
 
 def _apply_result(answer: TxnResult, ops: tuple[Op, ...]) -> ApplyResult:
@@ -131,7 +212,7 @@ def _apply_result(answer: TxnResult, ops: tuple[Op, ...]) -> ApplyResult:
         if op.kind == OpKind.GET and result.get("found"):
             kv = result["kv"]
             entry = Entry(kv.key, kv.value, kv.content_type, kv.mod_version, kv.create_version,
-                          int(result.get("key_version", 1)))
+                          int(result.get("key_version", 1)), kv.lease)
         results.append(OpResult(op.kind, op.key, bool(result.get("created", False)),
                                 bool(result.get("deleted", False)), entry))
     failed = tuple((item["key"], int(item["current_version"])) for item in answer.failed_compares)

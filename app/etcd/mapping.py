@@ -11,6 +11,8 @@ place etcd's rules live (the gRPC server and the JSON gateway both call it).
   mod_version it read, else it reads and decides again (optimistic concurrency), so the
   outcome is one etcd would give at the version the write applies at. A key created in a
   range between the read and the write is the exception (documented, docs/etcd.md).
+- Leases are metakv's (docs/leases.md): a lease id is etcd's ID, the calls are the
+  service's, forwarded to the leader from a follower like writes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from app.etcd.errors import (
     FUTURE_REVISION,
     KEY_NOT_FOUND,
     LEASE_NOT_FOUND,
+    LEASE_PROVIDED,
     EtcdError,
     compacted,
     etcd_error,
@@ -37,6 +40,7 @@ from app.etcd.leader_link import LeaderLink
 from app.etcd.protos import kv_pb2, rpc_pb2
 from app.service import (
     DEFAULT_CONTENT_TYPE,
+    MAX_LEASE_ID,
     Compare,
     CompareKind,
     Entry,
@@ -120,6 +124,13 @@ def text_key(key: bytes) -> str:
         raise invalid("keys must be UTF-8 (metakv keys are text)") from None
 
 
+def lease_id(etcd_id: int) -> int:
+    """metakv's lease for etcd's ID (an int64): ids outside 1..MAX_LEASE_ID name no lease."""
+    if not 0 < etcd_id <= MAX_LEASE_ID:
+        raise etcd_error(LEASE_NOT_FOUND)
+    return etcd_id
+
+
 def _text_or_none(key: bytes) -> str | None:
     try:
         return key.decode("utf-8")
@@ -130,7 +141,7 @@ def _text_or_none(key: bytes) -> str | None:
 def key_value(entry: Entry, keys_only: bool = False) -> kv_pb2.KeyValue:
     return kv_pb2.KeyValue(key=entry.key.encode(), create_revision=entry.create_version,
                            mod_revision=entry.mod_version, version=entry.key_version,
-                           value=b"" if keys_only else entry.value)
+                           value=b"" if keys_only else entry.value, lease=entry.lease)
 
 
 # RangeRequest.SortTarget -> the entry's sort key
@@ -238,8 +249,6 @@ class EtcdMapping:
     async def put(self, request: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         if not request.key:
             raise etcd_error(EMPTY_KEY)
-        if request.lease:
-            raise etcd_error(LEASE_NOT_FOUND)  # no lease exists until metakv has leases
         txn = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_put=request)])
         answer = await self.txn(txn)
         response = answer.responses[0].response_put
@@ -292,6 +301,51 @@ class EtcdMapping:
             raise compacted(oldest)
         return rpc_pb2.CompactionResponse(header=header)
 
+    # ---- leases (docs/leases.md) ----------------------------------------------------
+
+    async def lease_grant(self, request: rpc_pb2.LeaseGrantRequest) -> rpc_pb2.LeaseGrantResponse:
+        """ID 0: metakv picks one. As etcd, a TTL below the minimum (0 or less too) is raised
+        to it: metakv raises any TTL from 1 up to its minimum (3 election timeouts)."""
+        if request.ID and not 0 < request.ID <= MAX_LEASE_ID:
+            raise invalid(f"a lease ID is 1..{MAX_LEASE_ID} (metakv's lease ids), or 0 for one picked by metakv")
+        granted = await self.link.grant_lease(max(request.TTL, 1), request.ID or None)
+        return rpc_pb2.LeaseGrantResponse(header=self.header(granted.version), ID=granted.id, TTL=granted.ttl_s)
+
+    async def lease_revoke(self, request: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
+        revoked = await self.link.revoke_lease(lease_id(request.ID))
+        return rpc_pb2.LeaseRevokeResponse(header=self.header(revoked.version))
+
+    async def lease_keep_alive(self, ids: list[int]) -> list[rpc_pb2.LeaseKeepAliveResponse]:
+        """One keep-alive of each id (one leadership confirmation for all), answered in order;
+        as etcd, a lease that does not exist answers TTL 0."""
+        known = [etcd_id for etcd_id in ids if 0 < etcd_id <= MAX_LEASE_ID]
+        kept = dict((await self.link.keep_alive_leases(sorted(set(known)))).kept) if known else {}
+        header = self.header()
+        return [rpc_pb2.LeaseKeepAliveResponse(header=header, ID=etcd_id, TTL=kept.get(etcd_id, 0))
+                for etcd_id in ids]
+
+    async def lease_time_to_live(self, request: rpc_pb2.LeaseTimeToLiveRequest
+                                 ) -> rpc_pb2.LeaseTimeToLiveResponse:
+        """As etcd, a lease that does not exist answers TTL -1 (not an error)."""
+        try:
+            info = await self.link.lease_info(lease_id(request.ID), request.keys)
+        except EtcdError as exc:
+            if (exc.code, exc.message) != LEASE_NOT_FOUND:
+                raise
+            return rpc_pb2.LeaseTimeToLiveResponse(header=self.header(), ID=request.ID, TTL=-1)
+        return rpc_pb2.LeaseTimeToLiveResponse(
+            header=self.header(), ID=info.id, TTL=max(int(info.remaining_s), 0), grantedTTL=info.ttl_s,
+            keys=[key.encode() for key in info.keys or []])
+
+    async def lease_leases(self, request: rpc_pb2.LeaseLeasesRequest) -> rpc_pb2.LeaseLeasesResponse:
+        await self.link.barrier(serializable=False)  # the leases as of a linearizable version
+        try:
+            page = self.service.list_leases()
+        except ServiceError as exc:
+            raise from_service_error(exc) from exc
+        return rpc_pb2.LeaseLeasesResponse(header=self.header(page.version), leases=[
+            rpc_pb2.LeaseStatus(ID=listed_id) for listed_id, _ttl_s in page.leases])
+
     # ---- maintenance and cluster ----------------------------------------------------
 
     def status(self) -> rpc_pb2.StatusResponse:
@@ -323,7 +377,7 @@ def _reads_state(op: rpc_pb2.RequestOp) -> bool:
     """Whether an op's effect depends on state metakv's txn cannot compare itself."""
     kind = op.WhichOneof("request")
     if kind == "request_put":
-        return op.request_put.ignore_value
+        return op.request_put.ignore_value or op.request_put.ignore_lease
     if kind == "request_delete_range":
         return bool(op.request_delete_range.range_end)
     if kind == "request_range":
@@ -363,7 +417,7 @@ _COMPARE_TARGETS: dict[int, tuple[str, Callable[[Entry], object]]] = {
     rpc_pb2.Compare.CREATE: ("create_revision", lambda entry: entry.create_version),
     rpc_pb2.Compare.MOD: ("mod_revision", lambda entry: entry.mod_version),
     rpc_pb2.Compare.VALUE: ("value", lambda entry: entry.value),
-    rpc_pb2.Compare.LEASE: ("lease", lambda entry: 0),  # no leases yet: every key has none
+    rpc_pb2.Compare.LEASE: ("lease", lambda entry: entry.lease),
 }
 
 
@@ -411,16 +465,18 @@ class _Plan:
     def _put(self, put: rpc_pb2.PutRequest) -> None:
         if not put.key:
             raise etcd_error(EMPTY_KEY)
-        if put.lease:
-            raise etcd_error(LEASE_NOT_FOUND)
+        if put.ignore_lease and put.lease:
+            raise etcd_error(LEASE_PROVIDED)
         key = text_key(put.key)
-        value = put.value
-        if put.ignore_value:
+        value, lease = put.value, lease_id(put.lease) if put.lease else 0
+        if put.ignore_value or put.ignore_lease:  # the key's own value or lease, as it is now
             found = self.reads.entries(KeyRange(put.key, None, True))
             if not found:
                 raise etcd_error(KEY_NOT_FOUND)
-            value = found[0].value
-        ops = ([Op(OpKind.GET, key)] if put.prev_kv else []) + [Op(OpKind.PUT, key, value, DEFAULT_CONTENT_TYPE)]
+            value = found[0].value if put.ignore_value else value
+            lease = found[0].lease if put.ignore_lease else lease
+        ops = ([Op(OpKind.GET, key)] if put.prev_kv else []) + [Op(OpKind.PUT, key, value, DEFAULT_CONTENT_TYPE,
+                                                                   lease=lease)]
 
         def answer(results: list) -> rpc_pb2.ResponseOp:
             response = rpc_pb2.PutResponse()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -26,7 +27,7 @@ COMMAND_TIMEOUT_S = 20
 WATCH_WAIT_S = 10
 # JSON members whose values name a cluster, member or point in time, not behaviour.
 NUMBERED = {"cluster_id", "member_id", "revision", "raft_term", "create_revision", "mod_revision", "ID",
-            "leader", "raftIndex", "raftTerm", "raftAppliedIndex", "compact_revision"}
+            "leader", "raftIndex", "raftTerm", "raftAppliedIndex", "compact_revision", "lease"}
 # Members that differ by design (docs/etcd.md, Known differences).
 DIFFERENT = {"dbSize", "dbSizeInUse", "name", "peerURLs", "clientURLs", "Endpoint"}
 STATUS_DIFFERENT = DIFFERENT | {"version"}  # the server's version (a key's version is compared)
@@ -51,9 +52,9 @@ def etcdctl_on(endpoint: str) -> Etcdctl:
     return run
 
 
-def watch_output(endpoint: str, args: list[str], lines: int) -> list[str]:
-    """The first ``lines`` lines etcdctl watch prints (then it is stopped)."""
-    process = subprocess.Popen(["etcdctl", "--endpoints", endpoint, "watch", *args], stdout=subprocess.PIPE, text=True)
+def background_output(endpoint: str, args: list[str], lines: int) -> list[str]:
+    """The first ``lines`` lines a long-running etcdctl command prints (then it is stopped)."""
+    process = subprocess.Popen(["etcdctl", "--endpoints", endpoint, *args], stdout=subprocess.PIPE, text=True)
     try:
         output: list[str] = []
         deadline = time.monotonic() + WATCH_WAIT_S
@@ -67,6 +68,40 @@ def watch_output(endpoint: str, args: list[str], lines: int) -> list[str]:
     finally:
         process.kill()
         process.wait()
+
+
+def watch_output(endpoint: str, args: list[str], lines: int) -> list[str]:
+    return background_output(endpoint, ["watch", *args], lines)
+
+
+def lease_scenario(endpoint: str) -> dict[str, Any]:
+    """etcdctl's lease commands and its lock and election recipes (leases, txns on
+    create_revision, watches), lease ids and TTLs counted down replaced by placeholders."""
+    run = etcdctl_on(endpoint)
+    granted = run("lease", "grant", "60")
+    lease = int(granted.split()[1], 16)
+
+    def named(output: str) -> str:
+        output = output.replace(f"{lease:016x}", "ID").replace(f"{lease:x}", "ID")
+        return re.sub(r"remaining\(\d+s\)", "remaining(Ns)", output)
+
+    seen: dict[str, Any] = {"lease grant": named(granted)}
+    seen["put --lease"] = run("put", "leased", "v", f"--lease={lease:x}")
+    seen["get leased -w json"] = normalised(json.loads(run("get", "leased", "-w", "json")))
+    seen["lease timetolive --keys"] = named(run("lease", "timetolive", f"{lease:x}", "--keys"))
+    seen["lease keep-alive --once"] = named(run("lease", "keep-alive", "--once", f"{lease:x}"))
+    seen["lease list"] = named(run("lease", "list"))
+    seen["lease revoke"] = named(run("lease", "revoke", f"{lease:x}"))
+    seen["get after revoke"] = run("get", "leased")
+    seen["lease revoke again"] = named(run("lease", "revoke", f"{lease:x}"))
+    seen["lease timetolive gone"] = named(run("lease", "timetolive", f"{lease:x}"))
+    seen["put --lease gone"] = run("put", "leased", "v", f"--lease={lease:x}")
+    seen["lock"] = run("lock", "jobs", "echo", "held")
+    seen["elect"] = [re.sub(r"/[0-9a-f]+$", "/ID", line)
+                     for line in background_output(endpoint, ["elect", "leader", "me"], 2)]
+    seen["elect --listen"] = [re.sub(r"/[0-9a-f]+$", "/ID", line)
+                              for line in background_output(endpoint, ["elect", "--listen", "leader"], 2)]
+    return seen
 
 
 def scenario(endpoint: str) -> dict[str, Any]:
@@ -142,6 +177,11 @@ def test_etcdctl_prints_the_same_against_metakv_and_etcd(clusters: tuple[Cluster
     got = scenario(f"127.0.0.1:{follower.etcd_port}")  # a follower forwards the writes
     for key in expected:
         assert (key, got[key]) == (key, expected[key])
+    expected_leases = lease_scenario(next(iter(etcd.nodes.values())).url)
+    assert expected_leases["lease grant"] == "lease ID granted with TTL(60s)\n"
+    got_leases = lease_scenario(f"127.0.0.1:{follower.etcd_port}")
+    for key in expected_leases:
+        assert (key, got_leases[key]) == (key, expected_leases[key])
     expected_json = gateway_session(next(iter(etcd.nodes.values())).url)
     got_json = gateway_session(f"http://127.0.0.1:{follower.etcd_gateway_port}")
     for key in expected_json:

@@ -61,7 +61,26 @@ async def test_errors_are_grpc_gateway_bodies(gateway: httpx.AsyncClient) -> Non
     empty = await gateway.post("/v3/kv/put", json={"value": b64(b"v")})
     assert empty.status_code == 400 and empty.json()["message"] == "etcdserver: key is not provided"
     assert (await gateway.post("/v3/kv/put", content=b"{not json")).status_code == 400
-    assert (await gateway.post("/v3/lease/grant", json={"TTL": 5})).status_code == 501
+    assert (await gateway.post("/v3/auth/status", json={})).status_code == 501
+
+
+async def test_lease_calls_as_json(gateway: httpx.AsyncClient) -> None:
+    granted = (await gateway.post("/v3/lease/grant", json={"TTL": 30})).json()
+    lease = granted["ID"]
+    assert granted["TTL"] == "30"
+    await gateway.post("/v3/kv/put", json={"key": b64(b"l/a"), "value": b64(b"1"), "lease": lease})
+    got = (await gateway.post("/v3/kv/range", json={"key": b64(b"l/a")})).json()
+    assert got["kvs"][0]["lease"] == lease
+    kept = (await gateway.post("/v3/lease/keepalive", json={"ID": lease})).json()
+    assert kept["result"]["ID"] == lease and kept["result"]["TTL"] == "30"
+    ttl = (await gateway.post("/v3/kv/lease/timetolive", json={"ID": lease, "keys": True})).json()
+    assert ttl["grantedTTL"] == "30" and ttl["keys"] == [b64(b"l/a")]
+    assert (await gateway.post("/v3/lease/leases", json={})).json()["leases"] == [{"ID": lease}]
+    assert (await gateway.post("/v3/kv/lease/revoke", json={"ID": lease})).status_code == 200
+    assert "kvs" not in (await gateway.post("/v3/kv/range", json={"key": b64(b"l/a")})).json()
+    gone = await gateway.post("/v3/lease/revoke", json={"ID": lease})
+    assert gone.status_code == 404 and gone.json()["message"] == "etcdserver: requested lease not found"
+    assert (await gateway.post("/v3/lease/keepalive", json={"ID": lease})).json()["result"].get("TTL") is None
 
 
 async def test_watch_streams_json_lines(gateway: httpx.AsyncClient) -> None:
