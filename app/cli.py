@@ -221,11 +221,15 @@ def serve(config: NodeConfig) -> int:
     # in-process group-commit throughput at 64 concurrent writers.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     prepare_serving_process()  # descriptor limit, umask 0o077 (app/process_setup.py)
+    from app.http.tls_handshake import bounded_tls_handshake_loop
+
+    tls_handshake_s = config.header_timeout_ms / 1000  # an HTTPS handshake is bounded like the headers
     try:
         import uvloop
     except ImportError:  # uvicorn[standard] brings uvloop; fall back rather than fail
-        return asyncio.run(_serve(config))
-    return uvloop.run(_serve(config))
+        with asyncio.Runner(loop_factory=bounded_tls_handshake_loop(asyncio.SelectorEventLoop, tls_handshake_s)) as runner:
+            return runner.run(_serve(config))
+    return uvloop.run(_serve(config), loop_factory=bounded_tls_handshake_loop(uvloop.Loop, tls_handshake_s))
 
 
 async def _serve(config: NodeConfig) -> int:
