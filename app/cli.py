@@ -79,6 +79,7 @@ SERVE_HELP = {
     "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
     "max_answer_bytes": "end a list page or a watch answer early (with where to continue) past this many bytes of values",
     "max_watch_timeout_ms": "longest watch: a long-poll's timeout_ms and an SSE stream's lifetime are clamped to it",
+    "max_raft_handshakes": "close a raft connection at once past this many still in the handshake (TLS and secret)",
     "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
     "max_lease_ttl_s": "the longest lease TTL a grant may ask for, in seconds (longer: 400 invalid-ttl; docs/leases.md)",
     "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
