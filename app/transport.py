@@ -641,8 +641,10 @@ class RaftTransport:
         if older is None or older.closed:
             return
         self.stats.connections_replaced += 1
-        log.info("node %d: node %d connected again: closing its older raft connection", self.node_id,
-                 connection.peer_id)
+        held_back = self._refusal_log.admit(f"node {connection.peer_id} replaced")  # two nodes with one id: a loop
+        if held_back is not None:
+            log.info("node %d: node %d connected again: closing its older raft connection (%d more since the "
+                     "previous line)", self.node_id, connection.peer_id, held_back)
         older.mark_closed()
         older.writer.transport.abort()  # not close(): a peer that stopped reading would keep its buffer
 
