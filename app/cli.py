@@ -79,6 +79,7 @@ SERVE_HELP = {
     "max_watchers_per_token": "answer 429 to a watch past this many open for its token on the node (auth on)",
     "max_answer_bytes": "end a list page or a watch answer early (with where to continue) past this many bytes of values",
     "max_watch_timeout_ms": "longest watch: a long-poll's timeout_ms and an SSE stream's lifetime are clamped to it",
+    "max_raft_handshakes": "close a raft connection at once past this many still in the handshake (TLS and secret)",
     "header_timeout_ms": "answer 408 and close a connection whose request headers are not complete this long after it opened",
     "max_lease_ttl_s": "the longest lease TTL a grant may ask for, in seconds (longer: 400 invalid-ttl; docs/leases.md)",
     "quota_bytes": "past this many bytes of state.db and log the leader answers writes 507; deletes still work (0 = no quota)",
@@ -221,11 +222,15 @@ def serve(config: NodeConfig) -> int:
     # in-process group-commit throughput at 64 concurrent writers.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     prepare_serving_process()  # descriptor limit, umask 0o077 (app/process_setup.py)
+    from app.http.tls_handshake import bounded_tls_handshake_loop
+
+    tls_handshake_s = config.header_timeout_ms / 1000  # an HTTPS handshake is bounded like the headers
     try:
         import uvloop
     except ImportError:  # uvicorn[standard] brings uvloop; fall back rather than fail
-        return asyncio.run(_serve(config))
-    return uvloop.run(_serve(config))
+        with asyncio.Runner(loop_factory=bounded_tls_handshake_loop(asyncio.SelectorEventLoop, tls_handshake_s)) as runner:
+            return runner.run(_serve(config))
+    return uvloop.run(_serve(config), loop_factory=bounded_tls_handshake_loop(uvloop.Loop, tls_handshake_s))
 
 
 async def _serve(config: NodeConfig) -> int:

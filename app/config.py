@@ -132,6 +132,7 @@ class NodeConfig:
     max_answer_bytes: int = 4 * 1024 * 1024  # values per list page or watch answer; past it the page ends
     max_watch_timeout_ms: int = 300_000  # longest long-poll, and SSE stream lifetime (idle or not)
     # --- end of HTTP abuse limits
+    max_raft_handshakes: int = 64  # raft connections still in the handshake; past it closed at accept
 
     @property
     def peers(self) -> dict[int, HostPort]:
@@ -353,6 +354,7 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "max_watchers_per_token": lambda name, raw: parse_int(name, raw, 1, 10_000_000),
     "max_answer_bytes": _bytes(1024),
     "max_watch_timeout_ms": _ms(1000),
+    "max_raft_handshakes": lambda name, raw: parse_int(name, raw, 1, 1_000_000),
 }
 REQUIRED = ("node_id", "data_dir", "listen_http", "listen_raft", "voters")
 

@@ -4,6 +4,7 @@ build the same transport from a NodeConfig."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from app.config import NodeConfig
@@ -22,5 +23,7 @@ def raft_transport_for(config: NodeConfig, on_message: Callable[[Envelope], None
     return RaftTransport(
         config.node_id, config.cluster_id, config.cluster_secret.encode(), config.listen_raft.host,
         config.listen_raft.port, {i: (a.host, a.port) for i, a in config.peers.items()}, on_message,
-        transport_config_for(config.max_batch_bytes), peer_security_for(config), frozenset(config.voters),
+        dataclasses.replace(transport_config_for(config.max_batch_bytes),
+                            max_handshaking_connections=config.max_raft_handshakes),
+        peer_security_for(config), frozenset(config.voters),
     )

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from raft.node import Role
@@ -23,7 +23,7 @@ class StateCollector(Collector):
         self._runtime = runtime
         self._now_ms = now_ms  # the clock the core runs on
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         runtime = self._runtime
         if not runtime.started:
             return
@@ -50,6 +50,12 @@ class StateCollector(Collector):
                     lag.add_metric([str(state.replica_id), kind],
                                    max(0, described.high_watermark - state.log_end_offset))
         yield lag
+        stats = runtime.transport.stats
+        closed = CounterMetricFamily("metakv_raft_connections_closed",
+                                     "Raft connections the node closed for a cap, by reason", labels=["reason"])
+        closed.add_metric(["handshake_cap"], stats.connections_over_handshake_cap)
+        closed.add_metric(["replaced"], stats.connections_replaced)
+        yield closed
 
 
 LOOP_LAG_PROBE_S = 0.05  # how often the loop's lateness is sampled (20 timers a second)

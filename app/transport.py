@@ -147,6 +147,9 @@ class TransportConfig:
     max_queue_bytes: int = MIN_QUEUE_BYTES
     max_pending_responses: int = 64  # remembered (connection, correlation id) per peer and request type
     handshake_timeout_ms: int = 2000
+    # Inbound connections still in the (TLS and secret) handshake; past it a new connection
+    # is closed at once, so raw connections cannot take every descriptor for the timeout.
+    max_handshaking_connections: int = 64
     connect_timeout_ms: int = 2000
     reconnect_backoff_min_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
@@ -166,6 +169,8 @@ class TransportStats:
     connections_closed_bad_frame: int = 0
     connections_closed_wrong_sender: int = 0
     handshakes_completed: int = 0
+    connections_over_handshake_cap: int = 0  # closed at accept: max_handshaking_connections reached
+    connections_replaced: int = 0  # an older inbound connection of a peer closed for its new one
 
 
 def frame_limit_for(max_batch_bytes: int) -> int:
@@ -362,6 +367,8 @@ class RaftTransport:
         self._outbound_queues: dict[int, collections.deque[bytes]] = {}
         self._outbound_bytes: dict[int, int] = {}
         self._outbound_wakeups: dict[int, asyncio.Event] = {}
+        self._inbound: dict[int, _Connection] = {}  # the one authenticated inbound connection per peer
+        self._handshaking = 0  # inbound connections accepted and not yet authenticated or refused
         self._pending_responses: dict[tuple[int, type], collections.deque[tuple[_Connection, int]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_correlation_id = 1
@@ -581,16 +588,25 @@ class RaftTransport:
         peer = writer.get_extra_info("peername")
         connection = _Connection(-1, reader, writer)
         try:
+            if self._handshaking >= self.config.max_handshaking_connections:
+                self.stats.connections_over_handshake_cap += 1
+                self._warn_refusal("handshake cap", f"closed raft connection from {peer} at once", HandshakeError(
+                    f"{self._handshaking} connections already in the handshake (max_handshaking_connections)"))
+                writer.transport.abort()  # nothing to say: it has not even sent a hello
+                return
             await self._serve_inbound(connection, peer)
         except asyncio.CancelledError:
             pass  # stop(): asyncio's stream callback would log a cancelled handler as an error
         finally:
             await self._close(connection)
+            if self._inbound.get(connection.peer_id) is connection:
+                del self._inbound[connection.peer_id]
             if task is not None:
                 self._tasks.discard(task)
 
     async def _serve_inbound(self, connection: _Connection, peer: object) -> None:
         try:
+            self._handshaking += 1
             try:
                 await asyncio.wait_for(self._server_tls_and_handshake(connection),
                                        self.config.handshake_timeout_ms / 1000)
@@ -603,6 +619,9 @@ class RaftTransport:
                 host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
                 self._warn_refusal(str(host), f"refused raft connection from {peer}", exc)
                 return
+            finally:
+                self._handshaking -= 1
+            self._replace_inbound(connection)
             writer_task = asyncio.get_running_loop().create_task(self._write_loop(connection))
             try:
                 await self._read_loop(connection)
@@ -612,6 +631,22 @@ class RaftTransport:
                     await writer_task
         finally:
             connection.mark_closed()
+
+    def _replace_inbound(self, connection: _Connection) -> None:
+        """One authenticated inbound connection per peer: a peer dials us on one outbound
+        connection and dials again only once it lost that one, so an older connection is dead
+        or a duplicate (each holding a response queue of up to max_queue_bytes): close it."""
+        older = self._inbound.get(connection.peer_id)
+        self._inbound[connection.peer_id] = connection
+        if older is None or older.closed:
+            return
+        self.stats.connections_replaced += 1
+        held_back = self._refusal_log.admit(f"node {connection.peer_id} replaced")  # two nodes with one id: a loop
+        if held_back is not None:
+            log.info("node %d: node %d connected again: closing its older raft connection (%d more since the "
+                     "previous line)", self.node_id, connection.peer_id, held_back)
+        older.mark_closed()
+        older.writer.transport.abort()  # not close(): a peer that stopped reading would keep its buffer
 
     def _warn_refusal(self, source: str, what: str, exc: BaseException) -> None:
         """Rate-limited per ``source``: a remote host for inbound refusals, the peer for
