@@ -9,7 +9,11 @@ etcd store, one after the other (the order reverses every round), and with one l
 generator (this process, one asyncio loop, ``--concurrency`` requests in flight):
 1. grants ``--leases`` leases of ``--ttl-s`` (metakv ``POST /v1/leases``; etcd's JSON gateway
    ``POST /v3/lease/grant``), attaching one key to each of the first ``--keyed``, while
-   keeping the granted ones alive (granting may take longer than a TTL);
+   keeping the granted ones alive (granting may take longer than a TTL; grants pause while
+   the oldest acknowledgement is older than a quarter of the TTL: under etcd 3.4's grants
+   its renewals are as slow as its grants, ~50/s here), then renews every
+   lease once and prints how many were still alive (all of them, or the run is not a fair
+   comparison: ``alive_at_measure_start`` in the results);
 2. keeps every lease alive for ``--keepalive-s``, closed loop, sweeping over all of them:
    metakv ``POST /v1/leases/keepalive`` with ``--batch`` ids per request; ``etcd`` the
    gateway's ``POST /v3/lease/keepalive``, one lease per request (its JSON API has no batch
@@ -21,7 +25,9 @@ generator (this process, one asyncio loop, ``--concurrency`` requests in flight)
    etcd: the gateway's watch stream) gives, for each keyed lease whose deadline falls after
    the stop, the time from that deadline (when its last acknowledged keep-alive was *sent*,
    plus the TTL: never earlier than the leader's real deadline) to its key's delete arriving
-   at the watcher: the expiry latency distribution. Keyed leases the generator could not
+   at the watcher: the expiry latency distribution, an upper bound; measured from when that
+   keep-alive's answer came, a lower bound (``expiry_latency_from_answer_s``: with 64
+   requests in flight a keep-alive waits at the leader). Keyed leases the generator could not
    keep alive (their deadline passed before the stop) are counted, not timed.
 Figures only mean something as metakv/etcd ratios from one run: the machine is shared.
 """
@@ -51,7 +57,7 @@ from metakv import AsyncClient
 KEY_PREFIX = "benchlease/"
 EXPIRY_MARGIN_S = 30.0  # after the last deadline: how long to wait for the remaining deletes
 WATCH_READY_S = 30.0
-SETUP_KEEPERS = 8  # tasks keeping the granted leases alive while the rest are granted
+GRANT_PAUSE_AGE = 0.25  # of the TTL: grants wait while a granted lease's last acknowledgement is older
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -69,6 +75,9 @@ class LeaseApi:
     """One store's lease calls, sent to its leader."""
 
     kind = ""
+    # While granting: tasks keeping the granted leases alive, and ids per keep-alive (None: --batch).
+    setup_keepers = 8
+    setup_batch: int | None = None
 
     def __init__(self, http: httpx.AsyncClient, leader: str) -> None:
         self.http, self.leader = http, leader
@@ -142,6 +151,10 @@ class EtcdGrpcLeases(EtcdLeases):
     stream per batch of ids (aetcd's stubs); the rest through the gateway as ``EtcdLeases``."""
 
     kind = "etcd-grpc"
+    # etcd 3.4 renews a stream's ids one after another; under the grants' load each waited
+    # ~40 ms (one stream of 500 ids took 19 s, longer than the TTL): many short streams.
+    setup_keepers = 128
+    setup_batch = 20
 
     def __init__(self, http: httpx.AsyncClient, leader: str) -> None:
         super().__init__(http, leader)
@@ -191,12 +204,21 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
         watcher = asyncio.create_task(api.watch_deletes(ready, seen))
         await asyncio.wait_for(ready.wait(), WATCH_READY_S)
         lease_ids: list[int] = [0] * args.leases
-        last_acked_send: dict[int, float] = {}  # when the last acknowledged grant/keep-alive was sent
+        # When the latest acknowledged grant/keep-alive of each lease was sent, and when its
+        # answer came: the leader's deadline lies between the two plus the TTL.
+        last_acked_send: dict[int, float] = {}
+        last_acked_answer: dict[int, float] = {}
+
+        def acknowledged_at(lease_id: int, sent: float, answered: float) -> None:
+            """Calls on one lease overlap (the keepers sweep together): keep the latest."""
+            last_acked_send[lease_id] = max(sent, last_acked_send.get(lease_id, sent))
+            last_acked_answer[lease_id] = max(answered, last_acked_answer.get(lease_id, answered))
         totals: dict[str, Any] = {"acknowledged": 0, "not_found": 0, "requests": 0, "errors": 0, "attach_failed": 0,
                                   "grant_failed": 0, "last_error": None}
         attach_failed: set[str] = set()
 
-        async def keep_alive(ids: list[int], count: bool) -> None:
+        async def keep_alive(ids: list[int], count: bool) -> list[int]:
+            """The ids acknowledged (none on an error)."""
             sent = time.monotonic()
             try:
                 acknowledged, not_found = await keep_api.keep_alive(ids)
@@ -204,15 +226,18 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
                 # E.g. a pooled connection the server closed as it was reused: counted, not fatal.
                 totals["errors"] += 1
                 totals["last_error"] = f"{type(exc).__name__}: {exc}"
-                return
+                return []
+            answered = time.monotonic()
             for lease_id in acknowledged:
-                last_acked_send[lease_id] = sent
+                acknowledged_at(lease_id, sent, answered)
             if count:
                 totals["acknowledged"] += len(acknowledged)
                 totals["not_found"] += not_found
                 totals["requests"] += 1
+            return acknowledged
 
         async def grant(index: int) -> None:
+            await may_grant.wait()
             sent = time.monotonic()
             try:
                 lease_id = await api.grant(args.ttl_s)
@@ -221,8 +246,9 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
                 totals["last_error"] = f"{type(exc).__name__}: {exc}"
                 attach_failed.add(f"{KEY_PREFIX}{index:06d}")
                 return
-            last_acked_send[lease_id] = sent
+            acknowledged_at(lease_id, sent, time.monotonic())
             lease_ids[index] = lease_id
+            granted.append(lease_id)
             if index < args.keyed:
                 try:
                     await api.attach(f"{KEY_PREFIX}{index:06d}", lease_id)
@@ -231,23 +257,54 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
                     totals["last_error"] = f"{type(exc).__name__}: {exc}"
                     attach_failed.add(f"{KEY_PREFIX}{index:06d}")
 
+        granted: list[int] = []  # in the order granted
         granting = True
+        setup_batch = 1 if api.kind == "etcd" else api.setup_batch or args.batch
+        cursor = 0  # the keepers' next position in ``granted``: they sweep it together
 
-        async def keep_granted_alive(worker: int) -> None:
+        async def keep_granted_alive() -> None:
             """While granting (which may take longer than a TTL): keep the granted ones alive."""
+            nonlocal cursor
             while granting:
-                ids = [lease_id for lease_id in lease_ids if lease_id]
-                for start in range(worker * per_request, len(ids), per_request * SETUP_KEEPERS):
-                    await keep_alive(ids[start:start + per_request], count=False)
-                await asyncio.sleep(0.05)
-        setup_keepers = [asyncio.create_task(keep_granted_alive(worker)) for worker in range(SETUP_KEEPERS)]
+                if cursor >= len(granted):
+                    cursor = 0
+                    await asyncio.sleep(0.05)
+                    continue
+                ids = granted[cursor:cursor + setup_batch]
+                cursor += setup_batch
+                await keep_alive(ids, count=False)
+        may_grant = asyncio.Event()
+        may_grant.set()
+        grant_paused_s = 0.0
+
+        async def pace_grants() -> None:
+            """Pause the grants while the keepers fall behind, so no lease ends before measuring."""
+            nonlocal grant_paused_s
+            while granting:
+                oldest = min((last_acked_send[lease_id] for lease_id in granted), default=time.monotonic())
+                if time.monotonic() - oldest > GRANT_PAUSE_AGE * args.ttl_s:
+                    may_grant.clear()
+                    grant_paused_s += 0.1
+                else:
+                    may_grant.set()
+                await asyncio.sleep(0.1)
+        setup_keepers = [asyncio.create_task(keep_granted_alive()) for _ in range(api.setup_keepers)]
+        pacer = asyncio.create_task(pace_grants())
         grant_s = await in_parallel(args.leases, args.concurrency, grant)
         granting = False
-        await asyncio.gather(*setup_keepers)
+        await asyncio.gather(pacer, *setup_keepers)
+
+        # Before measuring: renew every lease once; those not acknowledged had ended already.
+        chunks = [granted[start:start + per_request] for start in range(0, len(granted), per_request)]
+        alive: set[int] = set()
+
+        async def renew_chunk(index: int) -> None:
+            alive.update(await keep_alive(chunks[index], count=False))
+        await in_parallel(len(chunks), args.concurrency, renew_chunk)
+        print(f"{api.kind}: {len(alive)} of {len(granted)} granted leases alive at the start of the measured phase"
+              + ("" if len(alive) == len(granted) else " (NOT all: its figures are not comparable)"), flush=True)
 
         # Keep-alive phase: sweep over every lease, closed loop.
-        granted = [lease_id for lease_id in lease_ids if lease_id]
-        chunks = [granted[start:start + per_request] for start in range(0, len(granted), per_request)]
         sweep = itertools.cycle(range(len(chunks)))
         stop_at = time.monotonic() + args.keepalive_s
 
@@ -267,16 +324,21 @@ async def bench_store(api_type: type[LeaseApi], cluster: LocalCluster, args: arg
             await asyncio.sleep(0.1)
         watcher.cancel()
     after_stop = [seen[key] - deadline for key, deadline in deadlines.items() if key in seen and deadline >= stopped_at]
+    # The same from the answer of the last keep-alive: a lower bound, where after_stop's is an upper one.
+    after_answer = [seen[key] - last_acked_answer[lease_ids[int(key[len(KEY_PREFIX):])]] - args.ttl_s
+                    for key, deadline in deadlines.items() if key in seen and deadline >= stopped_at]
     processed = totals["acknowledged"] + totals["not_found"]
     return {
-        "leases": args.leases, "ttl_s": args.ttl_s, "grants_per_s": round(args.leases / grant_s, 1),
+        "leases": args.leases, "granted": len(granted), "alive_at_measure_start": len(alive), "ttl_s": args.ttl_s, "grants_per_s": round(args.leases / grant_s, 1),
+        "grants_paused_s": round(grant_paused_s, 1),
         "keepalive_requests": totals["requests"], "keepalives_acknowledged": totals["acknowledged"],
         "keepalives_not_found": totals["not_found"],
         "keepalives_per_s": round(totals["acknowledged"] / phase_s, 1),
         "sweeps_per_ttl": round(totals["acknowledged"] / phase_s * args.ttl_s / args.leases, 2),
         "leader_cpu_s": round(cpu_used, 2),
         "leader_cpu_ms_per_1000_keepalives": round(1e6 * cpu_used / max(processed, 1), 2),
-        "expiry_latency_s": percentiles(after_stop), "expired_after_stop": len(after_stop),
+        "expiry_latency_s": percentiles(after_stop), "expiry_latency_from_answer_s": percentiles(after_answer),
+        "expired_after_stop": len(after_stop),
         "keyed_expired_before_stop": len([key for key, deadline in deadlines.items() if deadline < stopped_at]),
         "keyed_never_seen_deleted": len([key for key in deadlines if key not in seen]), "keyed": args.keyed,
         "keepalive_errors": totals["errors"], "attach_failed": totals["attach_failed"],
