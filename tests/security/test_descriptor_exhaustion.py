@@ -104,7 +104,10 @@ def deferrals(client: httpx.Client, url: str) -> float:
 def test_idle_raft_connections_exhausting_descriptors_do_not_kill_the_node(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path / "cluster", voters=1)
     node = cluster.nodes[1]
-    node.command = ["sh", "-c", f'ulimit -n {DESCRIPTOR_LIMIT} && exec "$@"', "sh", *node.command]
+    # The handshake cap (--max-raft-handshakes, 64) would close the flood at accept: lifted
+    # here so that the idle connections do exhaust the descriptors this test is about.
+    node.command = ["sh", "-c", f'ulimit -n {DESCRIPTOR_LIMIT} && exec "$@"', "sh", *node.command,
+                    "--max-raft-handshakes", "100000"]
     idle: list[socket.socket] = []
     try:
         cluster.start()
