@@ -6,10 +6,15 @@ a leader change.
 A follower's linearizable read asks the leader for a linearizable version (a one-key
 listing) and waits until it has applied that version itself, then reads locally (Raft's
 ReadIndex): the read rules stay in one place, the local read path.
+
+The forwarding client for a leader is built once, in a worker thread: building one loads a
+TLS trust store per connection pool, seconds of CPU on a loaded machine, and a node whose
+event loop stalls that long drops its leader (etcd clients then read "no leader").
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -70,20 +75,28 @@ class LeaderLink:
 
     def __init__(self, service: KVService) -> None:
         self.service = service
-        self._clients: dict[str, AsyncClient] = {}
+        self._clients: dict[str, asyncio.Future[AsyncClient]] = {}  # leader URL -> its client, once built
 
-    def _client(self, leader_url: str) -> AsyncClient:
-        client = self._clients.get(leader_url)
-        if client is None:
-            client = self._clients[leader_url] = AsyncClient(
-                leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
-                read_your_writes=False)
-        return client
+    async def _client(self, leader_url: str) -> AsyncClient:
+        """The client forwarding to ``leader_url``: built once (concurrent calls wait for the
+        same build), off the event loop (module docstring)."""
+        built = self._clients.get(leader_url)
+        if built is None:
+            built = self._clients[leader_url] = asyncio.ensure_future(asyncio.to_thread(
+                AsyncClient, leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
+                read_your_writes=False))
+        try:
+            return await asyncio.shield(built)
+        except Exception:
+            if self._clients.get(leader_url) is built:
+                del self._clients[leader_url]  # the next call builds again
+            raise
 
     async def close(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
+        builds, self._clients = list(self._clients.values()), {}
+        for client in await asyncio.gather(*builds, return_exceptions=True):
+            if isinstance(client, AsyncClient):
+                await client.aclose()
 
     async def barrier(self, serializable: bool) -> None:
         """Return once a read of this node's state is as fresh as asked: ``serializable``
@@ -107,7 +120,8 @@ class LeaderLink:
 
     async def _leader_version(self, leader_url: str) -> int:
         try:
-            listing = await self._client(leader_url).list("", limit=1, keys_only=True, consistency="linearizable")
+            client = await self._client(leader_url)
+            listing = await client.list("", limit=1, keys_only=True, consistency="linearizable")
         except MetakvError as exc:
             raise etcd_error(NO_LEADER) from exc
         return listing.version
@@ -126,7 +140,7 @@ class LeaderLink:
 
     async def _forward(self, leader_url: str, compares: tuple[Compare, ...], success: tuple[Op, ...],
                        failure: tuple[Op, ...]) -> ApplyResult:
-        builder = self._client(leader_url).txn()
+        builder = (await self._client(leader_url)).txn()
         for compare in compares:
             if compare.kind == CompareKind.MOD_VERSION:
                 builder.when_version(compare.key, int(compare.target))
@@ -159,7 +173,7 @@ class LeaderLink:
             if exc.leader_url is None:
                 raise etcd_error(NO_LEADER) from exc
             try:
-                return await self._client(exc.leader_url).run(plan())
+                return await (await self._client(exc.leader_url)).run(plan())
             except MetakvError as forwarded:
                 raise _forward_error(forwarded) from forwarded
         except ServiceError as exc:
