@@ -72,6 +72,12 @@ test-etcd: $(STAMP) system-etcd
 bench-etcd-api: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_etcd_api --duration-s 5 --rounds 2 --out results/bench_etcd_api.json
 
+# The Locust scenarios through metakv's HTTP API, metakv's etcd gateway and etcd side by side,
+# one report with ratios to etcd (docs/benchmarks.md); results/bench-etcd-locust/report/.
+.PHONY: bench-etcd-locust
+bench-etcd-locust: $(STAMP) system-etcd
+	$(PY) -m loadtest bench --targets metakv,metakv-etcd,etcd --duration 10 --out results/bench-etcd-locust
+
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
 .PHONY: test-storage-crash bench-storage
 test-storage-crash: $(STAMP)
