@@ -15,9 +15,12 @@ event loop stalls that long drops its leader (etcd clients then read "no leader"
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import httpx
 
 from app.etcd.errors import (
     LEADER_FAIL,
@@ -44,6 +47,7 @@ from app.service import (
     Op,
     OpKind,
     OpResult,
+    QuorumView,
     ServiceError,
     VersionWaitTimeoutError,
 )
@@ -59,6 +63,7 @@ from metakv.leases import (
     parse_keepalive,
     revoke_request,
 )
+from metakv.protocol import Request
 from metakv.results import TxnResult
 from metakv.routing import RetryPolicy
 
@@ -67,6 +72,7 @@ FORWARD_TIMEOUT_S = 5.0
 # A forwarded call gives up on a leader that stopped answering this soon: the etcd client
 # then retries (UNAVAILABLE), and the retry goes to whichever leader this node knows by then.
 FORWARD_DEADLINE_S = 2.0
+MEMBER_STATUS_TIMEOUT_S = 2.0  # a member that does not tell its status this soon is listed without URLs
 Answered = TypeVar("Answered")
 
 
@@ -76,6 +82,7 @@ class LeaderLink:
     def __init__(self, service: KVService) -> None:
         self.service = service
         self._clients: dict[str, asyncio.Future[AsyncClient]] = {}  # leader URL -> its client, once built
+        self._status_probe: asyncio.Future[httpx.AsyncClient] | None = None  # for members' /v1/status
 
     async def _client(self, leader_url: str) -> AsyncClient:
         """The client forwarding to ``leader_url``: built once (concurrent calls wait for the
@@ -97,6 +104,10 @@ class LeaderLink:
         for client in await asyncio.gather(*builds, return_exceptions=True):
             if isinstance(client, AsyncClient):
                 await client.aclose()
+        probe, self._status_probe = self._status_probe, None
+        if probe is not None:
+            with contextlib.suppress(Exception):  # a probe client that failed to build has nothing to close
+                await (await probe).aclose()
 
     async def barrier(self, serializable: bool) -> None:
         """Return once a read of this node's state is as fresh as asked: ``serializable``
@@ -125,6 +136,35 @@ class LeaderLink:
         except MetakvError as exc:
             raise etcd_error(NO_LEADER) from exc
         return listing.version
+
+    async def quorum(self) -> QuorumView:
+        """The leader's view of the voters and observers, each with its advertised HTTP URL."""
+        try:
+            return self.service.quorum()
+        except NotLeaderError as exc:
+            if exc.leader_url is None:
+                raise etcd_error(NO_LEADER) from exc
+            client = await self._client(exc.leader_url)
+            try:
+                return (await client.call(Request("GET", "/v1/quorum", target_leader=True))).json()
+            except MetakvError as forwarded:
+                raise _forward_error(forwarded) from forwarded
+        except ServiceError as exc:
+            raise from_service_error(exc) from exc
+
+    async def member_status(self, url: str) -> dict[str, Any] | None:
+        """The /v1/status of the member whose advertised HTTP URL is ``url``; None when it
+        does not answer. One plain HTTP client for all members, built off the loop."""
+        if self._status_probe is None:
+            self._status_probe = asyncio.ensure_future(
+                asyncio.to_thread(httpx.AsyncClient, timeout=MEMBER_STATUS_TIMEOUT_S))
+        try:
+            probe = await asyncio.shield(self._status_probe)
+            answer = await probe.get(url.rstrip("/") + "/v1/status")
+            status = answer.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        return status if answer.status_code == 200 and isinstance(status, dict) else None
 
     async def txn(self, compares: tuple[Compare, ...], success: tuple[Op, ...],
                   failure: tuple[Op, ...] = ()) -> ApplyResult:

@@ -19,6 +19,7 @@ place etcd's rules live (the gRPC server and the JSON gateway both call it).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -163,7 +164,7 @@ _SORT_KEYS: dict[int, Callable[[Entry], object]] = {
 
 class EtcdMapping:
     """etcd's calls on one node's service. ``member_urls``: node id -> its etcd client URLs
-    as far as this node knows them (for MemberList)."""
+    as far as this node knows them (for MemberList; the others' are learned on the way)."""
 
     def __init__(self, service: KVService, cluster_id: str, member_urls: dict[int, list[str]]) -> None:
         self.service = service
@@ -362,21 +363,29 @@ class EtcdMapping:
             raftAppliedIndex=status["applied_version"], dbSizeInUse=status.get("log_size_bytes", 0),
             isLearner=not status["voter"])
 
-    def member_list(self) -> rpc_pb2.MemberListResponse:
-        """The voters (and, asked of the leader, the observers as learners)."""
-        members: dict[int, bool] = dict.fromkeys(self.member_urls, False)
+    async def member_list(self) -> rpc_pb2.MemberListResponse:
+        """The voters and the observers (as learners), from the leader's quorum view, each
+        with its etcd client URL: this node's own, the others' from their /v1/status
+        (``etcd_client_url``), asked once and remembered."""
         try:
-            quorum = self.service.quorum()
-        except ServiceError:
-            quorum = None
+            quorum = await self.link.quorum()
+        except EtcdError:
+            quorum = None  # no leader: the configured voters, URLs as far as known
+        members: dict[int, tuple[bool, str]] = {node_id: (False, "") for node_id in self.member_urls}
         if quorum is not None:
-            members = {replica["node_id"]: False for replica in quorum["voters"]}
-            members.update({replica["node_id"]: True for replica in quorum["observers"]})
+            members = {replica["node_id"]: (False, replica["endpoint"] or "") for replica in quorum["voters"]}
+            members.update({replica["node_id"]: (True, replica["endpoint"] or "") for replica in quorum["observers"]})
+        unknown = [(node_id, http_url) for node_id, (_learner, http_url) in members.items()
+                   if http_url and not self.member_urls.get(node_id)]
+        statuses = await asyncio.gather(*(self.link.member_status(http_url) for _node_id, http_url in unknown))
+        for (node_id, _http_url), status in zip(unknown, statuses, strict=True):
+            if status is not None and status.get("etcd_client_url"):
+                self.member_urls[node_id] = [str(status["etcd_client_url"])]
         # as etcd: a call that does not touch the key-value store has revision 0 (unset)
         return rpc_pb2.MemberListResponse(header=self.header(0), members=[
             rpc_pb2.Member(ID=node_id, name=f"metakv-{node_id}", clientURLs=self.member_urls.get(node_id, []),
                            isLearner=learner)
-            for node_id, learner in sorted(members.items())])
+            for node_id, (learner, _http_url) in sorted(members.items())])
 
 
 def _reads_state(op: rpc_pb2.RequestOp) -> bool:

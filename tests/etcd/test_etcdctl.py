@@ -241,6 +241,10 @@ def test_etcdctl_prints_the_same_against_metakv_and_etcd(clusters: tuple[Cluster
     got_leases = lease_scenario(f"127.0.0.1:{follower.etcd_port}")
     for key in expected_leases:
         assert (key, got_leases[key]) == (key, expected_leases[key])
+    # every member's etcd client URL, as etcd lists them (asked of a follower)
+    listed = json.loads(etcdctl_on(f"127.0.0.1:{follower.etcd_port}")("member", "list", "-w", "json"))
+    assert {member["ID"]: member["clientURLs"] for member in listed["members"]} == {
+        node.node_id: [f"http://127.0.0.1:{node.etcd_port}"] for node in metakv.nodes.values()}
     expected_nested = nested_txn_session(next(iter(etcd.nodes.values())).url.removeprefix("http://"))
     assert expected_nested["duplicate"][1] == "etcdserver: duplicate key given in txn request"
     got_nested = nested_txn_session(f"127.0.0.1:{follower.etcd_port}")
