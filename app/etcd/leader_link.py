@@ -32,7 +32,9 @@ from app.etcd.errors import (
     EtcdError,
     etcd_error,
     from_service_error,
+    invalid,
 )
+from app.http.settings import TXN_MAX_OPS
 from app.service import (
     ApplyResult,
     Compare,
@@ -180,6 +182,10 @@ class LeaderLink:
 
     async def _forward(self, leader_url: str, compares: tuple[Compare, ...], success: tuple[Op, ...],
                        failure: tuple[Op, ...]) -> ApplyResult:
+        if max(len(compares), len(success), len(failure)) > TXN_MAX_OPS:  # the HTTP API's bound
+            raise invalid(f"a follower forwards a txn of at most {TXN_MAX_OPS} metakv ops and compares to the "
+                          "leader (a put with prev_kv takes 2 ops, a deleted key with prev_kv 2, each key the "
+                          "txn's decision reads 1 compare); the leader itself takes it")
         builder = (await self._client(leader_url)).txn()
         for compare in compares:
             if compare.kind == CompareKind.MOD_VERSION:

@@ -608,15 +608,14 @@ class _Plan:
 
     def _delete(self, delete: rpc_pb2.DeleteRangeRequest) -> None:
         keys = self._keys_of(delete.key, delete.range_end)
-        ops = [Op(OpKind.GET, key) for key in keys] + [Op(OpKind.DELETE, key) for key in keys]
+        reads = [Op(OpKind.GET, key) for key in keys] if delete.prev_kv else []  # prev_kvs only when asked
 
         def answer(results: Sequence[OpResult]) -> rpc_pb2.ResponseOp:
-            gets, deletes = results[:len(keys)], results[len(keys):]
+            previous, deletes = results[:len(reads)], results[len(reads):]
             response = rpc_pb2.DeleteRangeResponse(deleted=sum(1 for result in deletes if result.deleted))
-            if delete.prev_kv:
-                response.prev_kvs.extend(key_value(result.entry) for result in gets if result.entry is not None)
+            response.prev_kvs.extend(key_value(result.entry) for result in previous if result.entry is not None)
             return rpc_pb2.ResponseOp(response_delete_range=response)
-        self._take(ops, answer)
+        self._take(reads + [Op(OpKind.DELETE, key) for key in keys], answer)
 
     def _range(self, request: rpc_pb2.RangeRequest) -> None:
         if request.revision > 0:

@@ -12,11 +12,13 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
 from app.etcd import leader_link
+from app.etcd.errors import EtcdError
 from app.etcd.leader_link import LeaderLink
-from app.service import NotLeaderError
+from app.service import NotLeaderError, Op, OpKind
 from tests.http.conftest import anyio_backend  # noqa: F401  (asyncio)
 
 pytestmark = pytest.mark.anyio
@@ -35,6 +37,9 @@ class Follower:
         if consistency != "local":
             raise NotLeaderError(LEADER_URL, 1)
         self.local_reads.append(min_version)
+
+    async def txn(self, *branches: object) -> None:
+        raise NotLeaderError(LEADER_URL, 1)
 
 
 async def test_the_node_serves_while_its_forwarding_client_is_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,3 +72,15 @@ async def test_the_node_serves_while_its_forwarding_client_is_built_once(monkeyp
     assert builds == [True]  # one build for the three reads, ended by the test, not by its timeout
     # the local read was answered first, then each linearizable one at the leader's version
     assert follower.local_reads == [None, LEADER_VERSION, LEADER_VERSION, LEADER_VERSION]
+
+
+async def test_a_txn_too_large_to_forward_is_refused_with_etcds_invalid_argument() -> None:
+    """The leader's HTTP API takes at most 128 ops per branch; before, the refusal came back
+    as etcd's "no leader", which clients retry for ever."""
+    link = LeaderLink(Follower())  # type: ignore[arg-type]
+    puts = tuple(Op(OpKind.PUT, f"k{n}", b"v") for n in range(129))
+    with pytest.raises(EtcdError) as refused:
+        await link.txn((), puts)
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.message.startswith("metakv: a follower forwards a txn of at most 128 metakv ops")
+    await link.close()

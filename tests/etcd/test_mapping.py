@@ -238,3 +238,4 @@ async def test_a_txn_tree_gets_etcds_request_checks(etcd: Stubs) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await etcd.kv.Txn(request)
         assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
