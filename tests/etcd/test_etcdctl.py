@@ -148,6 +148,13 @@ def gateway_session(base_url: str) -> dict[str, Any]:
     seen["txn"] = post("/v3/kv/txn", {
         "compare": [{"key": b64(b"gw/a"), "target": "VERSION", "result": "EQUAL", "version": 2}],
         "success": [{"request_range": {"key": b64(b"gw/b")}}, {"request_delete_range": {"key": b64(b"gw/b")}}]})
+    seen["nested txn"] = post("/v3/kv/txn", {"success": [{"request_txn": {
+        "compare": [{"key": b64(b"gw/a"), "target": "VALUE", "result": "EQUAL", "value": b64(b"2")}],
+        "success": [{"request_range": {"key": b64(b"gw/"), "range_end": b64(b"gw0")}}, {"request_put": {
+            "key": b64(b"gw/c"), "value": b64(b"4")}}]}}]})
+    seen["duplicate key"] = post("/v3/kv/txn", {"success": [{"request_put": {"key": b64(b"gw/d")}},
+                                                            {"request_txn": {"success": [{"request_put": {
+                                                                "key": b64(b"gw/d")}}]}}]})
     seen["deleterange prev_kv"] = post("/v3/kv/deleterange", {"key": b64(b"gw/"), "range_end": b64(b"gw0"),
                                                               "prev_kv": True})
     seen["future revision"] = post("/v3/kv/range", {"key": b64(b"gw/a"), "revision": 100000})
