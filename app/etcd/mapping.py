@@ -438,7 +438,7 @@ def _put_and_deleted_keys(ops: Sequence[rpc_pb2.RequestOp]) -> tuple[set[bytes],
     duplicate key error as its checkIntervals does: a put may not meet another put or a
     delete of this level or an earlier nested txn, and a nested txn's two branches may
     put the same key (only one runs). Deletes are (key, range_end) as etcd's intervals:
-    a range_end below the key (``\0``: from the key on) meets no put, as in etcd."""
+    a range_end below the key (a zero byte: from the key on) meets no put, as in etcd."""
     deleted = [(op.request_delete_range.key, op.request_delete_range.range_end)
                for op in ops if op.WhichOneof("request") == "request_delete_range"]
 
