@@ -62,15 +62,22 @@ test: $(STAMP) system lint
 	$(PY) -m pytest -q --durations=25 tests
 
 # etcd's API with clients from PyPI across a leader SIGKILL (docs/etcd.md, Proof): aetcd over
-# gRPC and etcd3gw over the gateway (~15 s; make test runs the etcdctl comparison and the rest).
+# gRPC and etcd3gw over the gateway, and a Locust scenario through metakv's gateway (~30 s;
+# make test runs the etcdctl comparison and the rest).
 .PHONY: test-etcd
 test-etcd: $(STAMP) system-etcd
-	$(PY) -m pytest -q tests/etcd/failover_clients.py tests/etcd
+	$(PY) -m pytest -q tests/etcd/failover_clients.py tests/loadtest/etcd_api_target.py tests/etcd
 
 # Put and range throughput, 64 clients: metakv's etcd gateway vs its HTTP API vs etcd (docs/etcd.md).
 .PHONY: bench-etcd-api
 bench-etcd-api: $(STAMP) system-etcd system-wrk
 	$(PY) -m loadtest.bench_etcd_api --duration-s 5 --rounds 2 --out results/bench_etcd_api.json
+
+# The Locust scenarios through metakv's HTTP API, metakv's etcd gateway and etcd side by side,
+# one report with ratios to etcd (docs/benchmarks.md); results/bench-etcd-locust/report/.
+.PHONY: bench-etcd-locust
+bench-etcd-locust: $(STAMP) system-etcd
+	$(PY) -m loadtest bench --targets metakv,metakv-etcd,etcd --duration 10 --out results/bench-etcd-locust
 
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
 .PHONY: test-storage-crash bench-storage

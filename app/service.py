@@ -253,6 +253,7 @@ class NodeStatus(TypedDict):
     last_contact_ms: int
     ready: bool
     advertise_http: str | None
+    etcd_client_url: NotRequired[str | None]  # its etcd v3 API, when it serves one
     cleaned_end: NotRequired[int]
     prefix_digest: NotRequired[PrefixDigestView]
     oldest_version: NotRequired[int]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from loadtest.clusters import ClusterError
+from loadtest.clusters import CLUSTER_TARGETS, ClusterError
 from loadtest.scenario_names import SCENARIOS
 
 
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run one scenario against a fresh cluster or a URL")
     run.add_argument("scenario", choices=sorted(SCENARIOS))
     run.add_argument("--target", default="metakv",
-                     help="metakv or etcd (a fresh local 3-node cluster), or comma-separated URLs")
+                     help="metakv, metakv-etcd (metakv through its etcd gateway) or etcd (a fresh local "
+                          "3-node cluster), or comma-separated URLs")
     run.add_argument("--store", choices=["metakv", "etcd"], default=None,
                      help="API spoken by a URL target (default metakv)")
     run.add_argument("--users", type=int, default=8)
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=None, help="default results/bench-<stamp>")
     bench.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     bench.add_argument("--users", type=int, default=8)
-    bench.add_argument("--targets", default="metakv,etcd")
+    bench.add_argument("--targets", default="metakv,etcd",
+                       help="a comma-separated subset of metakv,metakv-etcd,etcd")
     return parser
 
 
@@ -81,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         from loadtest.bench import BenchError, run_bench
 
         targets = [target.strip() for target in args.targets.split(",") if target.strip()]
-        if not targets or any(target not in ("metakv", "etcd") for target in targets):
-            parser.error("--targets is a comma-separated subset of metakv,etcd")
+        if not targets or any(target not in CLUSTER_TARGETS for target in targets):
+            parser.error("--targets is a comma-separated subset of metakv,metakv-etcd,etcd")
         try:
             report_paths = run_bench(targets, args.duration, args.users, args.out)
         except BenchError as error:

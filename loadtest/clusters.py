@@ -1,4 +1,6 @@
 """Fresh local clusters for one load-test run: 3 metakv voters or 3 etcd members.
+A ``metakv-etcd`` cluster is 3 metakv voters spoken to through their etcd v3 JSON gateways
+(``--listen-etcd-gateway``): the same scenarios through metakv's etcd API.
 
 Both run as real processes on free loopback ports with their data in a temporary
 directory, so each run starts from an empty store and leaves nothing behind. The processes
@@ -30,6 +32,7 @@ CLUSTER_START_TIMEOUT_S = 60.0  # until every node answers and a leader is known
 HTTP_PROBE_TIMEOUT_S = 2.0
 NODES_DEFAULT = 3
 LOG_TAIL_ON_ERROR_BYTES = 800
+CLUSTER_TARGETS = ("metakv", "metakv-etcd", "etcd")  # the kinds of cluster a run can start
 
 
 class ClusterError(RuntimeError):
@@ -38,7 +41,7 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class LocalCluster:
-    kind: str  # "metakv" | "etcd"
+    kind: str  # "metakv" | "metakv-etcd" | "etcd"
     nodes: dict[int, Node]
     base_dir: Path
     keep_dir: bool = False
@@ -46,6 +49,14 @@ class LocalCluster:
 
     @property
     def endpoints(self) -> list[str]:
+        """Where the load goes: a metakv-etcd cluster's etcd gateways, else the nodes' URLs."""
+        if self.kind == "metakv-etcd":
+            return [f"http://127.0.0.1:{node.etcd_gateway_port}" for node in self.nodes.values()]
+        return [node.url for node in self.nodes.values()]
+
+    @property
+    def metrics_endpoints(self) -> list[str]:
+        """Each node's URL serving /metrics (a metakv node's HTTP API, an etcd member's client URL)."""
         return [node.url for node in self.nodes.values()]
 
     def leader(self) -> Node | None:
@@ -126,20 +137,23 @@ def start_etcd(nodes: int = NODES_DEFAULT, base_dir: Path | None = None,
     return _started(LocalCluster("etcd", members, base, keep_dir=base_dir is not None))
 
 
-def start_metakv(nodes: int = NODES_DEFAULT, base_dir: Path | None = None) -> LocalCluster:
+def start_metakv(nodes: int = NODES_DEFAULT, base_dir: Path | None = None, etcd_gateway: bool = False
+                 ) -> LocalCluster:
     """A fresh metakv cluster of ``nodes`` voters on loopback, one `metakv serve` each
-    (``local_cluster.Cluster``'s nodes: its own cluster id, so it never joins another)."""
+    (``local_cluster.Cluster``'s nodes: its own cluster id, so it never joins another);
+    ``etcd_gateway``: each also serves etcd's v3 API and gateway, and the load goes there."""
     base = _base_dir(base_dir, "loadtest-metakv-")
-    voters = Cluster(base, voters=nodes).nodes
-    return _started(LocalCluster("metakv", voters, base, keep_dir=base_dir is not None))
+    voters = Cluster(base, voters=nodes, etcd=etcd_gateway).nodes
+    kind = "metakv-etcd" if etcd_gateway else "metakv"
+    return _started(LocalCluster(kind, voters, base, keep_dir=base_dir is not None))
 
 
 def start_cluster(kind: str, nodes: int = NODES_DEFAULT, base_dir: Path | None = None) -> LocalCluster:
     if kind == "etcd":
         return start_etcd(nodes, base_dir)
-    if kind == "metakv":
-        return start_metakv(nodes, base_dir)
-    raise ValueError(f"unknown cluster kind {kind!r} (metakv or etcd)")
+    if kind in ("metakv", "metakv-etcd"):
+        return start_metakv(nodes, base_dir, etcd_gateway=kind == "metakv-etcd")
+    raise ValueError(f"unknown cluster kind {kind!r} (metakv, metakv-etcd or etcd)")
 
 
 def _base_dir(base_dir: Path | None, prefix: str) -> Path:
@@ -183,9 +197,11 @@ def _node_ready(kind: str, node: Node) -> bool:
         return bool(health) and str(health.get("health")) == "true"
     try:
         with urllib.request.urlopen(node.url + "/readyz", timeout=HTTP_PROBE_TIMEOUT_S) as response:
-            return response.status == 200
+            if response.status != 200:
+                return False
     except (OSError, urllib.error.URLError):
         return False
+    return kind != "metakv-etcd" or _get_json(f"http://127.0.0.1:{node.etcd_gateway_port}/version") is not None
 
 
 def _get_json(url: str) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""`python -m loadtest report RESULTS...`: metakv and etcd side by side, from the run folders.
+"""`python -m loadtest report RESULTS...`: metakv and etcd side by side, from the run folders
+(and metakv through its etcd gateway, ``metakv-etcd``, when such runs are among them).
 
 Every figure is computed from the files a run wrote (run.json, locust.json, checks.json,
 samples.csv); nothing is typed in. Percentiles come from Locust's response-time histograms
@@ -16,7 +17,7 @@ import html
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,10 @@ import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from loadtest.scenario_names import SCENARIOS  # noqa: E402
 
-TARGET_ORDER = ("metakv", "etcd")
-TARGET_COLORS = {"metakv": "#1f77b4", "etcd": "#ff7f0e"}
+TARGET_ORDER = ("metakv", "metakv-etcd", "etcd")
+TARGET_COLORS = {"metakv": "#1f77b4", "metakv-etcd": "#2ca02c", "etcd": "#ff7f0e"}
+# churn plot: one colour per operation, one line style and marker per target
+TARGET_LINES = {"metakv": ("-", "o"), "metakv-etcd": (":", "^"), "etcd": ("--", "s")}
 FAILOVER_BUCKET_S = 0.5  # latency-over-time resolution
 # Statistics entries that are not client operations: the checks, the watch stream plumbing
 # (a long poll's duration is mostly waiting), and redirect hops (counted with their write).
@@ -64,7 +67,9 @@ class Run:
 
     @property
     def target(self) -> str:
-        return str(self.meta.get("store") or self.meta.get("target"))
+        """The cluster kind the runner started, or for a URL target the API it spoke."""
+        target = self.meta.get("target")
+        return str(target) if target in TARGET_ORDER else str(self.meta.get("store") or target)
 
     @property
     def scenario(self) -> str:
@@ -207,6 +212,9 @@ def build(runs: list[Run], out: Path) -> Report:
         "Latencies are client-side "
         "milliseconds; throughput is requests per second over the run. Ratios are metakv ÷ etcd "
         "(throughput: above 1 is better for metakv; p99: below 1 is better for metakv)."
+        + (" metakv-etcd is a metakv cluster driven through its etcd v3 JSON gateway by the same etcd "
+           "adapter that drives etcd; its ratios are to etcd too." if any(run.target == "metakv-etcd" for run in runs)
+           else "")
     )))
     _headline(report, steady)
     _scenarios(report, steady, out)
@@ -225,39 +233,42 @@ def _cluster_sharing(runs: list[Run]) -> str:
 
 
 def _headline(report: Report, steady: dict[tuple[str, float, str, bool], Run]) -> None:
+    targets = [target for target in TARGET_ORDER if any(key[2] == target for key in steady)]
+    compared = [target for target in targets if target != "etcd"] if "etcd" in targets else []
     rows = []
     groups = sorted({(key[0], key[1]) for key in steady}, key=lambda pair: (_scenario_order(pair[0]), pair[1]))
     for scenario, churn in groups:
-        metakv = steady.get((scenario, churn, "metakv", False))
-        etcd = steady.get((scenario, churn, "etcd", False))
-        m_tot = metakv.totals() if metakv else None
-        e_tot = etcd.totals() if etcd else None
+        runs = {target: steady.get((scenario, churn, target, False)) for target in targets}
+        totals = {target: run.totals() if run else None for target, run in runs.items()}
         label = f"{scenario} (churn {churn:g})" if scenario == "churn" else scenario
         rows.append([
             label,
-            f"{m_tot.throughput_per_s:.0f}" if m_tot else "–",
-            f"{e_tot.throughput_per_s:.0f}" if e_tot else "–",
-            _fmt_ratio(m_tot.throughput_per_s, e_tot.throughput_per_s) if m_tot and e_tot else "–",
-            _fmt_ms(m_tot.p99_ms) if m_tot else "–",
-            _fmt_ms(e_tot.p99_ms) if e_tot else "–",
-            _fmt_ratio(m_tot.p99_ms, e_tot.p99_ms) if m_tot and e_tot else "–",
-            f"{m_tot.failures}/{e_tot.failures}" if m_tot and e_tot else "–",
+            *(f"{total.throughput_per_s:.0f}" if total else "–" for total in totals.values()),
+            *(_ratio_to_etcd(totals, target, lambda op: op.throughput_per_s) for target in compared),
+            *(_fmt_ms(total.p99_ms) if total else "–" for total in totals.values()),
+            *(_ratio_to_etcd(totals, target, lambda op: op.p99_ms) for target in compared),
+            "/".join(str(total.failures) if total else "–" for total in totals.values()),
         ])
         if scenario == "watchers":
-            m_watch = metakv.operations.get("watch delivery") if metakv else None
-            e_watch = etcd.operations.get("watch delivery") if etcd else None
+            watches = {target: run.operations.get("watch delivery") if run else None for target, run in runs.items()}
             rows.append([
-                "watchers: write → event delivered", "", "", "",
-                _fmt_ms(m_watch.p99_ms) if m_watch else "–",
-                _fmt_ms(e_watch.p99_ms) if e_watch else "–",
-                _fmt_ratio(m_watch.p99_ms, e_watch.p99_ms) if m_watch and e_watch else "–", "",
+                "watchers: write → event delivered", *([""] * (len(targets) + len(compared))),
+                *(_fmt_ms(watch.p99_ms) if watch else "–" for watch in watches.values()),
+                *(_ratio_to_etcd(watches, target, lambda op: op.p99_ms) for target in compared), "",
             ])
-    report.blocks.append(("h2", "Headline: metakv ÷ etcd, same scenario, same machine"))
+    report.blocks.append(("h2", "Headline: ratios to etcd, same scenario, same machine"))
     report.blocks.append(("table", (
-        ["scenario", "metakv ops/s", "etcd ops/s", "throughput ratio", "metakv p99 ms", "etcd p99 ms",
-         "p99 ratio", "failed requests (metakv/etcd)"],
+        ["scenario", *(f"{target} ops/s" for target in targets),
+         *(f"{target} ÷ etcd ops/s" for target in compared), *(f"{target} p99 ms" for target in targets),
+         *(f"{target} ÷ etcd p99" for target in compared), f"failed requests ({'/'.join(targets)})"],
         rows,
     )))
+
+
+def _ratio_to_etcd(figures: dict[str, OperationStats | None], target: str,
+                   value_of: Callable[[OperationStats], float]) -> str:
+    mine, etcd = figures.get(target), figures.get("etcd")
+    return _fmt_ratio(value_of(mine), value_of(etcd)) if mine and etcd else "–"
 
 
 def _scenarios(report: Report, steady: dict[tuple[str, float, str, bool], Run], out: Path) -> None:
@@ -344,9 +355,8 @@ def _churn(report: Report, steady: dict[tuple[str, float, str, bool], Run], out:
         names = sorted({name for _, run in runs for name in run.operations if is_operation(name)})
         for name in names:
             points = [(level, run.operations[name]) for level, run in runs if name in run.operations]
-            # One colour per operation; metakv solid with circles, etcd dashed with squares.
-            style = {"linestyle": "-" if target == "metakv" else "--", "marker": "o" if target == "metakv" else "s",
-                     "color": color_of[name], "label": f"{target} {name}"}
+            linestyle, marker = TARGET_LINES[target]
+            style = {"linestyle": linestyle, "marker": marker, "color": color_of[name], "label": f"{target} {name}"}
             xs = [level for level, _ in points]
             axes[0].plot(xs, [op.p50_ms for _, op in points], **style)
             axes[1].plot(xs, [op.p99_ms for _, op in points], **style)

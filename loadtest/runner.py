@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest.clusters import LocalCluster, cluster_summary, fetch_text, start_cluster
+from loadtest.clusters import (
+    CLUSTER_TARGETS,
+    LocalCluster,
+    cluster_summary,
+    fetch_text,
+    start_cluster,
+)
 from loadtest.scenario_names import SCENARIOS
 from raft.types import check
 
@@ -40,7 +46,9 @@ STARTED_WAIT_S = 60.0  # how long the failover thread waits for the load to begi
 @dataclass(frozen=True)
 class RunSpec:
     scenario: str
-    target: str = "metakv"  # "metakv", "etcd", or comma-separated URLs of a running cluster
+    # "metakv", "metakv-etcd" (metakv through its etcd gateway), "etcd", or comma-separated
+    # URLs of a running cluster
+    target: str = "metakv"
     store: str | None = None  # API of a URL target; defaults to metakv
     users: int = 8
     rate: float = 0.0  # task iterations per second over all users; 0 = closed loop
@@ -63,8 +71,8 @@ class RunSpec:
         if self.rate < 0:
             raise ValueError("--rate must be 0 (closed loop) or positive")
         if self.failover_after_s is not None:
-            if self.target not in ("metakv", "etcd"):
-                raise ValueError("--failover-after needs a cluster the runner starts (metakv or etcd)")
+            if self.target not in CLUSTER_TARGETS:
+                raise ValueError("--failover-after needs a cluster the runner starts (metakv, metakv-etcd or etcd)")
             if not 0 < self.failover_after_s < self.duration_s:
                 raise ValueError("--failover-after must fall inside --duration")
         if self.store not in (None, "metakv", "etcd"):
@@ -72,14 +80,15 @@ class RunSpec:
 
     @property
     def store_kind(self) -> str:
-        if self.target in ("metakv", "etcd"):
-            return self.target
+        """The API the load speaks: a metakv-etcd cluster is spoken to as etcd."""
+        if self.target in CLUSTER_TARGETS:
+            return "etcd" if self.target == "metakv-etcd" else self.target
         return self.store or "metakv"
 
 
 def default_out_dir(spec: RunSpec, root: Path = Path("results")) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    target = spec.target if spec.target in ("metakv", "etcd") else f"url-{spec.store_kind}"
+    target = spec.target if spec.target in CLUSTER_TARGETS else f"url-{spec.store_kind}"
     failover = "-failover" if spec.failover_after_s else ""
     return root / f"{stamp}-{spec.scenario}-{target}-c{spec.churn:g}{failover}"
 
@@ -100,17 +109,18 @@ def run(spec: RunSpec, out_dir: Path | None = None, shared_cluster: LocalCluster
     try:
         if cluster is not None:
             endpoints = cluster.endpoints
-        elif spec.target in ("metakv", "etcd"):
+        elif spec.target in CLUSTER_TARGETS:
             cluster = start_cluster(spec.target, spec.nodes)
             endpoints = cluster.endpoints
         else:
             endpoints = [url.strip().rstrip("/") for url in spec.target.split(",") if url.strip()]
             check(len(endpoints) > 0, "a URL target names at least one endpoint")
-        _save_metrics(endpoints, out / "metrics", "before")
+        metrics_endpoints = cluster.metrics_endpoints if cluster is not None else endpoints
+        _save_metrics(metrics_endpoints, out / "metrics", "before")
         started = dt.datetime.now(dt.UTC)
         run_id = f"{out.name}-{uuid.uuid4().hex[:8]}"  # key prefix: runs sharing a cluster never collide
         exit_code, failover = _run_locust(spec, endpoints, out, cluster, run_id)
-        _save_metrics(endpoints, out / "metrics", "after")
+        _save_metrics(metrics_endpoints, out / "metrics", "after")
         checks = _read_json(out / "checks.json")
         document: dict[str, Any] = {
             "scenario": spec.scenario,

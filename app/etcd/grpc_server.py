@@ -136,7 +136,7 @@ class _Cluster(rpc_pb2_grpc.ClusterServicer):
 
     async def MemberList(self, request: rpc_pb2.MemberListRequest,
                          context: grpc.aio.ServicerContext) -> rpc_pb2.MemberListResponse:
-        return await _answer(context, _ready(self.mapping.member_list()))
+        return await _answer(context, self.mapping.member_list())
 
 
 class EtcdGrpcServer:

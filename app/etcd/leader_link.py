@@ -6,13 +6,21 @@ a leader change.
 A follower's linearizable read asks the leader for a linearizable version (a one-key
 listing) and waits until it has applied that version itself, then reads locally (Raft's
 ReadIndex): the read rules stay in one place, the local read path.
+
+The forwarding client for a leader is built once, in a worker thread: building one loads a
+TLS trust store per connection pool, seconds of CPU on a loaded machine, and a node whose
+event loop stalls that long drops its leader (etcd clients then read "no leader").
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import httpx
 
 from app.etcd.errors import (
     LEADER_FAIL,
@@ -24,7 +32,9 @@ from app.etcd.errors import (
     EtcdError,
     etcd_error,
     from_service_error,
+    invalid,
 )
+from app.http.settings import TXN_MAX_OPS
 from app.service import (
     ApplyResult,
     Compare,
@@ -39,6 +49,7 @@ from app.service import (
     Op,
     OpKind,
     OpResult,
+    QuorumView,
     ServiceError,
     VersionWaitTimeoutError,
 )
@@ -54,6 +65,7 @@ from metakv.leases import (
     parse_keepalive,
     revoke_request,
 )
+from metakv.protocol import Request
 from metakv.results import TxnResult
 from metakv.routing import RetryPolicy
 
@@ -62,6 +74,7 @@ FORWARD_TIMEOUT_S = 5.0
 # A forwarded call gives up on a leader that stopped answering this soon: the etcd client
 # then retries (UNAVAILABLE), and the retry goes to whichever leader this node knows by then.
 FORWARD_DEADLINE_S = 2.0
+MEMBER_STATUS_TIMEOUT_S = 2.0  # a member that does not tell its status this soon is listed without URLs
 Answered = TypeVar("Answered")
 
 
@@ -70,20 +83,33 @@ class LeaderLink:
 
     def __init__(self, service: KVService) -> None:
         self.service = service
-        self._clients: dict[str, AsyncClient] = {}
+        self._clients: dict[str, asyncio.Future[AsyncClient]] = {}  # leader URL -> its client, once built
+        self._status_probe: asyncio.Future[httpx.AsyncClient] | None = None  # for members' /v1/status
 
-    def _client(self, leader_url: str) -> AsyncClient:
-        client = self._clients.get(leader_url)
-        if client is None:
-            client = self._clients[leader_url] = AsyncClient(
-                leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
-                read_your_writes=False)
-        return client
+    async def _client(self, leader_url: str) -> AsyncClient:
+        """The client forwarding to ``leader_url``: built once (concurrent calls wait for the
+        same build), off the event loop (module docstring)."""
+        built = self._clients.get(leader_url)
+        if built is None:
+            built = self._clients[leader_url] = asyncio.ensure_future(asyncio.to_thread(
+                AsyncClient, leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
+                read_your_writes=False))
+        try:
+            return await asyncio.shield(built)
+        except Exception:
+            if self._clients.get(leader_url) is built:
+                del self._clients[leader_url]  # the next call builds again
+            raise
 
     async def close(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
+        builds, self._clients = list(self._clients.values()), {}
+        for client in await asyncio.gather(*builds, return_exceptions=True):
+            if isinstance(client, AsyncClient):
+                await client.aclose()
+        probe, self._status_probe = self._status_probe, None
+        if probe is not None:
+            with contextlib.suppress(Exception):  # a probe client that failed to build has nothing to close
+                await (await probe).aclose()
 
     async def barrier(self, serializable: bool) -> None:
         """Return once a read of this node's state is as fresh as asked: ``serializable``
@@ -107,10 +133,40 @@ class LeaderLink:
 
     async def _leader_version(self, leader_url: str) -> int:
         try:
-            listing = await self._client(leader_url).list("", limit=1, keys_only=True, consistency="linearizable")
+            client = await self._client(leader_url)
+            listing = await client.list("", limit=1, keys_only=True, consistency="linearizable")
         except MetakvError as exc:
             raise etcd_error(NO_LEADER) from exc
         return listing.version
+
+    async def quorum(self) -> QuorumView:
+        """The leader's view of the voters and observers, each with its advertised HTTP URL."""
+        try:
+            return self.service.quorum()
+        except NotLeaderError as exc:
+            if exc.leader_url is None:
+                raise etcd_error(NO_LEADER) from exc
+            client = await self._client(exc.leader_url)
+            try:
+                return (await client.call(Request("GET", "/v1/quorum", target_leader=True))).json()
+            except MetakvError as forwarded:
+                raise _forward_error(forwarded) from forwarded
+        except ServiceError as exc:
+            raise from_service_error(exc) from exc
+
+    async def member_status(self, url: str) -> dict[str, Any] | None:
+        """The /v1/status of the member whose advertised HTTP URL is ``url``; None when it
+        does not answer. One plain HTTP client for all members, built off the loop."""
+        if self._status_probe is None:
+            self._status_probe = asyncio.ensure_future(
+                asyncio.to_thread(httpx.AsyncClient, timeout=MEMBER_STATUS_TIMEOUT_S))
+        try:
+            probe = await asyncio.shield(self._status_probe)
+            answer = await probe.get(url.rstrip("/") + "/v1/status")
+            status = answer.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        return status if answer.status_code == 200 and isinstance(status, dict) else None
 
     async def txn(self, compares: tuple[Compare, ...], success: tuple[Op, ...],
                   failure: tuple[Op, ...] = ()) -> ApplyResult:
@@ -126,7 +182,11 @@ class LeaderLink:
 
     async def _forward(self, leader_url: str, compares: tuple[Compare, ...], success: tuple[Op, ...],
                        failure: tuple[Op, ...]) -> ApplyResult:
-        builder = self._client(leader_url).txn()
+        if max(len(compares), len(success), len(failure)) > TXN_MAX_OPS:  # the HTTP API's bound
+            raise invalid(f"a follower forwards a txn of at most {TXN_MAX_OPS} metakv ops and compares to the "
+                          "leader (a put with prev_kv takes 2 ops, a deleted key with prev_kv 2, each key the "
+                          "txn's decision reads 1 compare); the leader itself takes it")
+        builder = (await self._client(leader_url)).txn()
         for compare in compares:
             if compare.kind == CompareKind.MOD_VERSION:
                 builder.when_version(compare.key, int(compare.target))
@@ -159,7 +219,7 @@ class LeaderLink:
             if exc.leader_url is None:
                 raise etcd_error(NO_LEADER) from exc
             try:
-                return await self._client(exc.leader_url).run(plan())
+                return await (await self._client(exc.leader_url)).run(plan())
             except MetakvError as forwarded:
                 raise _forward_error(forwarded) from forwarded
         except ServiceError as exc:

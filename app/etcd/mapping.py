@@ -11,15 +11,18 @@ place etcd's rules live (the gRPC server and the JSON gateway both call it).
   mod_version it read, else it reads and decides again (optimistic concurrency), so the
   outcome is one etcd would give at the version the write applies at. A key created in a
   range between the read and the write is the exception (documented, docs/etcd.md).
+- A nested Txn's compares are decided with the outer ones, on the same read (as etcd: every
+  compare of the txn tree sees the state before the txn); its chosen ops join the one write.
 - Leases are metakv's (docs/leases.md): a lease id is etcd's ID, the calls are the
   service's, forwarded to the leader from a follower like writes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -58,6 +61,11 @@ LIST_PAGE = 1000
 GUARDED_ATTEMPTS = 16  # reads-then-guarded-writes before a busy key gives up (UNAVAILABLE)
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops, and metakv's ops per txn branch
 ALL_KEYS = b"\0"
+# etcd's own answers (api/v3rpc/rpctypes) for a txn request it refuses before running it
+TOO_MANY_OPS = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: too many operations in txn request")
+DUPLICATE_KEY = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: duplicate key given in txn request")
+VALUE_PROVIDED = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: value is provided")
+INVALID_SORT = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: invalid sort option")
 
 
 def cluster_number(cluster_id: str) -> int:
@@ -156,7 +164,7 @@ _SORT_KEYS: dict[int, Callable[[Entry], object]] = {
 
 class EtcdMapping:
     """etcd's calls on one node's service. ``member_urls``: node id -> its etcd client URLs
-    as far as this node knows them (for MemberList)."""
+    as far as this node knows them (for MemberList; the others' are learned on the way)."""
 
     def __init__(self, service: KVService, cluster_id: str, member_urls: dict[int, list[str]]) -> None:
         self.service = service
@@ -225,10 +233,10 @@ class EtcdMapping:
                         header: rpc_pb2.ResponseHeader | None) -> rpc_pb2.RangeResponse:
         bounds = ((request.min_mod_revision, request.max_mod_revision, lambda entry: entry.mod_version),
                   (request.min_create_revision, request.max_create_revision, lambda entry: entry.create_version))
-        for low, high, field in bounds:
+        for low, high, revision_of in bounds:
             if low or high:
                 entries = [entry for entry in entries
-                           if (not low or field(entry) >= low) and (not high or field(entry) <= high)]
+                           if (not low or revision_of(entry) >= low) and (not high or revision_of(entry) <= high)]
         order, target = request.sort_order, request.sort_target
         if order == rpc_pb2.RangeRequest.NONE and target != rpc_pb2.RangeRequest.KEY:
             order = rpc_pb2.RangeRequest.ASCEND  # as etcd: a sort target without an order ascends
@@ -265,8 +273,7 @@ class EtcdMapping:
     async def txn(self, request: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
         """etcd's Txn (Put and DeleteRange are one-op Txns): read what it depends on,
         decide, write guarded; again while a guard fails."""
-        if max(len(request.success), len(request.failure)) > MAX_TXN_OPS:
-            raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: too many operations in txn request")
+        check_txn_request(request)
         for _attempt in range(GUARDED_ATTEMPTS):
             plan = await self._plan(request)
             if all(op.kind == OpKind.GET for op in plan.ops):
@@ -356,21 +363,29 @@ class EtcdMapping:
             raftAppliedIndex=status["applied_version"], dbSizeInUse=status.get("log_size_bytes", 0),
             isLearner=not status["voter"])
 
-    def member_list(self) -> rpc_pb2.MemberListResponse:
-        """The voters (and, asked of the leader, the observers as learners)."""
-        members: dict[int, bool] = dict.fromkeys(self.member_urls, False)
+    async def member_list(self) -> rpc_pb2.MemberListResponse:
+        """The voters and the observers (as learners), from the leader's quorum view, each
+        with its etcd client URL: this node's own, the others' from their /v1/status
+        (``etcd_client_url``), asked once and remembered."""
         try:
-            quorum = self.service.quorum()
-        except ServiceError:
-            quorum = None
+            quorum = await self.link.quorum()
+        except EtcdError:
+            quorum = None  # no leader: the configured voters, URLs as far as known
+        members: dict[int, tuple[bool, str]] = {node_id: (False, "") for node_id in self.member_urls}
         if quorum is not None:
-            members = {replica["node_id"]: False for replica in quorum["voters"]}
-            members.update({replica["node_id"]: True for replica in quorum["observers"]})
+            members = {replica["node_id"]: (False, replica["endpoint"] or "") for replica in quorum["voters"]}
+            members.update({replica["node_id"]: (True, replica["endpoint"] or "") for replica in quorum["observers"]})
+        unknown = [(node_id, http_url) for node_id, (_learner, http_url) in members.items()
+                   if http_url and not self.member_urls.get(node_id)]
+        statuses = await asyncio.gather(*(self.link.member_status(http_url) for _node_id, http_url in unknown))
+        for (node_id, _http_url), status in zip(unknown, statuses, strict=True):
+            if status is not None and status.get("etcd_client_url"):
+                self.member_urls[node_id] = [str(status["etcd_client_url"])]
         # as etcd: a call that does not touch the key-value store has revision 0 (unset)
         return rpc_pb2.MemberListResponse(header=self.header(0), members=[
             rpc_pb2.Member(ID=node_id, name=f"metakv-{node_id}", clientURLs=self.member_urls.get(node_id, []),
                            isLearner=learner)
-            for node_id, learner in sorted(members.items())])
+            for node_id, (learner, _http_url) in sorted(members.items())])
 
 
 def _reads_state(op: rpc_pb2.RequestOp) -> bool:
@@ -383,6 +398,75 @@ def _reads_state(op: rpc_pb2.RequestOp) -> bool:
     if kind == "request_range":
         return bool(op.request_range.range_end)
     return kind == "request_txn"
+
+
+def check_txn_request(request: rpc_pb2.TxnRequest, max_ops: int = MAX_TXN_OPS) -> None:
+    """etcd's checks of a txn tree before it runs (v3rpc checkTxnRequest, checkIntervals):
+    sizes, keys given, and no key put twice or put and deleted on one path through it."""
+    _check_ops(request, max_ops)
+    for branch in (request.success, request.failure):
+        _put_and_deleted_keys(branch)
+
+
+def _check_ops(request: rpc_pb2.TxnRequest, max_ops: int) -> None:
+    widest = max(len(request.compare), len(request.success), len(request.failure))
+    if widest > max_ops:
+        raise etcd_error(TOO_MANY_OPS)
+    if any(not compare.key for compare in request.compare):
+        raise etcd_error(EMPTY_KEY)
+    for op in (*request.success, *request.failure):
+        kind = op.WhichOneof("request")
+        if kind is None:
+            raise etcd_error(KEY_NOT_FOUND)  # as etcd: an empty op
+        if kind == "request_txn":
+            _check_ops(op.request_txn, max_ops - widest)  # as etcd: what the outer txn left
+            continue
+        if not getattr(op, kind).key:
+            raise etcd_error(EMPTY_KEY)
+        if kind == "request_put" and op.request_put.ignore_value and op.request_put.value:
+            raise etcd_error(VALUE_PROVIDED)
+        if kind == "request_put" and op.request_put.ignore_lease and op.request_put.lease:
+            raise etcd_error(LEASE_PROVIDED)
+        if kind == "request_range" and (
+                op.request_range.sort_order not in rpc_pb2.RangeRequest.SortOrder.values()
+                or op.request_range.sort_target not in rpc_pb2.RangeRequest.SortTarget.values()):
+            raise etcd_error(INVALID_SORT)
+
+
+def _put_and_deleted_keys(ops: Sequence[rpc_pb2.RequestOp]) -> tuple[set[bytes], list[tuple[bytes, bytes]]]:
+    """The keys ``ops`` put and the ranges they delete, nested txns included; raises etcd's
+    duplicate key error as its checkIntervals does: a put may not meet another put or a
+    delete of this level or an earlier nested txn, and a nested txn's two branches may
+    put the same key (only one runs). Deletes are (key, range_end) as etcd's intervals:
+    a range_end below the key (a zero byte: from the key on) meets no put, as in etcd."""
+    deleted = [(op.request_delete_range.key, op.request_delete_range.range_end)
+               for op in ops if op.WhichOneof("request") == "request_delete_range"]
+
+    def meets_delete(key: bytes) -> bool:
+        return any(key == start if not end else start <= key < end for start, end in deleted)
+
+    put: set[bytes] = set()
+    for op in ops:
+        if op.WhichOneof("request") != "request_txn":
+            continue
+        then_put, then_deleted = _put_and_deleted_keys(op.request_txn.success)
+        else_put, else_deleted = _put_and_deleted_keys(op.request_txn.failure)
+        for key in then_put:
+            if key in put or meets_delete(key):
+                raise etcd_error(DUPLICATE_KEY)
+        put |= then_put
+        for key in else_put:
+            if (key in put and key not in then_put) or meets_delete(key):
+                raise etcd_error(DUPLICATE_KEY)
+        put |= else_put
+        deleted += then_deleted + else_deleted
+    for op in ops:
+        if op.WhichOneof("request") != "request_put":
+            continue
+        if op.request_put.key in put or meets_delete(op.request_put.key):
+            raise etcd_error(DUPLICATE_KEY)
+        put.add(op.request_put.key)
+    return put, deleted
 
 
 class _Reads:
@@ -431,25 +515,42 @@ def _compare(value: object, result: int, wanted: object) -> bool:
     return value < wanted  # type: ignore[operator]
 
 
+# An op's answer from the results of its own ops in the plan.
+BuildAnswer = Callable[[Sequence[OpResult]], rpc_pb2.ResponseOp]
+
+
+@dataclass(slots=True)
+class _OpAnswer:
+    build: BuildAnswer
+    start: int  # its ops in the plan: [start, end)
+    end: int
+
+
+@dataclass(slots=True)
+class _NestedTxn:
+    succeeded: bool
+    answers: list[_OpAnswer | _NestedTxn] = field(default_factory=list)
+
+
 class _Plan:
-    """The ops of the chosen branch as one metakv txn, and how to answer it."""
+    """The ops of the chosen branches (nested txns' too, in order) as one metakv txn, and
+    how to answer it."""
 
     def __init__(self, succeeded: bool, reads: _Reads) -> None:
         self.succeeded = succeeded
         self.reads = reads
         self.ops: list[Op] = []
-        self.answers: list[Callable[[list], rpc_pb2.ResponseOp]] = []  # each takes its ops' results
+        self.answers: list[_OpAnswer | _NestedTxn] = []
 
     @property
     def guard(self) -> tuple[Compare, ...]:
         return tuple(Compare(key, CompareKind.MOD_VERSION, mod_version)
                      for key, mod_version in sorted(self.reads.seen.items()))
 
-    def _take(self, ops: Iterable[Op], answer: Callable[[list], rpc_pb2.ResponseOp]) -> None:
+    def _take(self, ops: Iterable[Op], build: BuildAnswer) -> None:
         start = len(self.ops)
         self.ops.extend(ops)
-        count = len(self.ops) - start
-        self.answers.append(lambda results: answer(results[start:start + count]))
+        self.answers.append(_OpAnswer(build, start, len(self.ops)))
 
     def add(self, op: rpc_pb2.RequestOp) -> None:
         kind = op.WhichOneof("request")
@@ -459,14 +560,24 @@ class _Plan:
             self._delete(op.request_delete_range)
         elif kind == "request_range":
             self._range(op.request_range)
+        elif kind == "request_txn":
+            self._nested(op.request_txn)
         else:
-            raise unimplemented("a nested txn is not supported")
+            raise etcd_error(KEY_NOT_FOUND)  # as etcd: an empty op
+
+    def _nested(self, txn: rpc_pb2.TxnRequest) -> None:
+        """As etcd: its compares see the state before the whole txn (the same reads as the
+        outer compares); its chosen ops run in place, after the ops before it."""
+        nested = _NestedTxn(all(self.reads.holds(compare) for compare in txn.compare))
+        outer, self.answers = self.answers, nested.answers
+        try:
+            for op in txn.success if nested.succeeded else txn.failure:
+                self.add(op)
+        finally:
+            self.answers = outer
+        self.answers.append(nested)
 
     def _put(self, put: rpc_pb2.PutRequest) -> None:
-        if not put.key:
-            raise etcd_error(EMPTY_KEY)
-        if put.ignore_lease and put.lease:
-            raise etcd_error(LEASE_PROVIDED)
         key = text_key(put.key)
         value, lease = put.value, lease_id(put.lease) if put.lease else 0
         if put.ignore_value or put.ignore_lease:  # the key's own value or lease, as it is now
@@ -478,7 +589,7 @@ class _Plan:
         ops = ([Op(OpKind.GET, key)] if put.prev_kv else []) + [Op(OpKind.PUT, key, value, DEFAULT_CONTENT_TYPE,
                                                                    lease=lease)]
 
-        def answer(results: list) -> rpc_pb2.ResponseOp:
+        def answer(results: Sequence[OpResult]) -> rpc_pb2.ResponseOp:
             response = rpc_pb2.PutResponse()
             if put.prev_kv and results[0].entry is not None:
                 response.prev_kv.CopyFrom(key_value(results[0].entry))
@@ -486,29 +597,32 @@ class _Plan:
         self._take(ops, answer)
 
     def _keys_of(self, key: bytes, range_end: bytes) -> list[str]:
+        """The keys of a range as the op will find them: those read now, and those an
+        earlier op of this txn puts (as in etcd, an op sees the txn's earlier writes)."""
         keys = KeyRange.of(key, range_end)
         if keys.single:
             return [text_key(keys.start)]
-        return [entry.key for entry in self.reads.entries(keys)]
+        found = {entry.key for entry in self.reads.entries(keys)}
+        found.update(op.key for op in self.ops if op.kind == OpKind.PUT and keys.holds(op.key.encode()))
+        return sorted(found)  # code point order is UTF-8 byte order
 
     def _delete(self, delete: rpc_pb2.DeleteRangeRequest) -> None:
         keys = self._keys_of(delete.key, delete.range_end)
-        ops = [Op(OpKind.GET, key) for key in keys] + [Op(OpKind.DELETE, key) for key in keys]
+        reads = [Op(OpKind.GET, key) for key in keys] if delete.prev_kv else []  # prev_kvs only when asked
 
-        def answer(results: list) -> rpc_pb2.ResponseOp:
-            gets, deletes = results[:len(keys)], results[len(keys):]
+        def answer(results: Sequence[OpResult]) -> rpc_pb2.ResponseOp:
+            previous, deletes = results[:len(reads)], results[len(reads):]
             response = rpc_pb2.DeleteRangeResponse(deleted=sum(1 for result in deletes if result.deleted))
-            if delete.prev_kv:
-                response.prev_kvs.extend(key_value(result.entry) for result in gets if result.entry is not None)
+            response.prev_kvs.extend(key_value(result.entry) for result in previous if result.entry is not None)
             return rpc_pb2.ResponseOp(response_delete_range=response)
-        self._take(ops, answer)
+        self._take(reads + [Op(OpKind.DELETE, key) for key in keys], answer)
 
     def _range(self, request: rpc_pb2.RangeRequest) -> None:
         if request.revision > 0:
             raise unimplemented("a range at a revision inside a txn is not supported")
         keys = self._keys_of(request.key, request.range_end)
 
-        def answer(results: list) -> rpc_pb2.ResponseOp:
+        def answer(results: Sequence[OpResult]) -> rpc_pb2.ResponseOp:
             entries = [result.entry for result in results if result.entry is not None]
             return rpc_pb2.ResponseOp(response_range=EtcdMapping._range_response(request, entries, None))
         self._take([Op(OpKind.GET, key) for key in keys], answer)
@@ -521,9 +635,26 @@ class _Plan:
         except ServiceError as exc:
             raise from_service_error(exc) from exc
 
-    def response(self, results: list[OpResult] | tuple[OpResult, ...], header: rpc_pb2.ResponseHeader
-                 ) -> rpc_pb2.TxnResponse:
-        responses = [answer(results) for answer in self.answers]
-        for response in responses:  # as etcd: an inner response's header holds the revision only
-            getattr(response, response.WhichOneof("response")).header.revision = header.revision
-        return rpc_pb2.TxnResponse(header=header, succeeded=self.succeeded, responses=responses)
+    def response(self, results: Sequence[OpResult], header: rpc_pb2.ResponseHeader) -> rpc_pb2.TxnResponse:
+        """As etcd, an op's own header holds only a revision: the txn's once the txn changed
+        something at or before that op, the one before it until then; a nested txn's
+        header is empty."""
+        changes = [index for index, result in enumerate(results[:len(self.ops)])
+                   if result.kind == OpKind.PUT or result.deleted]
+        first_change = changes[0] if changes else len(self.ops)
+        before = header.revision - 1 if changes else header.revision
+
+        def render(answers: list[_OpAnswer | _NestedTxn]) -> list[rpc_pb2.ResponseOp]:
+            responses = []
+            for answer in answers:
+                if isinstance(answer, _NestedTxn):
+                    responses.append(rpc_pb2.ResponseOp(response_txn=rpc_pb2.TxnResponse(
+                        header=rpc_pb2.ResponseHeader(), succeeded=answer.succeeded,
+                        responses=render(answer.answers))))
+                    continue
+                response = answer.build(results[answer.start:answer.end])
+                getattr(response, response.WhichOneof("response")).header.revision = (
+                    header.revision if first_change < answer.end else before)
+                responses.append(response)
+            return responses
+        return rpc_pb2.TxnResponse(header=header, succeeded=self.succeeded, responses=render(self.answers))

@@ -15,9 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
+from google.protobuf import json_format
 
+from app.etcd.protos import rpc_pb2, rpc_pb2_grpc
 from loadtest.clusters import start_etcd
 from loadtest.local_cluster import Cluster
 
@@ -145,10 +148,73 @@ def gateway_session(base_url: str) -> dict[str, Any]:
     seen["txn"] = post("/v3/kv/txn", {
         "compare": [{"key": b64(b"gw/a"), "target": "VERSION", "result": "EQUAL", "version": 2}],
         "success": [{"request_range": {"key": b64(b"gw/b")}}, {"request_delete_range": {"key": b64(b"gw/b")}}]})
+    seen["nested txn"] = post("/v3/kv/txn", {"success": [{"request_txn": {
+        "compare": [{"key": b64(b"gw/a"), "target": "VALUE", "result": "EQUAL", "value": b64(b"2")}],
+        "success": [{"request_range": {"key": b64(b"gw/"), "range_end": b64(b"gw0")}}, {"request_put": {
+            "key": b64(b"gw/c"), "value": b64(b"4")}}]}}]})
+    seen["duplicate key"] = post("/v3/kv/txn", {"success": [{"request_put": {"key": b64(b"gw/d")}},
+                                                            {"request_txn": {"success": [{"request_put": {
+                                                                "key": b64(b"gw/d")}}]}}]})
     seen["deleterange prev_kv"] = post("/v3/kv/deleterange", {"key": b64(b"gw/"), "range_end": b64(b"gw0"),
                                                               "prev_kv": True})
     seen["future revision"] = post("/v3/kv/range", {"key": b64(b"gw/a"), "revision": 100000})
     seen["empty key"] = post("/v3/kv/put", {"value": b64(b"v")})
+    return seen
+
+
+def relative(value: Any, base: int) -> Any:
+    """``value`` with revisions counted from ``base`` and ids left out."""
+    if isinstance(value, dict):
+        return {key: int(item) - base if key in {"revision", "create_revision", "mod_revision"}
+                else relative(item, base) for key, item in value.items()
+                if key not in {"cluster_id", "member_id", "raft_term"}}
+    if isinstance(value, list):
+        return [relative(item, base) for item in value]
+    return value
+
+
+def nested_txn_session(endpoint: str) -> dict[str, Any]:
+    """Txns with nested txns (etcdctl 3.4 cannot send them) over a raw gRPC stub: the
+    answers, revisions relative to the session's first put."""
+    def put(key: bytes) -> rpc_pb2.RequestOp:
+        return rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=key, value=b"v", prev_kv=True))
+
+    def scan(key: bytes, range_end: bytes, delete: bool = False) -> rpc_pb2.RequestOp:
+        if delete:
+            return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=key, range_end=range_end))
+        return rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=key, range_end=range_end))
+
+    def txn(compare: list[rpc_pb2.Compare], success: list[rpc_pb2.RequestOp],
+            failure: list[rpc_pb2.RequestOp] | None = None) -> rpc_pb2.TxnRequest:
+        return rpc_pb2.TxnRequest(compare=compare, success=success, failure=failure or [])
+
+    def nest(request: rpc_pb2.TxnRequest) -> rpc_pb2.RequestOp:
+        return rpc_pb2.RequestOp(request_txn=request)
+
+    def value_is(key: bytes, value: bytes) -> rpc_pb2.Compare:
+        return rpc_pb2.Compare(key=key, target=rpc_pb2.Compare.VALUE, result=rpc_pb2.Compare.EQUAL, value=value)
+
+    requests = {
+        "nested": txn([value_is(b"nt/a", b"1")], [scan(b"nt/a", b""), put(b"nt/b"), nest(txn(
+            [value_is(b"nt/a", b"1"), value_is(b"nt/b", b"v")], [put(b"nt/c")], [scan(b"nt/", b"nt0"), put(b"nt/d")]))]),
+        "failure branch": txn([value_is(b"nt/a", b"2")], [], [nest(txn([], [nest(txn([], [scan(b"nt/a", b"")]))]))]),
+        "then and else put one key": txn([], [nest(txn([value_is(b"nt/e", b"x")], [put(b"nt/e")], [put(b"nt/e")]))]),
+        "a later nested txn deletes a put": txn([], [nest(txn([], [put(b"nt/z")])),
+                                                     nest(txn([], [scan(b"nt/", b"nt0", delete=True)]))]),
+        "duplicate": txn([], [put(b"nt/k"), nest(txn([], [put(b"nt/k")]))]),
+        "delete then put": txn([], [nest(txn([], [scan(b"nt/k", b"", delete=True)])), put(b"nt/k")]),
+    }
+    with grpc.insecure_channel(endpoint) as channel:
+        kv = rpc_pb2_grpc.KVStub(channel)
+        base = kv.Put(rpc_pb2.PutRequest(key=b"nt/a", value=b"1"), timeout=COMMAND_TIMEOUT_S).header.revision
+        seen: dict[str, Any] = {}
+        for name, request in requests.items():
+            try:
+                answer = kv.Txn(request, timeout=COMMAND_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                seen[name] = (exc.code(), exc.details())
+                continue
+            seen[name] = relative(json_format.MessageToDict(answer, preserving_proto_field_name=True), base)
     return seen
 
 
@@ -182,6 +248,15 @@ def test_etcdctl_prints_the_same_against_metakv_and_etcd(clusters: tuple[Cluster
     got_leases = lease_scenario(f"127.0.0.1:{follower.etcd_port}")
     for key in expected_leases:
         assert (key, got_leases[key]) == (key, expected_leases[key])
+    # every member's etcd client URL, as etcd lists them (asked of a follower)
+    listed = json.loads(etcdctl_on(f"127.0.0.1:{follower.etcd_port}")("member", "list", "-w", "json"))
+    assert {member["ID"]: member["clientURLs"] for member in listed["members"]} == {
+        node.node_id: [f"http://127.0.0.1:{node.etcd_port}"] for node in metakv.nodes.values()}
+    expected_nested = nested_txn_session(next(iter(etcd.nodes.values())).url.removeprefix("http://"))
+    assert expected_nested["duplicate"][1] == "etcdserver: duplicate key given in txn request"
+    got_nested = nested_txn_session(f"127.0.0.1:{follower.etcd_port}")
+    for key in expected_nested:
+        assert (key, got_nested[key]) == (key, expected_nested[key])
     expected_json = gateway_session(next(iter(etcd.nodes.values())).url)
     got_json = gateway_session(f"http://127.0.0.1:{follower.etcd_gateway_port}")
     for key in expected_json:

@@ -145,3 +145,97 @@ async def test_status_member_list_and_alarm(etcd: Stubs) -> None:
     alarms = await etcd.maintenance.Alarm(rpc_pb2.AlarmRequest())
     assert not alarms.alarms and alarms.header.member_id == 1
 
+
+
+def put_op(key: bytes, value: bytes = b"v", **options: object) -> rpc_pb2.RequestOp:
+    return rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=key, value=value, **options))
+
+
+def range_op(key: bytes, range_end: bytes = b"") -> rpc_pb2.RequestOp:
+    return rpc_pb2.RequestOp(request_range=R(key=key, range_end=range_end))
+
+
+def delete_op(key: bytes, range_end: bytes = b"") -> rpc_pb2.RequestOp:
+    return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=key, range_end=range_end))
+
+
+def nested(compare: list[rpc_pb2.Compare], success: list[rpc_pb2.RequestOp],
+           failure: list[rpc_pb2.RequestOp] = []) -> rpc_pb2.RequestOp:  # noqa: B006  (never mutated)
+    return rpc_pb2.RequestOp(request_txn=rpc_pb2.TxnRequest(compare=compare, success=success, failure=failure))
+
+
+def value_is(key: bytes, value: bytes) -> rpc_pb2.Compare:
+    return rpc_pb2.Compare(key=key, target=rpc_pb2.Compare.VALUE, result=rpc_pb2.Compare.EQUAL, value=value)
+
+
+async def test_a_nested_txn_decides_on_the_state_before_the_whole_txn(etcd: Stubs) -> None:
+    before = await put(etcd, b"n/a", b"1")
+    answer = await etcd.kv.Txn(rpc_pb2.TxnRequest(compare=[value_is(b"n/a", b"1")], success=[
+        range_op(b"n/a"), put_op(b"n/b"),
+        # n/b is put above, but as in etcd the nested compare sees the state before the txn
+        nested([value_is(b"n/a", b"1"), value_is(b"n/b", b"v")], [put_op(b"n/c")],
+               [range_op(b"n/", prefix_end(b"n/")), put_op(b"n/d")])]))
+    written = before.header.revision + 1
+    assert answer.succeeded and answer.header.revision == written
+    first, second, inner = answer.responses
+    # as etcd: a range before the txn's first change answers the revision before it
+    assert first.response_range.header.revision == before.header.revision
+    assert second.response_put.header.revision == written
+    assert inner.response_txn.header == rpc_pb2.ResponseHeader() and not inner.response_txn.succeeded
+    seen, put_d = inner.response_txn.responses
+    assert [kv.key for kv in seen.response_range.kvs] == [b"n/a", b"n/b"]  # the earlier put, as etcd
+    assert seen.response_range.header.revision == put_d.response_put.header.revision == written
+    keys = await etcd.kv.Range(R(key=b"n/", range_end=prefix_end(b"n/")))
+    assert [(kv.key, kv.mod_revision) for kv in keys.kvs] == [(b"n/a", before.header.revision),
+                                                               (b"n/b", written), (b"n/d", written)]
+    outer_fails = await etcd.kv.Txn(rpc_pb2.TxnRequest(compare=[value_is(b"n/a", b"2")], failure=[
+        nested([], [nested([value_is(b"n/d", b"v")], [delete_op(b"n/", prefix_end(b"n/"))])])]))
+    assert not outer_fails.succeeded and outer_fails.header.revision == written + 1
+    deepest = outer_fails.responses[0].response_txn.responses[0].response_txn
+    assert deepest.succeeded and deepest.responses[0].response_delete_range.deleted == 3
+    reads_only = await etcd.kv.Txn(rpc_pb2.TxnRequest(success=[nested([], [range_op(b"n/a")])]))
+    assert reads_only.header.revision == written + 1  # as etcd: a txn of reads takes no revision
+
+
+async def test_a_txn_tree_may_not_put_a_key_twice_or_put_and_delete_it(etcd: Stubs) -> None:
+    refused = [
+        [put_op(b"k"), put_op(b"k")],
+        [put_op(b"k"), delete_op(b"k")],
+        [delete_op(b"a", b"z"), nested([], [put_op(b"k")])],
+        [nested([], [put_op(b"k")]), nested([], [], [put_op(b"k")])],
+        [nested([], [delete_op(b"k")]), nested([], [put_op(b"k")])],
+        [nested([], [delete_op(b"k")]), put_op(b"k")],
+    ]
+    for success in refused:
+        with pytest.raises(grpc.aio.AioRpcError) as duplicate:
+            await etcd.kv.Txn(rpc_pb2.TxnRequest(success=success))
+        assert (duplicate.value.code(), duplicate.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: duplicate key given in txn request")
+    assert not (await etcd.kv.Range(R(key=b"k"))).kvs
+    # as etcd: a nested txn's branches may put one key (only one runs), and a put in one
+    # nested txn may be deleted by a later one
+    allowed = await etcd.kv.Txn(rpc_pb2.TxnRequest(success=[
+        nested([value_is(b"k", b"x")], [put_op(b"k", b"then")], [put_op(b"k", b"else")]),
+        nested([], [put_op(b"gone/1")]), nested([], [delete_op(b"gone/", prefix_end(b"gone/"))])]))
+    assert allowed.responses[2].response_txn.responses[0].response_delete_range.deleted == 1
+    assert [kv.value for kv in (await etcd.kv.Range(R(key=b"k"))).kvs] == [b"else"]
+    assert not (await etcd.kv.Range(R(key=b"gone/1"))).kvs
+
+
+async def test_a_txn_tree_gets_etcds_request_checks(etcd: Stubs) -> None:
+    checks = [
+        (rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp()]), "etcdserver: key not found"),
+        (rpc_pb2.TxnRequest(success=[nested([rpc_pb2.Compare(target=rpc_pb2.Compare.VERSION)], [])]),
+         "etcdserver: key is not provided"),
+        (rpc_pb2.TxnRequest(failure=[nested([], [put_op(b"k", b"v", ignore_value=True)])]),
+         "etcdserver: value is provided"),
+        # as etcd: a nested txn may hold what the outer txn's widest list left of the 128
+        (rpc_pb2.TxnRequest(success=[*(put_op(b"o%d" % n) for n in range(100)),
+                                     nested([], [put_op(b"i%d" % n) for n in range(28)])]),
+         "etcdserver: too many operations in txn request"),
+    ]
+    for request, message in checks:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await etcd.kv.Txn(request)
+        assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
