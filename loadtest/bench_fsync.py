@@ -50,14 +50,12 @@ MAX_GAP_S = 0.004
 
 @dataclass(slots=True)
 class Target:
-    layout: str
-    sync: str
+    """One file under test: its layout and sync call, and where the next write goes."""
+
+    name: str  # "<layout> + <sync>"
+    sync: Callable[[int], None]
     fd: int
     position: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"{self.layout} + {self.sync}"
 
 
 def open_target(directory: Path, layout: str, sync: str, file_bytes: int) -> Target:
@@ -69,7 +67,7 @@ def open_target(directory: Path, layout: str, sync: str, file_bytes: int) -> Tar
         for position in range(0, file_bytes, MIB):
             os.pwrite(fd, zeros[: min(MIB, file_bytes - position)], position)
     os.fsync(fd)
-    return Target(layout, sync, fd)
+    return Target(f"{layout} + {sync}", SYNCS[sync], fd)
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -128,7 +126,7 @@ def measure_pattern(directory: Path, pattern: str, writes: int, write_bytes: int
                     time.sleep(random.uniform(0, MAX_GAP_S))
                 started = time.perf_counter()
                 os.pwrite(target.fd, payload, target.position)
-                SYNCS[target.sync](target.fd)
+                target.sync(target.fd)
                 samples[target.name].append((time.perf_counter() - started) * 1000)
                 target.position += write_bytes
     finally:
