@@ -147,11 +147,11 @@ def serve_traced(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- client side
 
 
-def _put(sock: socket.socket, key: str, value: bytes) -> None:
+def metakv_put(sock: socket.socket, key: str, value: bytes) -> None:
     _request(sock, "PUT", f"/v1/kv/{key}", "application/octet-stream", value)
 
 
-def _etcd_put(sock: socket.socket, key: str, value: bytes) -> None:
+def etcd_put(sock: socket.socket, key: str, value: bytes) -> None:
     body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
                        "value": base64.b64encode(value).decode()}).encode()
     _request(sock, "POST", "/v3/kv/put", "application/json", body)
@@ -232,7 +232,7 @@ def measure_etcd(writes: int) -> dict[str, Any]:
             raise RuntimeError("the etcd cluster lost its leader right after starting")
         pids = {node.node_id: node.pid for node in etcd.nodes.values() if node.pid is not None}
         before = {node.node_id: histogram_totals(node.url, ETCD_FSYNC) for node in etcd.nodes.values()}
-        marks, cpu = one_client_writes(leader.http_port, _etcd_put, writes, pids)
+        marks, cpu = one_client_writes(leader.http_port, etcd_put, writes, pids)
         after = {node.node_id: histogram_totals(node.url, ETCD_FSYNC) for node in etcd.nodes.values()}
         return {**latency_figures(marks), "version": etcd.version(),
                 "cpu_ms_per_write": cpu_table(cpu, leader.node_id, writes),
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.wait_ready(node)
         pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
         flush_before = {node.node_id: histogram_totals(node.url, METAKV_FLUSH) for node in cluster.nodes.values()}
-        marks, cpu = one_client_writes(leader.http_port, _put, args.writes, pids)
+        marks, cpu = one_client_writes(leader.http_port, metakv_put, args.writes, pids)
         flush_after = {node.node_id: histogram_totals(node.url, METAKV_FLUSH) for node in cluster.nodes.values()}
         results.update(latency_figures(marks))
         results["cpu_ms_per_write"] = cpu_table(cpu, leader.node_id, args.writes)
