@@ -51,8 +51,8 @@ from typing import Any
 TRACE_ENV = "METAKV_BENCH_TRACE_OUT"
 WARMUP_WRITES = 50
 VALUE_BYTES = 256
-METAKV_FLUSH = "metakv_fsync_latency_seconds"
-ETCD_FSYNC = "etcd_disk_wal_fsync_duration_seconds"
+FLUSH_HISTOGRAM = "metakv_fsync_latency_seconds"
+ETCD_WAL_FSYNC_HISTOGRAM = "etcd_disk_wal_fsync_duration_seconds"
 HOPS = ("http_in", "propose", "leader_sends_records", "follower_receives", "follower_flush_asked",
         "follower_fsync_starts", "follower_fsync_ends", "follower_flush_answered", "follower_sends_fetch",
         "leader_receives_fetch", "leader_apply_starts", "leader_apply_ends", "leader_http_out", "client_receives")
@@ -231,9 +231,9 @@ def measure_etcd(writes: int) -> dict[str, Any]:
         if leader is None:
             raise RuntimeError("the etcd cluster lost its leader right after starting")
         pids = {node.node_id: node.pid for node in etcd.nodes.values() if node.pid is not None}
-        before = {node.node_id: histogram_totals(node.url, ETCD_FSYNC) for node in etcd.nodes.values()}
+        before = {node.node_id: histogram_totals(node.url, ETCD_WAL_FSYNC_HISTOGRAM) for node in etcd.nodes.values()}
         marks, cpu = one_client_writes(leader.http_port, etcd_put, writes, pids)
-        after = {node.node_id: histogram_totals(node.url, ETCD_FSYNC) for node in etcd.nodes.values()}
+        after = {node.node_id: histogram_totals(node.url, ETCD_WAL_FSYNC_HISTOGRAM) for node in etcd.nodes.values()}
         return {**latency_figures(marks), "version": etcd.version(),
                 "cpu_ms_per_write": cpu_table(cpu, leader.node_id, writes),
                 "wal_fdatasync": {("leader" if node_id == leader.node_id else f"follower {node_id}"):
@@ -379,9 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         for node in cluster.nodes.values():
             cluster.wait_ready(node)
         pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
-        flush_before = {node.node_id: histogram_totals(node.url, METAKV_FLUSH) for node in cluster.nodes.values()}
+        flush_before = {node.node_id: histogram_totals(node.url, FLUSH_HISTOGRAM) for node in cluster.nodes.values()}
         marks, cpu = one_client_writes(leader.http_port, metakv_put, args.writes, pids)
-        flush_after = {node.node_id: histogram_totals(node.url, METAKV_FLUSH) for node in cluster.nodes.values()}
+        flush_after = {node.node_id: histogram_totals(node.url, FLUSH_HISTOGRAM) for node in cluster.nodes.values()}
         results.update(latency_figures(marks))
         results["cpu_ms_per_write"] = cpu_table(cpu, leader.node_id, args.writes)
         results["flush_seen_by_loop"] = {
