@@ -1,6 +1,6 @@
 """Where one write's time goes, hop by hop: 3 voters on loopback, one client, one PUT at a time.
 
-    python -m loadtest.bench_write_path [--writes 800] [--no-trace] [--out results/bench_write_path.json]
+    python -m loadtest.bench_write_path [--writes 800] [--no-trace] [--etcd] [--out results/bench_write_path.json]
 
 Each node runs ``metakv serve`` with trace points added from outside (this module patches the
 runtime, transport, segment log and uvicorn protocol methods in the node process before
@@ -21,11 +21,19 @@ a few percent; ``--no-trace`` runs the same load without them (latency and CPU o
 The client is a raw blocking socket with TCP_NODELAY (no HTTP library in the measured time),
 writing a 256-byte value per PUT back to back over one keep-alive connection (like the
 1-client phase of loadtest.bench_http). A benchmark never fails on a figure; it reports.
+
+Each node's flush as its runtime sees it (``metakv_fsync_latency_seconds``: from handing the
+fsync to the flush thread until the event loop handles its answer) is read from /metrics
+around the measured writes. With ``--etcd``, a 3-member etcd 3.4 (Debian's etcd-server, fsync
+on) is started after the metakv cluster stopped and measured with the same client (one
+put at a time through its v3 JSON gateway): its p50 gives the ratio, and its members' WAL
+fdatasync (``etcd_disk_wal_fsync_duration_seconds``) sits next to metakv's fsync.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -35,12 +43,16 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 TRACE_ENV = "METAKV_BENCH_TRACE_OUT"
 WARMUP_WRITES = 50
 VALUE_BYTES = 256
+FLUSH_HISTOGRAM = "metakv_fsync_latency_seconds"
+ETCD_WAL_FSYNC_HISTOGRAM = "etcd_disk_wal_fsync_duration_seconds"
 HOPS = ("http_in", "propose", "leader_sends_records", "follower_receives", "follower_flush_asked",
         "follower_fsync_starts", "follower_fsync_ends", "follower_flush_answered", "follower_sends_fetch",
         "leader_receives_fetch", "leader_apply_starts", "leader_apply_ends", "leader_http_out", "client_receives")
@@ -135,10 +147,21 @@ def serve_traced(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- client side
 
 
-def _put(sock: socket.socket, key: str, value: bytes) -> None:
-    head = (f"PUT /v1/kv/{key} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/octet-stream\r\n"
-            f"Content-Length: {len(value)}\r\n\r\n").encode()
-    sock.sendall(head + value)
+def metakv_put(sock: socket.socket, key: str, value: bytes) -> None:
+    _request(sock, "PUT", f"/v1/kv/{key}", "application/octet-stream", value)
+
+
+def etcd_put(sock: socket.socket, key: str, value: bytes) -> None:
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                       "value": base64.b64encode(value).decode()}).encode()
+    _request(sock, "POST", "/v3/kv/put", "application/json", body)
+
+
+def _request(sock: socket.socket, method: str, path: str, content_type: str, body: bytes) -> None:
+    """One request on a keep-alive connection; returns when the whole 200 answer is read."""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sock.sendall(head + body)
     buffer = b""
     while True:
         chunk = sock.recv(65536)
@@ -154,6 +177,78 @@ def _put(sock: socket.socket, key: str, value: bytes) -> None:
             if not headers[0].startswith(b"HTTP/1.1 200"):
                 raise RuntimeError(f"write failed: {headers[0]!r}")
             return
+
+
+def one_client_writes(port: int, put: Callable[[socket.socket, str, bytes], None], writes: int,
+                      pids: dict[int, int]) -> tuple[list[tuple[float, float]], dict[int, tuple[float, float]]]:
+    """``writes`` puts one at a time after the warm-up: (send, receive) times, CPU s per node."""
+    value = b"v" * VALUE_BYTES
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for index in range(WARMUP_WRITES):
+            put(sock, f"bench/path/k{index % 100}", value)
+        cpu_before = {node_id: _cpu_seconds(pid) for node_id, pid in pids.items()}
+        marks = []
+        for index in range(writes):
+            sent = time.perf_counter()
+            put(sock, f"bench/path/k{index % 100}", value)
+            marks.append((sent, time.perf_counter()))
+        cpu_after = {node_id: _cpu_seconds(pid) for node_id, pid in pids.items()}
+    return marks, {node_id: (cpu_after[node_id][0] - cpu_before[node_id][0],
+                             cpu_after[node_id][1] - cpu_before[node_id][1]) for node_id in pids}
+
+
+def latency_figures(marks: list[tuple[float, float]]) -> dict[str, float]:
+    latencies_ms = sorted((end - start) * 1000 for start, end in marks)
+    return {"latency_ms_p50": round(statistics.median(latencies_ms), 3),
+            "latency_ms_p90": round(latencies_ms[int(0.9 * (len(latencies_ms) - 1))], 3),
+            "latency_ms_mean": round(statistics.fmean(latencies_ms), 3)}
+
+
+def histogram_totals(url: str, name: str) -> tuple[float, float]:
+    """(sum, count) of an unlabelled Prometheus histogram on ``url``/metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    totals = {}
+    for line in text.splitlines():
+        for suffix in ("_sum", "_count"):
+            if line.startswith(name + suffix + " "):
+                totals[suffix] = float(line.split()[1])
+    return totals.get("_sum", 0.0), totals.get("_count", 0.0)
+
+
+def mean_ms_between(before: tuple[float, float], after: tuple[float, float]) -> dict[str, float]:
+    count = after[1] - before[1]
+    return {"count": count, "mean_ms": round((after[0] - before[0]) * 1000 / count, 3) if count else 0.0}
+
+
+def measure_etcd(writes: int) -> dict[str, Any]:
+    """The same client against a fresh 3-member etcd: latency, CPU, each member's WAL fsync."""
+    from loadtest.clusters import start_etcd
+
+    with start_etcd(3) as etcd:  # returns once a leader is known
+        leader = etcd.leader()
+        if leader is None:
+            raise RuntimeError("the etcd cluster lost its leader right after starting")
+        pids = {node.node_id: node.pid for node in etcd.nodes.values() if node.pid is not None}
+        before = {node.node_id: histogram_totals(node.url, ETCD_WAL_FSYNC_HISTOGRAM) for node in etcd.nodes.values()}
+        marks, cpu = one_client_writes(leader.http_port, etcd_put, writes, pids)
+        after = {node.node_id: histogram_totals(node.url, ETCD_WAL_FSYNC_HISTOGRAM) for node in etcd.nodes.values()}
+        return {**latency_figures(marks), "version": etcd.version(),
+                "cpu_ms_per_write": cpu_table(cpu, leader.node_id, writes),
+                "wal_fdatasync": {("leader" if node_id == leader.node_id else f"follower {node_id}"):
+                                  mean_ms_between(before[node_id], after[node_id]) for node_id in before}}
+
+
+def cpu_table(cpu: dict[int, tuple[float, float]], leader_id: int, writes: int) -> dict[str, dict[str, float]]:
+    return {("leader" if node_id == leader_id else f"follower {node_id}"): {
+        "user": round(user * 1000 / writes, 3), "system": round(system * 1000 / writes, 3)}
+        for node_id, (user, system) in cpu.items()}
+
+
+def print_cpu(store: str, table: dict[str, dict[str, float]]) -> None:
+    print(f"{store} servers' CPU ms per write (user + system): "
+          + ", ".join(f"{name} {cpu['user']} + {cpu['system']}" for name, cpu in table.items()))
 
 
 def _cpu_seconds(pid: int) -> tuple[float, float]:
@@ -264,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.bench_write_path", description=__doc__.split("\n")[0])
     parser.add_argument("--writes", type=int, default=800, help="measured writes (after 50 warm-up writes)")
     parser.add_argument("--no-trace", action="store_true", help="no trace points: latency and CPU only")
+    parser.add_argument("--etcd", action="store_true", help="then measure a 3-member etcd with the same client")
     parser.add_argument("--out", type=Path, default=Path("results/bench_write_path.json"))
     args = parser.parse_args(argv)
 
@@ -283,32 +379,20 @@ def main(argv: list[str] | None = None) -> int:
         for node in cluster.nodes.values():
             cluster.wait_ready(node)
         pids = {node.node_id: node.pid for node in cluster.nodes.values() if node.pid is not None}
-        value = b"v" * VALUE_BYTES
-        with socket.create_connection(("127.0.0.1", leader.http_port)) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for index in range(WARMUP_WRITES):
-                _put(sock, f"bench/path/k{index % 100}", value)
-            cpu_before = {node_id: _cpu_seconds(pid) for node_id, pid in pids.items()}
-            marks = []
-            for index in range(args.writes):
-                sent = time.perf_counter()
-                _put(sock, f"bench/path/k{index % 100}", value)
-                marks.append((sent, time.perf_counter()))
-            cpu_after = {node_id: _cpu_seconds(pid) for node_id, pid in pids.items()}
-        latencies_ms = sorted((end - start) * 1000 for start, end in marks)
-        results["latency_ms_p50"] = round(statistics.median(latencies_ms), 3)
-        results["latency_ms_p90"] = round(latencies_ms[int(0.9 * (len(latencies_ms) - 1))], 3)
-        results["latency_ms_mean"] = round(statistics.fmean(latencies_ms), 3)
-        results["cpu_ms_per_write"] = {
-            ("leader" if node_id == leader.node_id else f"follower {node_id}"): {
-                "user": round((cpu_after[node_id][0] - cpu_before[node_id][0]) * 1000 / args.writes, 3),
-                "system": round((cpu_after[node_id][1] - cpu_before[node_id][1]) * 1000 / args.writes, 3)}
-            for node_id in pids}
+        flush_before = {node.node_id: histogram_totals(node.url, FLUSH_HISTOGRAM) for node in cluster.nodes.values()}
+        marks, cpu = one_client_writes(leader.http_port, metakv_put, args.writes, pids)
+        flush_after = {node.node_id: histogram_totals(node.url, FLUSH_HISTOGRAM) for node in cluster.nodes.values()}
+        results.update(latency_figures(marks))
+        results["cpu_ms_per_write"] = cpu_table(cpu, leader.node_id, args.writes)
+        results["flush_seen_by_loop"] = {
+            ("leader" if node_id == leader.node_id else f"follower {node_id}"):
+            mean_ms_between(flush_before[node_id], flush_after[node_id]) for node_id in flush_before}
         results["load_average_1m"] = round(os.getloadavg()[0], 2)
         print(f"one client, {args.writes} writes{'' if args.no_trace else ' (traced)'}: p50 {results['latency_ms_p50']} ms  "
               f"p90 {results['latency_ms_p90']} ms  mean {results['latency_ms_mean']} ms  load {results['load_average_1m']}")
-        print("servers' CPU ms per write (user + system): " + ", ".join(
-            f"{name} {cpu['user']} + {cpu['system']}" for name, cpu in results["cpu_ms_per_write"].items()))
+        print_cpu("metakv", results["cpu_ms_per_write"])
+        print("flush as the event loop sees it (handed to the flush thread -> answer handled), mean ms: " + ", ".join(
+            f"{name} {figures['mean_ms']}" for name, figures in results["flush_seen_by_loop"].items()))
         if not args.no_trace:
             for node in cluster.nodes.values():
                 node.signal(signal.SIGUSR1)
@@ -333,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
+    if args.etcd:
+        etcd = results["etcd"] = measure_etcd(args.writes)
+        results["p50_ratio_to_etcd"] = round(results["latency_ms_p50"] / etcd["latency_ms_p50"], 2)
+        print(f"etcd {etcd['version']}, the same client: p50 {etcd['latency_ms_p50']} ms  p90 {etcd['latency_ms_p90']} ms  "
+              f"mean {etcd['latency_ms_mean']} ms; metakv p50 ÷ etcd p50 = {results['p50_ratio_to_etcd']}")
+        print_cpu("etcd", etcd["cpu_ms_per_write"])
+        print("etcd WAL fdatasync, mean ms: " + ", ".join(
+            f"{name} {figures['mean_ms']}" for name, figures in etcd["wal_fdatasync"].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
