@@ -211,7 +211,10 @@ class LeaseManager:
                                else "every generated lease id was taken; retry")
 
     async def keep_alive(self, lease_ids: list[int]) -> LeaseKeepAlive:
-        """Restart the countdown of each lease; one leadership confirmation for the batch."""
+        """Restart the countdown of each lease; one leadership confirmation for the batch. A
+        lease whose deadline had passed when the request arrived has expired, as in etcd,
+        even if its revoke is not proposed yet (a mass expiry lags): it is not revived."""
+        arrived = self._clock()
         await self._leading()
         await self._hooks.confirm_leadership()
         now = self._clock()
@@ -219,7 +222,8 @@ class LeaseManager:
         missing: list[int] = []
         for lease_id in lease_ids:
             ttl_s = self._ttls.get(lease_id)
-            if ttl_s is None or lease_id in self._expiring:
+            deadline = self._deadlines.get(lease_id)
+            if ttl_s is None or deadline is None or deadline <= arrived or lease_id in self._expiring:
                 missing.append(lease_id)
                 continue
             deadline = now + ttl_s

@@ -48,7 +48,7 @@ class GrantResponse(LeaseTtl):
 
 class KeepAliveBatchResponse(BaseModel):
     leases: list[LeaseTtl] = Field(description="the leases whose countdown restarted from ttl_s")
-    not_found: list[int] = Field(description="ids of leases that do not exist (or are expiring)")
+    not_found: list[int] = Field(description="ids of leases that do not exist (or are past their deadline)")
 
 
 class RevokeResponse(BaseModel):

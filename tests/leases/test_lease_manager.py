@@ -113,3 +113,15 @@ async def test_a_follower_answers_no_lease_call_but_the_list(node):
         with pytest.raises(NotLeaderError):
             await call
     assert manager.list().leases == [(lease.id, 30)]
+
+
+async def test_a_keep_alive_after_the_deadline_does_not_revive_a_lease_whose_expiry_lags(node):
+    """Expiry runs behind the deadlines when many leases end at once (docs/leases.md): a
+    lease past its deadline has expired, as in etcd, so a late keep-alive is not_found."""
+    _service, manager, leadership = node
+    late = await manager.grant(5)
+    leadership.now += 1
+    on_time = await manager.grant(5)
+    leadership.now += 4  # the first one's deadline; the expiry loop is not running: no revoke yet
+    report = await manager.keep_alive([late.id, on_time.id])
+    assert report.kept == [(on_time.id, 5)] and report.not_found == [late.id]
