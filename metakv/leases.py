@@ -194,6 +194,10 @@ class LeaseCore:
         callback(self)
 
     def acknowledged(self, ttl_s: int, sent_at: float) -> None:
+        """A keep-alive sent at ``sent_at`` was acknowledged. One answered after the holder's
+        deadline does not bring the lease back: it ended there (``alive`` said so)."""
+        if self.lost_reason is None and self._clock() >= self.deadline:
+            self.end("no keep-alive was acknowledged for a whole TTL")
         if self.lost_reason is None:
             self.ttl_s = ttl_s
             self.acked_sent_at = max(self.acked_sent_at, sent_at)

@@ -150,3 +150,18 @@ def test_closing_the_client_ends_its_leases_for_their_holders() -> None:
     lease: Lease = kv.lease(30)
     kv.close()
     assert lease.done.is_set() and "closed" in (lease.lost_reason or "")
+
+
+def test_a_keep_alive_acknowledged_after_the_holders_deadline_does_not_bring_the_lease_back() -> None:
+    """Past its deadline ``alive`` is False and the holder must stop; an answer arriving then
+    (sent before the deadline, slow to come back) must not make it alive again unannounced."""
+    now = [0.0]
+    lease = LeaseCore(5, ttl_s=2, granted_version=1, sent_at=0.0, clock=lambda: now[0])
+    ended: list[int] = []
+    lease.on_lost(lambda lost: ended.append(lost.id))
+    now[0] = 2.5
+    assert not lease.alive
+    lease.acknowledged(2, sent_at=1.9)
+    assert not lease.alive and ended == [5] and "whole TTL" in (lease.lost_reason or "")
+    with pytest.raises(LeaseLost):
+        lease.check()
