@@ -25,7 +25,8 @@ from metakv.protocol import Answer, Request, parses_answer, with_query
 LEASES_PATH = "/v1/leases"
 KEEPALIVE_BATCH_MAX = 10_000  # the batch endpoint's bound
 KEEPALIVE_FRACTION = 3  # keep-alive every ttl/3, as etcd's client does
-MIN_KEEPALIVE_DEADLINE_S = 0.5  # a keep-alive round never gives up sooner than this
+MIN_KEEPALIVE_DEADLINE_S = 0.5  # a keep-alive round gives up no sooner, unless a lease's deadline is closer
+LAST_KEEPALIVE_S = 0.05  # the shortest try, for a lease about to reach its deadline
 IDLE_WAKE_S = 5.0  # the keeper's longest sleep with no lease due
 
 LostCallback = Callable[["LeaseCore"], None]
@@ -268,8 +269,11 @@ class KeepAliveSchedule:
         for start in range(0, len(due), KEEPALIVE_BATCH_MAX):
             batch = {lease.id: lease for lease in due[start:start + KEEPALIVE_BATCH_MAX]}
             shortest_ttl_s = min(lease.ttl_s for lease in batch.values())
-            deadline_s = max(MIN_KEEPALIVE_DEADLINE_S, shortest_ttl_s / KEEPALIVE_FRACTION)
             sent_at = self._clock()
+            # Never past a lease's deadline: its end (done, on_lost) must not wait for this call.
+            remaining_s = min(lease.deadline for lease in batch.values()) - sent_at
+            deadline_s = max(LAST_KEEPALIVE_S, min(max(MIN_KEEPALIVE_DEADLINE_S, shortest_ttl_s / KEEPALIVE_FRACTION),
+                                                   remaining_s))
             try:
                 answer = yield keepalive_request(list(batch), deadline_s)
             except MetakvError:

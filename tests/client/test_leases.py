@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from metakv import AsyncClient, Client, InvalidRequest, Lease, LeaseLost, LeaseNotFound, RetryPolicy
-from metakv.leases import LeaseCore
+from metakv.leases import KeepAliveSchedule, LeaseCore
 
 A, B = "http://a:1", "http://b:2"
 QUICK = RetryPolicy(deadline_s=1.0, backoff_base_s=0.001, backoff_max_s=0.002, retry_after_max_s=0.01)
@@ -165,3 +165,16 @@ def test_a_keep_alive_acknowledged_after_the_holders_deadline_does_not_bring_the
     assert not lease.alive and ended == [5] and "whole TTL" in (lease.lost_reason or "")
     with pytest.raises(LeaseLost):
         lease.check()
+
+
+def test_a_keep_alive_gives_up_by_the_deadline_of_the_leases_it_carries() -> None:
+    """With the cluster unreachable, a keep-alive still trying past a lease's deadline would
+    hold back its end (done, on_lost) while the cluster may have expired it already."""
+    now = [0.0]
+    schedule = KeepAliveSchedule(clock=lambda: now[0])
+    lease = LeaseCore(5, ttl_s=9, granted_version=1, sent_at=0.0, clock=lambda: now[0])
+    schedule.add(lease)
+    now[0] = 8.8  # the earlier keep-alives failed: 0.2 s left
+    request = next(schedule.round_plan())
+    assert request.deadline_s is not None and request.deadline_s <= 0.2 + 1e-9
+    assert request.timeout_s is not None and request.timeout_s <= 0.2 + 1e-9
