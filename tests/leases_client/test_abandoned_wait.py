@@ -1,0 +1,87 @@
+"""A contender that stops waiting for a lock or a leadership (cancelled, interrupted, timed
+out) while its lease lives on must leave the line, as etcd's Mutex.Lock and Campaign do:
+otherwise its key reaches the front later and holds the lock for nobody until the lease
+ends, and every contender behind it waits that long. One real voter on loopback."""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from metakv import AsyncClient, Client
+from metakv.concurrency import AsyncElection, AsyncLock, Election, Lock, NotAcquired
+from tests.cluster import Cluster
+from tests.leases_client.fencing import FAST
+
+ACQUIRE_S = 20.0  # the next contender's bound: far below the abandoning one's 60 s lease
+WAIT_S = 30.0
+
+
+def line(kv: Client, prefix: str) -> list[str]:
+    return [item.key for item in kv.list(prefix).items]
+
+
+def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_cancelled_or_interrupted_wait_leaves_the_line(cluster_factory: Callable[..., Cluster]) -> None:
+    cluster = cluster_factory(voters=1, settings=FAST)
+    cluster.wait_for_leader()
+    url = cluster.voters[0].url
+
+    async def cancelled_waiters() -> None:
+        async with AsyncClient(url) as kv:
+            holder, waiter = await kv.lease(60), await kv.lease(60)
+            lock, election = AsyncLock(kv, "a", holder), AsyncElection(kv, "a", holder)
+            await lock.acquire()
+            await election.campaign("holder")
+            for prefix, contender in (("locks/a/", AsyncLock(kv, "a", waiter).acquire()),
+                                      ("elections/a/", AsyncElection(kv, "a", waiter).campaign("waiter"))):
+                task = asyncio.ensure_future(contender)
+                for _ in range(int(WAIT_S / 0.05)):  # in line, waiting
+                    if len((await kv.list(prefix)).items) == 2:
+                        break
+                    await asyncio.sleep(0.05)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            assert waiter.alive
+            await lock.release()
+            await election.resign()
+            assert (await kv.list("locks/a/")).items == [] and (await kv.list("elections/a/")).items == []
+
+    asyncio.run(cancelled_waiters())
+
+    with Client(url) as kv, kv.lease(60) as holder, kv.lease(60) as waiter:
+        Lock(kv, "b", holder).acquire()
+        Election(kv, "b", holder).campaign("holder")
+        for prefix, contender in (("locks/b/", lambda: Lock(kv, "b", waiter).acquire()),
+                                  ("elections/b/", lambda: Election(kv, "b", waiter).campaign("waiter"))):
+            with Client(url) as watcher:  # Ctrl-C in a program, once its wait is in line
+                interrupt = threading.Thread(target=lambda: (
+                    wait_until(lambda: len(line(watcher, prefix)) == 2, "the waiter in line"),  # noqa: B023
+                    _thread.interrupt_main()))
+                interrupt.start()
+                try:
+                    with pytest.raises(KeyboardInterrupt):
+                        contender()
+                finally:
+                    interrupt.join()
+        with pytest.raises(NotAcquired):
+            Lock(kv, "b", waiter).acquire(timeout_s=0.5)
+        assert waiter.alive
+        assert line(kv, "locks/b/") == [f"locks/b/{holder.id}"]
+        assert line(kv, "elections/b/") == [f"elections/b/{holder.id}"]
+        holder.revoke()
+        with kv.lease(60) as late:  # the next in line is not held up by the abandoned key
+            assert Lock(kv, "b", late).acquire(timeout_s=ACQUIRE_S) > 0
+            assert Election(kv, "b", late).campaign("late", timeout_s=ACQUIRE_S).value == b"late"
