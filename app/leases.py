@@ -36,6 +36,7 @@ from app.service import (
     ApplyResult,
     Compare,
     CompareKind,
+    KeysCheck,
     LeaseExistsError,
     LeaseGrant,
     LeaseInfo,
@@ -233,20 +234,22 @@ class LeaseManager:
         self._keepalives.inc(len(kept))
         return LeaseKeepAlive(kept, missing)
 
-    async def revoke(self, lease_id: int) -> LeaseRevoke:
+    async def revoke(self, lease_id: int, authorize: KeysCheck | None = None) -> LeaseRevoke:
         await self._leading()
-        revoked = await self._revoke(lease_id, LEASE_REVOKED)
+        revoked = await self._revoke(lease_id, LEASE_REVOKED, authorize)
         self._revokes.inc()
         return revoked
 
-    async def info(self, lease_id: int, with_keys: bool) -> LeaseInfo:
+    async def info(self, lease_id: int, with_keys: bool, authorize: KeysCheck | None = None) -> LeaseInfo:
         await self._leading()
         lease = self._state().lease(lease_id)
         deadline = self._deadlines.get(lease_id)
         if lease is None or deadline is None or lease_id in self._expiring:
             raise LeaseNotFoundError(lease_id)
-        return LeaseInfo(lease_id, lease.ttl_s, max(0.0, deadline - self._clock()), lease.granted_version,
-                         [key for key, _version in lease.keys] if with_keys else None)
+        keys = [key for key, _version in lease.keys] if with_keys else None
+        if keys is not None and authorize is not None:
+            authorize(keys)
+        return LeaseInfo(lease_id, lease.ttl_s, max(0.0, deadline - self._clock()), lease.granted_version, keys)
 
     def list(self) -> LeaseList:
         version, leases = self._state().leases()
@@ -254,14 +257,17 @@ class LeaseManager:
 
     # ---- revoke and expiry -----------------------------------------------------------
 
-    async def _revoke(self, lease_id: int, reason: str) -> LeaseRevoke:
+    async def _revoke(self, lease_id: int, reason: str, authorize: KeysCheck | None = None) -> LeaseRevoke:
         """Propose the revoke command until it applies (keys attached or detached since it
-        was read make it fail: read again)."""
+        was read make it fail: read again). ``authorize`` checks each read's keys: the
+        command's compares make those exactly the keys it deletes."""
         for _attempt in range(REVOKE_ATTEMPTS):
             lease = self._state().lease(lease_id)
             if lease is None:
                 self._forget(lease_id)
                 raise LeaseNotFoundError(lease_id)
+            if authorize is not None:
+                authorize([key for key, _version in lease.keys])
             result = await self._hooks.propose(revoke_command(lease, reason))
             if result.succeeded:
                 self._forget(lease_id)
@@ -318,11 +324,11 @@ class NodeLeases:
     async def keep_alive_leases(self, lease_ids: list[int]) -> LeaseKeepAlive:
         return await self.leases.keep_alive(lease_ids)
 
-    async def revoke_lease(self, lease_id: int) -> LeaseRevoke:
-        return await self.leases.revoke(lease_id)
+    async def revoke_lease(self, lease_id: int, authorize: KeysCheck | None = None) -> LeaseRevoke:
+        return await self.leases.revoke(lease_id, authorize)
 
-    async def lease_info(self, lease_id: int, with_keys: bool = False) -> LeaseInfo:
-        return await self.leases.info(lease_id, with_keys)
+    async def lease_info(self, lease_id: int, with_keys: bool = False, authorize: KeysCheck | None = None) -> LeaseInfo:
+        return await self.leases.info(lease_id, with_keys, authorize)
 
     def list_leases(self) -> LeaseList:
         return self.leases.list()
