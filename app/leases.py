@@ -119,6 +119,7 @@ class LeaseManager:
         self._queue: list[tuple[float, int]] = []  # (deadline, id); stale entries skipped
         self._expiring: set[int] = set()
         self._task: asyncio.Task[None] | None = None
+        self._expiries_running: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
         self._expiries = Counter("metakv_lease_expiries", "Leases this node ended as their leader because "
                                  "no keep-alive came within their TTL", registry=metrics)
         self._keepalives = Counter("metakv_lease_keepalives", "Leases kept alive (each lease of a batch counts)",
@@ -139,7 +140,9 @@ class LeaseManager:
         self._task = asyncio.get_running_loop().create_task(self._expire_loop(), name="lease-expiry")
 
     async def stop(self) -> None:
-        for task in (self._task, self._loading):
+        """End the expiry loop, a load, and every expiry in flight (its command may still
+        commit: a new leader finds the lease gone, or expires it again)."""
+        for task in (self._task, self._loading, *self._expiries_running):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: nothing to report
@@ -293,7 +296,9 @@ class LeaseManager:
                     continue  # kept alive since (a newer entry is queued), or gone
                 self._expiring.add(lease_id)
                 await limit.acquire()
-                asyncio.get_running_loop().create_task(self._expire(lease_id, limit))
+                task = asyncio.get_running_loop().create_task(self._expire(lease_id, limit))
+                self._expiries_running.add(task)
+                task.add_done_callback(self._expiries_running.discard)
 
     async def _expire(self, lease_id: int, limit: asyncio.Semaphore) -> None:
         try:

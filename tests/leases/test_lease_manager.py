@@ -125,3 +125,39 @@ async def test_a_keep_alive_after_the_deadline_does_not_revive_a_lease_whose_exp
     leadership.now += 4  # the first one's deadline; the expiry loop is not running: no revoke yet
     report = await manager.keep_alive([late.id, on_time.id])
     assert report.kept == [(on_time.id, 5)] and report.not_found == [late.id]
+
+
+async def test_stopping_ends_the_expiries_in_flight(tmp_path):
+    """An expiry whose command has not committed when the node stops must not outlive the
+    manager (and propose into a stopped node, or be collected mid-flight)."""
+    service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
+    leadership = Leadership(service)
+    stalled = asyncio.Event()
+
+    async def propose(command):
+        if stalled.is_set():
+            await asyncio.Event().wait()  # no quorum: never commits
+        return await service.propose(command)
+
+    manager = LeaseManager(lambda: service.state, LeaderHooks(
+        propose, lambda: leadership.epoch, leadership.confirm, leadership.applied),
+        max_ttl_s=100, min_ttl_s=2, metrics=CollectorRegistry(), clock=lambda: leadership.now)
+    try:
+        await manager.grant(5)
+        stalled.set()
+        manager.start()
+        leadership.now += 6
+
+        def expiring() -> list[asyncio.Task]:
+            return [task for task in asyncio.all_tasks()
+                    if not task.done() and getattr(task.get_coro(), "__name__", "") == "_expire"]
+
+        for _ in range(200):
+            if expiring():
+                break
+            await asyncio.sleep(0.01)
+        assert len(expiring()) == 1
+        await manager.stop()
+        assert expiring() == []
+    finally:
+        service.close()
