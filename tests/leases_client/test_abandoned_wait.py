@@ -1,7 +1,8 @@
 """A contender that stops waiting for a lock or a leadership (cancelled, interrupted, timed
 out) while its lease lives on must leave the line, as etcd's Mutex.Lock and Campaign do:
 otherwise its key reaches the front later and holds the lock for nobody until the lease
-ends, and every contender behind it waits that long. One real voter on loopback."""
+ends, and every contender behind it waits that long. One in-process node served on loopback
+(tests/http/served.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from app.http import create_app
 from metakv import AsyncClient, Client
 from metakv.concurrency import AsyncElection, AsyncLock, Election, Lock, NotAcquired
-from tests.cluster import Cluster
-from tests.leases_client.fencing import FAST
+from tests.http.conftest import TEST_SETTINGS
+from tests.http.served import serve_in_thread
+from tests.http.service_double import InProcessService
 
 ACQUIRE_S = 20.0  # the next contender's bound: far below the abandoning one's 60 s lease
 WAIT_S = 30.0
@@ -33,10 +37,16 @@ def wait_until(predicate: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
-def test_a_cancelled_or_interrupted_wait_leaves_the_line(cluster_factory: Callable[..., Cluster]) -> None:
-    cluster = cluster_factory(voters=1, settings=FAST)
-    cluster.wait_for_leader()
-    url = cluster.voters[0].url
+def test_a_cancelled_or_interrupted_wait_leaves_the_line(tmp_path: Path) -> None:
+    service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
+    try:
+        with serve_in_thread(create_app(service, TEST_SETTINGS)) as url:
+            contend(url)
+    finally:
+        service.close()
+
+
+def contend(url: str) -> None:
 
     async def cancelled_waiters() -> None:
         async with AsyncClient(url) as kv:
