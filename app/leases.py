@@ -174,6 +174,7 @@ class LeaseManager:
         self._deadlines.clear()
         self._ttls.clear()
         self._queue.clear()
+        self._expiring.clear()  # an earlier term's expiries in flight no longer decide anything here
         for lease_id, ttl_s, _granted in leases:
             self._track(lease_id, ttl_s, now)
         self._epoch = epoch
@@ -288,7 +289,7 @@ class LeaseManager:
                     except Exception as exc:  # not the leader after all, or no quorum yet
                         logger.debug("lease load deferred: %r", exc)
                 continue
-            now = self._clock()
+            now, epoch = self._clock(), self._epoch
             queue = self._queue
             while queue and queue[0][0] <= now:
                 deadline, lease_id = heapq.heappop(queue)
@@ -296,24 +297,31 @@ class LeaseManager:
                     continue  # kept alive since (a newer entry is queued), or gone
                 self._expiring.add(lease_id)
                 await limit.acquire()
-                task = asyncio.get_running_loop().create_task(self._expire(lease_id, limit))
+                if self._epoch != epoch:  # a new term reloaded meanwhile: its countdowns decide
+                    limit.release()
+                    break
+                task = asyncio.get_running_loop().create_task(self._expire(lease_id, limit, epoch))
                 self._expiries_running.add(task)
                 task.add_done_callback(self._expiries_running.discard)
 
-    async def _expire(self, lease_id: int, limit: asyncio.Semaphore) -> None:
+    async def _expire(self, lease_id: int, limit: asyncio.Semaphore, epoch: int) -> None:
+        """End a lease that passed its deadline in ``epoch``; only that term's state is touched."""
         try:
             await self._revoke(lease_id, LEASE_EXPIRED)
             self._expiries.inc()
         except LeaseNotFoundError:
             pass  # revoked meanwhile
         except Exception as exc:  # e.g. leadership lost: a new leader restarts its countdown
-            logger.warning("lease %d: expiry not applied (%r); retried", lease_id, exc)
-            if lease_id in self._deadlines and self._epoch == self._hooks.leading_epoch():
+            retried = lease_id in self._deadlines and self._epoch == epoch == self._hooks.leading_epoch()
+            logger.warning("lease %d: expiry not applied (%r); %s", lease_id, exc,
+                           "retried" if retried else "left to the next leader's countdown")
+            if retried:
                 retry_at = self._clock() + EXPIRY_RETRY_S
                 self._deadlines[lease_id] = retry_at
                 heapq.heappush(self._queue, (retry_at, lease_id))
         finally:
-            self._expiring.discard(lease_id)
+            if self._epoch == epoch:  # a new term cleared it, and may be expiring it itself
+                self._expiring.discard(lease_id)
             limit.release()
 
 

@@ -161,3 +161,38 @@ async def test_stopping_ends_the_expiries_in_flight(tmp_path):
         assert expiring() == []
     finally:
         service.close()
+
+
+async def test_an_expiry_left_from_an_earlier_term_does_not_shorten_the_new_countdown(tmp_path):
+    """The node loses the leadership while an expiry waits for its commit, then leads again:
+    the new term restarts the lease's full TTL, so the old expiry's failure must neither
+    refuse its keep-alives nor put its deadline a retry (1 s) away."""
+    service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
+    leadership = Leadership(service)
+    old_commit: asyncio.Future = asyncio.get_running_loop().create_future()
+    proposed = asyncio.Event()
+
+    async def propose(command):
+        if lease is not None:  # the first term's revoke: no quorum
+            proposed.set()
+            return await old_commit
+        return await service.propose(command)
+
+    lease = None
+    manager = LeaseManager(lambda: service.state, LeaderHooks(
+        propose, lambda: leadership.epoch, leadership.confirm, leadership.applied),
+        max_ttl_s=100, min_ttl_s=2, metrics=CollectorRegistry(), clock=lambda: leadership.now)
+    try:
+        lease = await manager.grant(5)
+        manager.start()
+        leadership.now += 6
+        await asyncio.wait_for(proposed.wait(), 10)
+        leadership.epoch = 2  # led again, by this node
+        assert (await manager.info(lease.id, False)).remaining_s == pytest.approx(5)
+        assert (await manager.keep_alive([lease.id])).kept == [(lease.id, 5)]
+        old_commit.set_exception(NotLeaderError(None))  # the first term's revoke fails at last
+        await asyncio.sleep(0.1)
+        assert (await manager.info(lease.id, False)).remaining_s == pytest.approx(5)
+    finally:
+        await manager.stop()
+        service.close()
