@@ -60,7 +60,6 @@ DEFAULT_MAX_LEASE_TTL_S = 86_400
 # The shortest TTL granted, in election timeouts: a lease must outlive a leader change (a
 # shorter one is raised to it and the answer says so, as etcd's minimum TTL).
 MIN_TTL_ELECTION_TIMEOUTS = 3
-MAX_KEEPALIVE_IDS = 10_000
 EXPIRY_TICK_S = 0.05  # how often the leader looks for leases past their deadline
 EXPIRY_RETRY_S = 1.0  # an expiry whose command failed (no quorum, say) is tried again this much later
 EXPIRIES_AT_ONCE = 64  # revoke commands of expired leases in flight at once
