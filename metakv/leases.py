@@ -13,6 +13,7 @@ a task; both drive ``KeepAliveSchedule.round_plan``.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -30,6 +31,7 @@ LAST_KEEPALIVE_S = 0.05  # the shortest try, for a lease about to reach its dead
 IDLE_WAKE_S = 5.0  # the keeper's longest sleep with no lease due
 
 LostCallback = Callable[["LeaseCore"], None]
+log = logging.getLogger("metakv.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +214,10 @@ class LeaseCore:
             callbacks, self._callbacks = self._callbacks, []
         self.notify_lost()
         for callback in callbacks:
-            callback(self)
+            try:
+                callback(self)
+            except Exception:  # the keeper runs it: its error must not end the other leases' keep-alives
+                log.exception("lease %d: an on_lost callback failed", self.id)
 
     def notify_lost(self) -> None:
         """Set the flavour's event (``Lease.done``, ``AsyncLease.done``)."""

@@ -178,3 +178,20 @@ def test_a_keep_alive_gives_up_by_the_deadline_of_the_leases_it_carries() -> Non
     request = next(schedule.round_plan())
     assert request.deadline_s is not None and request.deadline_s <= 0.2 + 1e-9
     assert request.timeout_s is not None and request.timeout_s <= 0.2 + 1e-9
+
+
+def test_a_failing_on_lost_callback_does_not_stop_the_other_leases_keep_alives() -> None:
+    """Callbacks run in the keeper: one raising must not end keep-alives for every lease."""
+    node = LeaseNode()
+    with Client(B, transport=httpx.MockTransport(node), retry=QUICK) as kv:
+        failing, other = kv.lease(1), kv.lease(1)
+
+        def broken(_lease: LeaseCore) -> None:
+            raise RuntimeError("a bug in the holder's callback")
+
+        failing.on_lost(broken)
+        node.forget(failing.id)
+        assert failing.done.wait(WAIT_S)
+        batches = len(node.batches)
+        wait_for(lambda: len(node.batches) >= batches + 3, "keep-alives after the failing callback")
+        assert other.alive and all(batch == [other.id] for batch in node.batches[batches + 1:])
