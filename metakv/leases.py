@@ -280,10 +280,9 @@ class KeepAliveSchedule:
             deadline_s = max(LAST_KEEPALIVE_S, min(max(MIN_KEEPALIVE_DEADLINE_S, shortest_ttl_s / KEEPALIVE_FRACTION),
                                                    remaining_s))
             try:
-                answer = yield keepalive_request(list(batch), deadline_s)
-            except MetakvError:
-                continue  # no leader for now: the next round tries again, until the deadlines
-            kept, not_found = parse_keepalive(answer)
+                kept, not_found = parse_keepalive((yield keepalive_request(list(batch), deadline_s)))
+            except MetakvError:  # no leader for now, or a malformed answer: the next round tries
+                continue  # again, until the deadlines
             for lease_id, ttl_s in kept.items():
                 if lease_id in batch:
                     batch[lease_id].acknowledged(ttl_s, sent_at)

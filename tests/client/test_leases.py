@@ -195,3 +195,26 @@ def test_a_failing_on_lost_callback_does_not_stop_the_other_leases_keep_alives()
         batches = len(node.batches)
         wait_for(lambda: len(node.batches) >= batches + 3, "keep-alives after the failing callback")
         assert other.alive and all(batch == [other.id] for batch in node.batches[batches + 1:])
+
+
+class MalformedOnce(LeaseNode):
+    """Answers the first keep-alive with a body missing its members (another server behind
+    the URL, a proxy's page), then as a leader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.malformed = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/leases/keepalive" and not self.malformed:
+            self.malformed += 1
+            return httpx.Response(200, headers={"X-Node-Id": "2", "X-Raft-Leader": "2"}, json={})
+        return super().__call__(request)
+
+
+def test_a_malformed_keep_alive_answer_is_retried_not_the_end_of_the_keeper() -> None:
+    node = MalformedOnce()
+    with Client(B, transport=httpx.MockTransport(node), retry=QUICK) as kv:
+        lease = kv.lease(1)
+        wait_for(lambda: len(node.batches) >= 3, "keep-alives after the malformed answer")
+        assert node.malformed == 1 and lease.alive
