@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import contextlib
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,26 @@ def wait_until(predicate: Callable[[], bool], what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def ctrl_c_handled() -> Iterator[None]:
+    """Python's own SIGINT handler, which a shell's background job (SIGINT ignored) lacks:
+    without it ``interrupt_main`` does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_once_in_line(watcher: Client, prefix: str) -> None:
+    """Ctrl-C for the main thread once the waiter's key is in line (at the latest after
+    WAIT_S: the test then fails on what it sees, instead of waiting forever)."""
+    try:
+        wait_until(lambda: len(line(watcher, prefix)) == 2, "the waiter in line")
+    finally:
+        _thread.interrupt_main()
 
 
 def test_a_cancelled_or_interrupted_wait_leaves_the_line(tmp_path: Path) -> None:
@@ -76,10 +98,8 @@ def contend(url: str) -> None:
         Election(kv, "b", holder).campaign("holder")
         for prefix, contender in (("locks/b/", lambda: Lock(kv, "b", waiter).acquire()),
                                   ("elections/b/", lambda: Election(kv, "b", waiter).campaign("waiter"))):
-            with Client(url) as watcher:  # Ctrl-C in a program, once its wait is in line
-                interrupt = threading.Thread(target=lambda: (
-                    wait_until(lambda: len(line(watcher, prefix)) == 2, "the waiter in line"),  # noqa: B023
-                    _thread.interrupt_main()))
+            with Client(url) as watcher, ctrl_c_handled():  # Ctrl-C in a program, once its wait is in line
+                interrupt = threading.Thread(target=interrupt_once_in_line, args=(watcher, prefix))
                 interrupt.start()
                 try:
                     with pytest.raises(KeyboardInterrupt):
