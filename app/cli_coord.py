@@ -8,7 +8,9 @@ They take the data commands' common options (app/cli_data.py) and follow their r
 input exits 2 with one line, a cluster error exits 1 with one line. ``lock`` exports the
 fencing token to CMD as ``METAKV_LOCK_VERSION`` (and its key as ``METAKV_LOCK_KEY``), exits
 with CMD's code, releases the lock on every exit; if the lock's lease is lost meanwhile it
-stops CMD (SIGTERM, then SIGKILL) and exits 1, as ``consul lock`` does.
+stops CMD (SIGTERM, then SIGKILL) and exits 1, as ``consul lock`` does. CMD runs in a
+process group of its own (given the terminal when it has it), so stopping it stops what it
+started too (``sh -c 'a; b'``), as consul does: work must not go on without the lock.
 """
 
 from __future__ import annotations
@@ -107,20 +109,21 @@ class Signals:
         if self._starting:
             return  # inside Popen: raising there could leave a child nobody stops; see start
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+            signal_group(self.child, signum)
             return
         raise Interrupted(signum)
 
     def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start the child; a signal that arrived meanwhile is passed on to it at once."""
+        """Start the child in a process group of its own; a signal that arrived meanwhile is
+        passed on to it at once."""
         self.received = None
         self._starting = True
         try:
-            self.child = subprocess.Popen(command, env=env)
+            self.child = subprocess.Popen(command, env=env, process_group=0)
         finally:
             self._starting = False
         if self.received is not None:
-            self.child.send_signal(self.received)
+            signal_group(self.child, self.received)
         return self.child
 
     @contextlib.contextmanager
@@ -151,14 +154,47 @@ def _release(lease: Lease) -> None:
         lease.revoke()
 
 
+def signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
+    """Send ``signum`` to the child's process group: the child and whatever it started."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
+        os.killpg(child.pid, signum)
+
+
 def _stop_child(child: subprocess.Popen[bytes]) -> int:
-    with contextlib.suppress(ProcessLookupError):
-        child.terminate()
+    """SIGTERM to the child's group, SIGKILL after the grace (to what is left of the group
+    too: a process the child started must not go on working without the lock)."""
+    signal_group(child, signal.SIGTERM)
     try:
         return child.wait(timeout=CHILD_STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         child.kill()
         return child.wait()
+    finally:
+        signal_group(child, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def terminal_for(child: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Give the terminal to the child's group while it runs (as a shell does for a job), so
+    it may read from it and Ctrl-C reaches it; take it back after. Nothing without one."""
+    try:
+        ours = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):  # no terminal, or stdin closed
+        ours = False
+    if ours:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(sys.stdin.fileno(), child.pid)
+    try:
+        yield
+    finally:
+        if ours:
+            # Taking it back from the background would stop us with SIGTTOU: ignore it meanwhile.
+            previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            try:
+                with contextlib.suppress(OSError):
+                    os.tcsetpgrp(sys.stdin.fileno(), os.getpgrp())
+            finally:
+                signal.signal(signal.SIGTTOU, previous)
 
 
 def _exit_code(returncode: int) -> int:
@@ -183,16 +219,17 @@ def _lock(client: Client, args: argparse.Namespace, output: str) -> int:
             except OSError as exc:
                 print(f"metakv: lock: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
                 return EXIT_NOT_RUN
-            while True:
-                try:
-                    return _exit_code(child.wait(timeout=CHILD_POLL_S))
-                except subprocess.TimeoutExpired:
-                    pass
-                if not lease.alive:
-                    _stop_child(child)
-                    print(f"metakv: lock lost: lease {lease.id}: {lease.lost_reason or 'expired'}; "
-                          f"the command was stopped", file=sys.stderr)
-                    return EXIT_LOST
+            with terminal_for(child):
+                while True:
+                    try:
+                        return _exit_code(child.wait(timeout=CHILD_POLL_S))
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if not lease.alive:
+                        _stop_child(child)
+                        print(f"metakv: lock lost: lease {lease.id}: {lease.lost_reason or 'expired'}; "
+                              f"the command was stopped", file=sys.stderr)
+                        return EXIT_LOST
     except Interrupted as interrupted:
         return 128 + interrupted.signum
     finally:

@@ -36,6 +36,7 @@ from app.service import (
     ApplyResult,
     Compare,
     CompareKind,
+    KeysCheck,
     LeaseExistsError,
     LeaseGrant,
     LeaseInfo,
@@ -59,7 +60,6 @@ DEFAULT_MAX_LEASE_TTL_S = 86_400
 # The shortest TTL granted, in election timeouts: a lease must outlive a leader change (a
 # shorter one is raised to it and the answer says so, as etcd's minimum TTL).
 MIN_TTL_ELECTION_TIMEOUTS = 3
-MAX_KEEPALIVE_IDS = 10_000
 EXPIRY_TICK_S = 0.05  # how often the leader looks for leases past their deadline
 EXPIRY_RETRY_S = 1.0  # an expiry whose command failed (no quorum, say) is tried again this much later
 EXPIRIES_AT_ONCE = 64  # revoke commands of expired leases in flight at once
@@ -118,6 +118,7 @@ class LeaseManager:
         self._queue: list[tuple[float, int]] = []  # (deadline, id); stale entries skipped
         self._expiring: set[int] = set()
         self._task: asyncio.Task[None] | None = None
+        self._expiries_running: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
         self._expiries = Counter("metakv_lease_expiries", "Leases this node ended as their leader because "
                                  "no keep-alive came within their TTL", registry=metrics)
         self._keepalives = Counter("metakv_lease_keepalives", "Leases kept alive (each lease of a batch counts)",
@@ -138,7 +139,9 @@ class LeaseManager:
         self._task = asyncio.get_running_loop().create_task(self._expire_loop(), name="lease-expiry")
 
     async def stop(self) -> None:
-        for task in (self._task, self._loading):
+        """End the expiry loop, a load, and every expiry in flight (its command may still
+        commit: a new leader finds the lease gone, or expires it again)."""
+        for task in (self._task, self._loading, *self._expiries_running):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: nothing to report
@@ -170,6 +173,7 @@ class LeaseManager:
         self._deadlines.clear()
         self._ttls.clear()
         self._queue.clear()
+        self._expiring.clear()  # an earlier term's expiries in flight no longer decide anything here
         for lease_id, ttl_s, _granted in leases:
             self._track(lease_id, ttl_s, now)
         self._epoch = epoch
@@ -211,7 +215,10 @@ class LeaseManager:
                                else "every generated lease id was taken; retry")
 
     async def keep_alive(self, lease_ids: list[int]) -> LeaseKeepAlive:
-        """Restart the countdown of each lease; one leadership confirmation for the batch."""
+        """Restart the countdown of each lease; one leadership confirmation for the batch. A
+        lease whose deadline had passed when the request arrived has expired, as in etcd,
+        even if its revoke is not proposed yet (a mass expiry lags): it is not revived."""
+        arrived = self._clock()
         await self._leading()
         await self._hooks.confirm_leadership()
         now = self._clock()
@@ -219,7 +226,8 @@ class LeaseManager:
         missing: list[int] = []
         for lease_id in lease_ids:
             ttl_s = self._ttls.get(lease_id)
-            if ttl_s is None or lease_id in self._expiring:
+            deadline = self._deadlines.get(lease_id)
+            if ttl_s is None or deadline is None or deadline <= arrived or lease_id in self._expiring:
                 missing.append(lease_id)
                 continue
             deadline = now + ttl_s
@@ -229,20 +237,22 @@ class LeaseManager:
         self._keepalives.inc(len(kept))
         return LeaseKeepAlive(kept, missing)
 
-    async def revoke(self, lease_id: int) -> LeaseRevoke:
+    async def revoke(self, lease_id: int, authorize: KeysCheck | None = None) -> LeaseRevoke:
         await self._leading()
-        revoked = await self._revoke(lease_id, LEASE_REVOKED)
+        revoked = await self._revoke(lease_id, LEASE_REVOKED, authorize)
         self._revokes.inc()
         return revoked
 
-    async def info(self, lease_id: int, with_keys: bool) -> LeaseInfo:
+    async def info(self, lease_id: int, with_keys: bool, authorize: KeysCheck | None = None) -> LeaseInfo:
         await self._leading()
         lease = self._state().lease(lease_id)
         deadline = self._deadlines.get(lease_id)
         if lease is None or deadline is None or lease_id in self._expiring:
             raise LeaseNotFoundError(lease_id)
-        return LeaseInfo(lease_id, lease.ttl_s, max(0.0, deadline - self._clock()), lease.granted_version,
-                         [key for key, _version in lease.keys] if with_keys else None)
+        keys = [key for key, _version in lease.keys] if with_keys else None
+        if keys is not None and authorize is not None:
+            authorize(keys)
+        return LeaseInfo(lease_id, lease.ttl_s, max(0.0, deadline - self._clock()), lease.granted_version, keys)
 
     def list(self) -> LeaseList:
         version, leases = self._state().leases()
@@ -250,14 +260,17 @@ class LeaseManager:
 
     # ---- revoke and expiry -----------------------------------------------------------
 
-    async def _revoke(self, lease_id: int, reason: str) -> LeaseRevoke:
+    async def _revoke(self, lease_id: int, reason: str, authorize: KeysCheck | None = None) -> LeaseRevoke:
         """Propose the revoke command until it applies (keys attached or detached since it
-        was read make it fail: read again)."""
+        was read make it fail: read again). ``authorize`` checks each read's keys: the
+        command's compares make those exactly the keys it deletes."""
         for _attempt in range(REVOKE_ATTEMPTS):
             lease = self._state().lease(lease_id)
             if lease is None:
                 self._forget(lease_id)
                 raise LeaseNotFoundError(lease_id)
+            if authorize is not None:
+                authorize([key for key, _version in lease.keys])
             result = await self._hooks.propose(revoke_command(lease, reason))
             if result.succeeded:
                 self._forget(lease_id)
@@ -275,7 +288,7 @@ class LeaseManager:
                     except Exception as exc:  # not the leader after all, or no quorum yet
                         logger.debug("lease load deferred: %r", exc)
                 continue
-            now = self._clock()
+            now, epoch = self._clock(), self._epoch
             queue = self._queue
             while queue and queue[0][0] <= now:
                 deadline, lease_id = heapq.heappop(queue)
@@ -283,22 +296,31 @@ class LeaseManager:
                     continue  # kept alive since (a newer entry is queued), or gone
                 self._expiring.add(lease_id)
                 await limit.acquire()
-                asyncio.get_running_loop().create_task(self._expire(lease_id, limit))
+                if self._epoch != epoch:  # a new term reloaded meanwhile: its countdowns decide
+                    limit.release()
+                    break
+                task = asyncio.get_running_loop().create_task(self._expire(lease_id, limit, epoch))
+                self._expiries_running.add(task)
+                task.add_done_callback(self._expiries_running.discard)
 
-    async def _expire(self, lease_id: int, limit: asyncio.Semaphore) -> None:
+    async def _expire(self, lease_id: int, limit: asyncio.Semaphore, epoch: int) -> None:
+        """End a lease that passed its deadline in ``epoch``; only that term's state is touched."""
         try:
             await self._revoke(lease_id, LEASE_EXPIRED)
             self._expiries.inc()
         except LeaseNotFoundError:
             pass  # revoked meanwhile
         except Exception as exc:  # e.g. leadership lost: a new leader restarts its countdown
-            logger.warning("lease %d: expiry not applied (%r); retried", lease_id, exc)
-            if lease_id in self._deadlines and self._epoch == self._hooks.leading_epoch():
+            retried = lease_id in self._deadlines and self._epoch == epoch == self._hooks.leading_epoch()
+            logger.warning("lease %d: expiry not applied (%r); %s", lease_id, exc,
+                           "retried" if retried else "left to the next leader's countdown")
+            if retried:
                 retry_at = self._clock() + EXPIRY_RETRY_S
                 self._deadlines[lease_id] = retry_at
                 heapq.heappush(self._queue, (retry_at, lease_id))
         finally:
-            self._expiring.discard(lease_id)
+            if self._epoch == epoch:  # a new term cleared it, and may be expiring it itself
+                self._expiring.discard(lease_id)
             limit.release()
 
 
@@ -314,11 +336,11 @@ class NodeLeases:
     async def keep_alive_leases(self, lease_ids: list[int]) -> LeaseKeepAlive:
         return await self.leases.keep_alive(lease_ids)
 
-    async def revoke_lease(self, lease_id: int) -> LeaseRevoke:
-        return await self.leases.revoke(lease_id)
+    async def revoke_lease(self, lease_id: int, authorize: KeysCheck | None = None) -> LeaseRevoke:
+        return await self.leases.revoke(lease_id, authorize)
 
-    async def lease_info(self, lease_id: int, with_keys: bool = False) -> LeaseInfo:
-        return await self.leases.info(lease_id, with_keys)
+    async def lease_info(self, lease_id: int, with_keys: bool = False, authorize: KeysCheck | None = None) -> LeaseInfo:
+        return await self.leases.info(lease_id, with_keys, authorize)
 
     def list_leases(self) -> LeaseList:
         return self.leases.list()

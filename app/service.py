@@ -111,6 +111,8 @@ class HistoryCompactedError(ServiceError):
 
 # Lease ids are 1..MAX_LEASE_ID: the largest integer every JSON parser reads exactly.
 MAX_LEASE_ID = 2**53 - 1
+# Given a lease's attached keys, raises if the caller may not act on them (auth's check).
+KeysCheck = Callable[[list[str]], None]
 
 
 class LeaseNotFoundError(ServiceError):
@@ -373,13 +375,13 @@ class KVService(Protocol):
         """Restart each lease's countdown from its TTL: one leadership confirmation for all."""
         ...
 
-    async def revoke_lease(self, lease_id: int) -> LeaseRevoke:
+    async def revoke_lease(self, lease_id: int, authorize: KeysCheck | None = None) -> LeaseRevoke:
         """Delete the lease and every key attached to it in one record. Raises
-        LeaseNotFoundError."""
+        LeaseNotFoundError; ``authorize`` sees exactly the keys deleted, first (it raises to refuse)."""
         ...
 
-    async def lease_info(self, lease_id: int, with_keys: bool = False) -> LeaseInfo:
-        """Raises LeaseNotFoundError."""
+    async def lease_info(self, lease_id: int, with_keys: bool = False, authorize: KeysCheck | None = None) -> LeaseInfo:
+        """Raises LeaseNotFoundError; ``authorize`` sees the keys shown, first (it raises to refuse)."""
         ...
 
     def list_leases(self) -> LeaseList:

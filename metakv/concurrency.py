@@ -18,9 +18,10 @@ as plans (metakv/core.py) the sync and the async flavours both drive.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from metakv.core import ClientCore, Plan
 from metakv.errors import (
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 LOCK_PREFIX = "locks/"
 ELECTION_PREFIX = "elections/"
 WAIT_POLL_MS = 1000  # a waiter's long-poll: how often it re-checks its lease and deadline
+ResultT = TypeVar("ResultT")
 
 
 class NotAcquired(MetakvError):
@@ -125,8 +127,7 @@ class LineCore:
             cursor = WatchCursor(predecessor, listing.version, WAIT_POLL_MS)
             while True:
                 self.lease.check()
-                if deadline is not None and time.monotonic() >= deadline:
-                    yield from self.client.delete_plan(self.key, None)
+                if deadline is not None and time.monotonic() >= deadline:  # the caller leaves the line
                     raise NotAcquired("Not acquired", f"{self.prefix}: still waiting after {timeout_s:g} s")
                 events = cursor.accept((yield cursor.request()))
                 if any(event.key == predecessor and event.type == "delete" for event in events):
@@ -136,6 +137,28 @@ class LineCore:
         """Delete our key: the next in line goes ahead."""
         self.own = None
         yield from self.client.delete_plan(self.key, None)
+
+    def run_in_line(self, client: Client, plan: Plan[ResultT]) -> ResultT:
+        """Run a plan that takes a place in line; if it fails (a timeout, an error, Ctrl-C),
+        leave the line, as etcd's Lock and Campaign do: a key left behind by a lease that
+        lives on would hold the lock for nobody, and everyone behind it would wait."""
+        try:
+            return client.run(plan)
+        except BaseException:
+            if self._lease is not None:
+                with contextlib.suppress(MetakvError):  # unreachable: the lease ends it later
+                    client.run(self.leave_plan())
+            raise
+
+    async def run_in_line_async(self, client: AsyncClient, plan: Plan[ResultT]) -> ResultT:
+        """``run_in_line`` for ``AsyncClient`` (a cancelled wait leaves the line too)."""
+        try:
+            return await client.run(plan)
+        except BaseException:
+            if self._lease is not None:
+                with contextlib.suppress(MetakvError):
+                    await client.run(self.leave_plan())
+            raise
 
 
 # ---------------------------------------------------------------------------- locks
@@ -173,7 +196,7 @@ class Lock(LineHandle):
 
     def acquire(self, timeout_s: float | None = None) -> int:
         """Wait until held (``NotAcquired`` after ``timeout_s``); the fencing token."""
-        self._client.run(self._line.wait_first_plan(b"", timeout_s))
+        self._line.run_in_line(self._client, self._line.wait_first_plan(b"", timeout_s))
         return self.version
 
     def release(self) -> None:
@@ -196,7 +219,7 @@ class AsyncLock(LineHandle):
         self._line = LineCore(client, prefix, name, lease)
 
     async def acquire(self, timeout_s: float | None = None) -> int:
-        await self._client.run(self._line.wait_first_plan(b"", timeout_s))
+        await self._line.run_in_line_async(self._client, self._line.wait_first_plan(b"", timeout_s))
         return self.version
 
     async def release(self) -> None:
@@ -274,7 +297,7 @@ class Election(LineHandle):
         self._line = ElectionCore(client, prefix, name, lease)
 
     def campaign(self, value: bytes | str, timeout_s: float | None = None) -> KeyValue:
-        return self._client.run(self._line.campaign_plan(value, timeout_s))
+        return self._line.run_in_line(self._client, self._line.campaign_plan(value, timeout_s))
 
     def proclaim(self, value: bytes | str) -> KeyValue:
         return self._client.run(self._line.proclaim_plan(value))
@@ -303,7 +326,7 @@ class AsyncElection(LineHandle):
         self._line = ElectionCore(client, prefix, name, lease)
 
     async def campaign(self, value: bytes | str, timeout_s: float | None = None) -> KeyValue:
-        return await self._client.run(self._line.campaign_plan(value, timeout_s))
+        return await self._line.run_in_line_async(self._client, self._line.campaign_plan(value, timeout_s))
 
     async def proclaim(self, value: bytes | str) -> KeyValue:
         return await self._client.run(self._line.proclaim_plan(value))

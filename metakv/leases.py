@@ -13,6 +13,7 @@ a task; both drive ``KeepAliveSchedule.round_plan``.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -25,10 +26,12 @@ from metakv.protocol import Answer, Request, parses_answer, with_query
 LEASES_PATH = "/v1/leases"
 KEEPALIVE_BATCH_MAX = 10_000  # the batch endpoint's bound
 KEEPALIVE_FRACTION = 3  # keep-alive every ttl/3, as etcd's client does
-MIN_KEEPALIVE_DEADLINE_S = 0.5  # a keep-alive round never gives up sooner than this
+MIN_KEEPALIVE_DEADLINE_S = 0.5  # a keep-alive round gives up no sooner, unless a lease's deadline is closer
+LAST_KEEPALIVE_S = 0.05  # the shortest try, for a lease about to reach its deadline
 IDLE_WAKE_S = 5.0  # the keeper's longest sleep with no lease due
 
 LostCallback = Callable[["LeaseCore"], None]
+log = logging.getLogger("metakv.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,10 @@ class LeaseCore:
         callback(self)
 
     def acknowledged(self, ttl_s: int, sent_at: float) -> None:
+        """A keep-alive sent at ``sent_at`` was acknowledged. One answered after the holder's
+        deadline does not bring the lease back: it ended there (``alive`` said so)."""
+        if self.lost_reason is None and self._clock() >= self.deadline:
+            self.end("no keep-alive was acknowledged for a whole TTL")
         if self.lost_reason is None:
             self.ttl_s = ttl_s
             self.acked_sent_at = max(self.acked_sent_at, sent_at)
@@ -207,7 +214,10 @@ class LeaseCore:
             callbacks, self._callbacks = self._callbacks, []
         self.notify_lost()
         for callback in callbacks:
-            callback(self)
+            try:
+                callback(self)
+            except Exception:  # the keeper runs it: its error must not end the other leases' keep-alives
+                log.exception("lease %d: an on_lost callback failed", self.id)
 
     def notify_lost(self) -> None:
         """Set the flavour's event (``Lease.done``, ``AsyncLease.done``)."""
@@ -264,13 +274,15 @@ class KeepAliveSchedule:
         for start in range(0, len(due), KEEPALIVE_BATCH_MAX):
             batch = {lease.id: lease for lease in due[start:start + KEEPALIVE_BATCH_MAX]}
             shortest_ttl_s = min(lease.ttl_s for lease in batch.values())
-            deadline_s = max(MIN_KEEPALIVE_DEADLINE_S, shortest_ttl_s / KEEPALIVE_FRACTION)
             sent_at = self._clock()
+            # Never past a lease's deadline: its end (done, on_lost) must not wait for this call.
+            remaining_s = min(lease.deadline for lease in batch.values()) - sent_at
+            deadline_s = max(LAST_KEEPALIVE_S, min(max(MIN_KEEPALIVE_DEADLINE_S, shortest_ttl_s / KEEPALIVE_FRACTION),
+                                                   remaining_s))
             try:
-                answer = yield keepalive_request(list(batch), deadline_s)
-            except MetakvError:
-                continue  # no leader for now: the next round tries again, until the deadlines
-            kept, not_found = parse_keepalive(answer)
+                kept, not_found = parse_keepalive((yield keepalive_request(list(batch), deadline_s)))
+            except MetakvError:  # no leader for now, or a malformed answer: the next round tries
+                continue  # again, until the deadlines
             for lease_id, ttl_s in kept.items():
                 if lease_id in batch:
                     batch[lease_id].acknowledged(ttl_s, sent_at)

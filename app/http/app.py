@@ -73,9 +73,10 @@ def create_app(service: KVService, settings: HttpSettings | None = None, ui: UiM
     key_endpoints = KeyEndpoints(service, settings)
     # Never served: it only feeds /openapi.json (the fast path serves these routes).
     key_documentation = key_documentation_router(key_endpoints)
+    audit = AuditLog()  # one rate limit for auth's refusals, the lease routes' and the edge's admin actions
     routers = [list_router(service, settings), txn_router(service, settings), watch_router(service, settings),
                cluster_router(service), admin_router(service), snapshot_download_router(service),
-               leases_router(service)]
+               leases_router(service, audit)]
     if ui != "off":
         routers.append(data_router(service, ui))
     for router in routers:
@@ -100,7 +101,6 @@ def create_app(service: KVService, settings: HttpSettings | None = None, ui: UiM
     app.openapi = openapi  # type: ignore[method-assign]
 
     key_routes = KeyPathDispatch(app.serve_routes, KeyRoutes(key_endpoints))
-    audit = AuditLog()  # one rate limit for auth's refusals and the edge's admin actions
     with_auth = key_routes if tokens is None else AuthMiddleware(
         key_routes, tokens, settings.max_txn_body_bytes, open_paths, audit)
     if ui == "off":

@@ -1,6 +1,8 @@
 """The lease routes: grant, keep-alive (one lease or a batch), revoke, info and list
 (docs/http.md "Leases", docs/leases.md). Every call but the list is the leader's: others
-answer 307 to it, as writes do."""
+answer 307 to it, as writes do. With auth on, any lease call needs write on some key
+(app/http/auth.py); a revoke also needs write on every key it deletes and a lease's key
+list read on every key it shows, as etcd checks (the same rules as the key routes)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.auth import Access
+from app.http.audit import AuditLog
+from app.http.auth import token_name
 from app.http.models import JsonInteger, PositiveLeaseId
 from app.http.parsing import read_body_bounded
 from app.http.problems import ProblemError, describe, problem_responses, validation_errors
-from app.service import MAX_LEASE_ID, KVService
+from app.service import MAX_LEASE_ID, KeysCheck, KVService
 
 MAX_KEEPALIVE_IDS = 10_000
 # A batch of MAX_KEEPALIVE_IDS ids of 19 digits with separators, with room to spare.
@@ -48,7 +53,7 @@ class GrantResponse(LeaseTtl):
 
 class KeepAliveBatchResponse(BaseModel):
     leases: list[LeaseTtl] = Field(description="the leases whose countdown restarted from ttl_s")
-    not_found: list[int] = Field(description="ids of leases that do not exist (or are expiring)")
+    not_found: list[int] = Field(description="ids of leases that do not exist (or are past their deadline)")
 
 
 class RevokeResponse(BaseModel):
@@ -90,11 +95,34 @@ def grant_schema(max_ttl_s: int) -> dict[str, Any]:
     return schema
 
 
-def leases_router(service: KVService) -> APIRouter:
+def keys_check(service: KVService, audit: AuditLog, request: Request, access: Access) -> KeysCheck | None:
+    """With auth on, a check that the request's token has ``access`` to each key of a lease:
+    else 403, written to the audit log like auth's own refusals."""
+    tokens, name = service.auth_tokens, token_name(request.scope)
+    if tokens is None or name is None:
+        return None
+    token = next((token for token in tokens.policy.tokens if token.name == name), None)
+    verb = access.name.lower()
+
+    def check(keys: list[str]) -> None:
+        refused = next((key for key in keys if token is None or token.access_to_key(key) < access), None)
+        if refused is not None:
+            detail = f"token {name!r} lacks {verb} access to the key {refused!r}, attached to the lease"
+            audit.denied(request.scope, 403, detail, name)
+            raise ProblemError(403, "forbidden", "Forbidden", detail)
+    return check
+
+
+def leases_router(service: KVService, audit: AuditLog | None = None) -> APIRouter:
     # {lease_id:int}: only digits reach these routes, so /v1/leases/keepalive is the batch
     # route's alone (a 405's Allow names its methods only); other ids answer 404.
     router = APIRouter(tags=["leases"])
+    audit = audit or AuditLog()
     leader_statuses = problem_responses(307, 400, 404, 503, 504)
+
+    def checks(request: Request, access: Access) -> KeysCheck | None:
+        return keys_check(service, audit, request, access)
+
 
     @router.post("/v1/leases", status_code=201, summary="Grant a lease", response_model=GrantResponse,
                  responses={**problem_responses(307, 400, 409, 413, 422, 503, 504, 507)},
@@ -125,15 +153,15 @@ def leases_router(service: KVService) -> APIRouter:
 
     @router.delete("/v1/leases/{lease_id:int}", summary="Revoke a lease: it and every attached key go in one version",
                    response_model=RevokeResponse, responses=leader_statuses)
-    async def revoke(lease_id: LeaseIdPath) -> Response:
-        revoked = await service.revoke_lease(lease_id)
+    async def revoke(request: Request, lease_id: LeaseIdPath) -> Response:
+        revoked = await service.revoke_lease(lease_id, checks(request, Access.WRITE))
         return JSONResponse({"id": revoked.id, "version": revoked.version, "deleted_keys": revoked.deleted_keys})
 
     @router.get("/v1/leases/{lease_id:int}", summary="A lease's TTL, remaining time and keys (the leader's view)",
                 response_model=LeaseInfoResponse, response_model_exclude_none=True, responses=leader_statuses)
-    async def info(lease_id: LeaseIdPath,
+    async def info(request: Request, lease_id: LeaseIdPath,
                    keys: Annotated[bool, Query(description="list the attached keys")] = False) -> Response:
-        lease = await service.lease_info(lease_id, keys)
+        lease = await service.lease_info(lease_id, keys, checks(request, Access.READ))
         document: dict[str, Any] = {"id": lease.id, "ttl_s": lease.ttl_s, "remaining_s": round(lease.remaining_s, 3),
                                     "granted_version": lease.granted_version}
         if lease.keys is not None:

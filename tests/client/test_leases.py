@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from metakv import AsyncClient, Client, InvalidRequest, Lease, LeaseLost, LeaseNotFound, RetryPolicy
-from metakv.leases import LeaseCore
+from metakv.leases import KeepAliveSchedule, LeaseCore
 
 A, B = "http://a:1", "http://b:2"
 QUICK = RetryPolicy(deadline_s=1.0, backoff_base_s=0.001, backoff_max_s=0.002, retry_after_max_s=0.01)
@@ -150,3 +150,71 @@ def test_closing_the_client_ends_its_leases_for_their_holders() -> None:
     lease: Lease = kv.lease(30)
     kv.close()
     assert lease.done.is_set() and "closed" in (lease.lost_reason or "")
+
+
+def test_a_keep_alive_acknowledged_after_the_holders_deadline_does_not_bring_the_lease_back() -> None:
+    """Past its deadline ``alive`` is False and the holder must stop; an answer arriving then
+    (sent before the deadline, slow to come back) must not make it alive again unannounced."""
+    now = [0.0]
+    lease = LeaseCore(5, ttl_s=2, granted_version=1, sent_at=0.0, clock=lambda: now[0])
+    ended: list[int] = []
+    lease.on_lost(lambda lost: ended.append(lost.id))
+    now[0] = 2.5
+    assert not lease.alive
+    lease.acknowledged(2, sent_at=1.9)
+    assert not lease.alive and ended == [5] and "whole TTL" in (lease.lost_reason or "")
+    with pytest.raises(LeaseLost):
+        lease.check()
+
+
+def test_a_keep_alive_gives_up_by_the_deadline_of_the_leases_it_carries() -> None:
+    """With the cluster unreachable, a keep-alive still trying past a lease's deadline would
+    hold back its end (done, on_lost) while the cluster may have expired it already."""
+    now = [0.0]
+    schedule = KeepAliveSchedule(clock=lambda: now[0])
+    lease = LeaseCore(5, ttl_s=9, granted_version=1, sent_at=0.0, clock=lambda: now[0])
+    schedule.add(lease)
+    now[0] = 8.8  # the earlier keep-alives failed: 0.2 s left
+    request = next(schedule.round_plan())
+    assert request.deadline_s is not None and request.deadline_s <= 0.2 + 1e-9
+    assert request.timeout_s is not None and request.timeout_s <= 0.2 + 1e-9
+
+
+def test_a_failing_on_lost_callback_does_not_stop_the_other_leases_keep_alives() -> None:
+    """Callbacks run in the keeper: one raising must not end keep-alives for every lease."""
+    node = LeaseNode()
+    with Client(B, transport=httpx.MockTransport(node), retry=QUICK) as kv:
+        failing, other = kv.lease(1), kv.lease(1)
+
+        def broken(_lease: LeaseCore) -> None:
+            raise RuntimeError("a bug in the holder's callback")
+
+        failing.on_lost(broken)
+        node.forget(failing.id)
+        assert failing.done.wait(WAIT_S)
+        batches = len(node.batches)
+        wait_for(lambda: len(node.batches) >= batches + 3, "keep-alives after the failing callback")
+        assert other.alive and all(batch == [other.id] for batch in node.batches[batches + 1:])
+
+
+class MalformedOnce(LeaseNode):
+    """Answers the first keep-alive with a body missing its members (another server behind
+    the URL, a proxy's page), then as a leader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.malformed = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/leases/keepalive" and not self.malformed:
+            self.malformed += 1
+            return httpx.Response(200, headers={"X-Node-Id": "2", "X-Raft-Leader": "2"}, json={})
+        return super().__call__(request)
+
+
+def test_a_malformed_keep_alive_answer_is_retried_not_the_end_of_the_keeper() -> None:
+    node = MalformedOnce()
+    with Client(B, transport=httpx.MockTransport(node), retry=QUICK) as kv:
+        lease = kv.lease(1)
+        wait_for(lambda: len(node.batches) >= 3, "keep-alives after the malformed answer")
+        assert node.malformed == 1 and lease.alive

@@ -113,3 +113,86 @@ async def test_a_follower_answers_no_lease_call_but_the_list(node):
         with pytest.raises(NotLeaderError):
             await call
     assert manager.list().leases == [(lease.id, 30)]
+
+
+async def test_a_keep_alive_after_the_deadline_does_not_revive_a_lease_whose_expiry_lags(node):
+    """Expiry runs behind the deadlines when many leases end at once (docs/leases.md): a
+    lease past its deadline has expired, as in etcd, so a late keep-alive is not_found."""
+    _service, manager, leadership = node
+    late = await manager.grant(5)
+    leadership.now += 1
+    on_time = await manager.grant(5)
+    leadership.now += 4  # the first one's deadline; the expiry loop is not running: no revoke yet
+    report = await manager.keep_alive([late.id, on_time.id])
+    assert report.kept == [(on_time.id, 5)] and report.not_found == [late.id]
+
+
+async def test_stopping_ends_the_expiries_in_flight(tmp_path):
+    """An expiry whose command has not committed when the node stops must not outlive the
+    manager (and propose into a stopped node, or be collected mid-flight)."""
+    service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
+    leadership = Leadership(service)
+    stalled = asyncio.Event()
+
+    async def propose(command):
+        if stalled.is_set():
+            await asyncio.Event().wait()  # no quorum: never commits
+        return await service.propose(command)
+
+    manager = LeaseManager(lambda: service.state, LeaderHooks(
+        propose, lambda: leadership.epoch, leadership.confirm, leadership.applied),
+        max_ttl_s=100, min_ttl_s=2, metrics=CollectorRegistry(), clock=lambda: leadership.now)
+    try:
+        await manager.grant(5)
+        stalled.set()
+        manager.start()
+        leadership.now += 6
+
+        def expiring() -> list[asyncio.Task]:
+            return [task for task in asyncio.all_tasks()
+                    if not task.done() and getattr(task.get_coro(), "__name__", "") == "_expire"]
+
+        for _ in range(200):
+            if expiring():
+                break
+            await asyncio.sleep(0.01)
+        assert len(expiring()) == 1
+        await manager.stop()
+        assert expiring() == []
+    finally:
+        service.close()
+
+
+async def test_an_expiry_left_from_an_earlier_term_does_not_shorten_the_new_countdown(tmp_path):
+    """The node loses the leadership while an expiry waits for its commit, then leads again:
+    the new term restarts the lease's full TTL, so the old expiry's failure must neither
+    refuse its keep-alives nor put its deadline a retry (1 s) away."""
+    service = InProcessService(str(tmp_path / "state.db"), str(tmp_path / "snapshots"))
+    leadership = Leadership(service)
+    old_commit: asyncio.Future = asyncio.get_running_loop().create_future()
+    proposed = asyncio.Event()
+
+    async def propose(command):
+        if lease is not None:  # the first term's revoke: no quorum
+            proposed.set()
+            return await old_commit
+        return await service.propose(command)
+
+    lease = None
+    manager = LeaseManager(lambda: service.state, LeaderHooks(
+        propose, lambda: leadership.epoch, leadership.confirm, leadership.applied),
+        max_ttl_s=100, min_ttl_s=2, metrics=CollectorRegistry(), clock=lambda: leadership.now)
+    try:
+        lease = await manager.grant(5)
+        manager.start()
+        leadership.now += 6
+        await asyncio.wait_for(proposed.wait(), 10)
+        leadership.epoch = 2  # led again, by this node
+        assert (await manager.info(lease.id, False)).remaining_s == pytest.approx(5)
+        assert (await manager.keep_alive([lease.id])).kept == [(lease.id, 5)]
+        old_commit.set_exception(NotLeaderError(None))  # the first term's revoke fails at last
+        await asyncio.sleep(0.1)
+        assert (await manager.info(lease.id, False)).remaining_s == pytest.approx(5)
+    finally:
+        await manager.stop()
+        service.close()
