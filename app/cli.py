@@ -92,8 +92,9 @@ SERVE_HELP = {
     "data_dir": "directory holding the log, quorum state, snapshots and state.db",
     "listen_http": "HOST:PORT for the HTTP API",
     "listen_raft": "HOST:PORT for raft traffic between nodes",
-    "listen_etcd": "HOST:PORT for etcd's v3 gRPC API (off unless given; docs/etcd.md)",
-    "listen_etcd_gateway": "HOST:PORT for etcd's v3 JSON gateway (needs --listen-etcd; docs/etcd.md)",
+    "listen_etcd": "HOST:PORT for etcd's v3 API, gRPC and JSON gateway on one port (off unless given; docs/etcd.md)",
+    "listen_etcd_gateway": "HOST:PORT: move etcd's JSON gateway to its own port; --listen-etcd then serves gRPC "
+                           "alone (docs/etcd.md)",
     "voters": "the voters' raft addresses: ID@HOST:PORT,ID@HOST:PORT,...",
     "advertise_http": "this node's HTTP URL as clients reach it (default http://LISTEN-HTTP)",
     "observer": "run as a non-voting observer (its id must not be in --voters)",
@@ -137,8 +138,9 @@ def _build_parser() -> _Parser:
     up.add_argument("--base-raft-port", default="9001", help="raft port of node 1 (default 9001)")
     up.add_argument("--base-etcd-port", default="2379",
                     help="etcd v3 gRPC port of node 1 (default 2379; 0 = no etcd API; docs/etcd.md)")
-    up.add_argument("--base-etcd-gateway-port", default="12379",
-                    help="etcd v3 JSON gateway port of node 1 (default 12379; 0 = none)")
+    up.add_argument("--base-etcd-gateway-port", default="0",
+                    help="a separate etcd v3 JSON gateway port for node 1 (default 0: the gateway shares "
+                         "the etcd port)")
     up.add_argument("--data-dir", default="./data", help="parent of the nodes' data dirs (default ./data)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     up.add_argument("--auth-file", default=os.environ.get("METAKV_AUTH_FILE"),
@@ -311,7 +313,7 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     try:
         if config.listen_etcd is not None:
             from app.etcd.serve import EtcdApi
-            etcd = EtcdApi(runtime, config)
+            etcd = EtcdApi.of_node(runtime, config)
             try:
                 await etcd.start()
             except (OSError, RuntimeError) as exc:  # a taken port: grpc raises RuntimeError

@@ -2,16 +2,18 @@
 JSON bodies, bytes as base64, field names as in the .proto) over the same mapping as the
 gRPC server, so HTTP etcd clients (etcd3gw, the Locust etcd adapter) work too.
 
-It listens on a port of its own (--listen-etcd-gateway), not beside gRPC on one port as
-etcd does: that would need a front that sniffs each connection (docs/etcd.md).
+It serves the connections the etcd port's front (app/etcd/front.py) hands it, beside gRPC on
+one port as etcd does, or, with --listen-etcd-gateway, a port of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
 import grpc
@@ -133,30 +135,64 @@ def gateway_app(mapping: EtcdMapping) -> Starlette:
     return Starlette(routes=routes)
 
 
-class EtcdGateway:
-    """The gateway's HTTP listener on the node's event loop."""
+class _GatewayServer(uvicorn.Server):
+    """uvicorn serving the sockets it is given, if any, and the connections handed to
+    ``create_protocol``; no signal handling of its own (the node's handlers stay)."""
 
-    def __init__(self, mapping: EtcdMapping, host: str, port: int) -> None:
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.bound: list[socket.socket] = []
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    def create_protocol(self) -> asyncio.Protocol:
+        return self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        self.servers = [await loop.create_server(self.create_protocol, sock=sock, ssl=self.config.ssl,
+                                                 backlog=LISTEN_BACKLOG) for sock in self.bound]
+        self.started = True
+
+
+class EtcdGateway:
+    """The gateway's HTTP server on the node's event loop: on ``host:port`` when given (the
+    separate gateway port), else only for the connections the front hands ``protocol()``."""
+
+    def __init__(self, mapping: EtcdMapping, host: str | None = None, port: int = 0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
-        self._server = uvicorn.Server(uvicorn.Config(
+        self._server = _GatewayServer(uvicorn.Config(
             gateway_app(mapping), loop="none", lifespan="off", access_log=False,
-            log_level="warning", timeout_graceful_shutdown=1, server_header=False))
+            log_level="warning", timeout_graceful_shutdown=1, server_header=False,
+            ssl_context_factory=None if ssl_context is None else lambda _config, _default: ssl_context))
         self._task: asyncio.Task[None] | None = None
+
+    def protocol(self) -> asyncio.Protocol:
+        """A new HTTP/1.1 connection's protocol (the front calls ``connection_made``)."""
+        return self._server.create_protocol()
 
     async def start(self) -> None:
         """Bind here (uvicorn exits the process on a failed bind), then serve."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-            sock.listen(LISTEN_BACKLOG)
-        except OSError as exc:
-            sock.close()
-            raise OSError(f"--listen-etcd-gateway {self.host}:{self.port}: {exc.strerror}") from exc
-        self.port = sock.getsockname()[1]
-        self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+        if self.host is not None:
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((self.host, self.port))
+                sock.listen(LISTEN_BACKLOG)
+            except OSError as exc:
+                sock.close()
+                raise OSError(f"--listen-etcd-gateway {self.host}:{self.port}: {exc.strerror}") from exc
+            self.port = sock.getsockname()[1]
+            self._server.bound = [sock]
+        self._task = asyncio.ensure_future(self._server.serve())
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
+from app.etcd.callers import Callers
 from app.etcd.errors import EtcdError
 from app.etcd.mapping import EtcdMapping
 from app.etcd.protos import rpc_pb2, rpc_pb2_grpc
@@ -22,75 +25,91 @@ Answer = TypeVar("Answer")
 STOP_GRACE_S = 1.0
 
 
-async def _answer(context: grpc.aio.ServicerContext, call: Awaitable[Answer]) -> Answer:
-    try:
-        return await call
-    except EtcdError as exc:
-        await context.abort(exc.code, exc.message)
-        raise  # abort raises; this line is for the type checker
+class _Calls:
+    """What every call goes through before the mapping: the caller's check (``callers``)."""
 
+    def __init__(self, mapping: EtcdMapping, callers: Callers) -> None:
+        self.mapping = mapping
+        self.callers = callers
 
-async def _ready(value: Answer) -> Answer:
-    return value
+    async def admit(self, context: grpc.aio.ServicerContext) -> None:
+        try:
+            self.callers.of(context)
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+
+    async def answer(self, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[Answer] | Answer]) -> Answer:
+        await self.admit(context)
+        try:
+            answer = call()
+            return await answer if inspect.isawaitable(answer) else answer  # type: ignore[return-value]
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+            raise  # abort raises; this line is for the type checker
 
 
 class _KV(rpc_pb2_grpc.KVServicer):
-    def __init__(self, mapping: EtcdMapping) -> None:
-        self.mapping = mapping
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.mapping = calls.mapping
 
     async def Range(self, request: rpc_pb2.RangeRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.RangeResponse:
-        return await _answer(context, self.mapping.range(request))
+        return await self.calls.answer(context, lambda: self.mapping.range(request))
 
     async def Put(self, request: rpc_pb2.PutRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.PutResponse:
-        return await _answer(context, self.mapping.put(request))
+        return await self.calls.answer(context, lambda: self.mapping.put(request))
 
     async def DeleteRange(self, request: rpc_pb2.DeleteRangeRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.DeleteRangeResponse:
-        return await _answer(context, self.mapping.delete_range(request))
+        return await self.calls.answer(context, lambda: self.mapping.delete_range(request))
 
     async def Txn(self, request: rpc_pb2.TxnRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.TxnResponse:
-        return await _answer(context, self.mapping.txn(request))
+        return await self.calls.answer(context, lambda: self.mapping.txn(request))
 
     async def Compact(self, request: rpc_pb2.CompactionRequest,
                       context: grpc.aio.ServicerContext) -> rpc_pb2.CompactionResponse:
-        return await _answer(context, self.mapping.compact(request))
+        return await self.calls.answer(context, lambda: self.mapping.compact(request))
 
 
 class _Watch(rpc_pb2_grpc.WatchServicer):
-    def __init__(self, mapping: EtcdMapping) -> None:
-        self.mapping = mapping
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.mapping = calls.mapping
 
     async def Watch(self, request_iterator: AsyncIterator[rpc_pb2.WatchRequest],
                     context: grpc.aio.ServicerContext) -> AsyncIterator[rpc_pb2.WatchResponse]:
+        await self.calls.admit(context)
         async with WatchStream(self.mapping) as stream:
             async for response in stream.serve(request_iterator):
                 yield response
 
 
 class _Lease(rpc_pb2_grpc.LeaseServicer):
-    def __init__(self, mapping: EtcdMapping) -> None:
-        self.mapping = mapping
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.mapping = calls.mapping
 
     async def LeaseGrant(self, request: rpc_pb2.LeaseGrantRequest,
                          context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseGrantResponse:
-        return await _answer(context, self.mapping.lease_grant(request))
+        return await self.calls.answer(context, lambda: self.mapping.lease_grant(request))
 
     async def LeaseRevoke(self, request: rpc_pb2.LeaseRevokeRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseRevokeResponse:
-        return await _answer(context, self.mapping.lease_revoke(request))
+        return await self.calls.answer(context, lambda: self.mapping.lease_revoke(request))
 
     async def LeaseTimeToLive(self, request: rpc_pb2.LeaseTimeToLiveRequest,
                               context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseTimeToLiveResponse:
-        return await _answer(context, self.mapping.lease_time_to_live(request))
+        return await self.calls.answer(context, lambda: self.mapping.lease_time_to_live(request))
 
     async def LeaseLeases(self, request: rpc_pb2.LeaseLeasesRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseLeasesResponse:
-        return await _answer(context, self.mapping.lease_leases(request))
+        return await self.calls.answer(context, lambda: self.mapping.lease_leases(request))
 
     async def LeaseKeepAlive(self, request_iterator: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest],
                              context: grpc.aio.ServicerContext) -> AsyncIterator[rpc_pb2.LeaseKeepAliveResponse]:
         """The ids that arrived while the previous keep-alive ran go together as one batch
         (one leadership confirmation), each still answered on its own."""
+        await self.calls.admit(context)
         arrived: asyncio.Queue[int | None] = asyncio.Queue()
 
         async def receive() -> None:
@@ -111,7 +130,7 @@ class _Lease(rpc_pb2_grpc.LeaseServicer):
                         ended = True
                         break
                     ids.append(more)
-                for response in await _answer(context, self.mapping.lease_keep_alive(ids)):
+                for response in await self.calls.answer(context, functools.partial(self.mapping.lease_keep_alive, ids)):
                     yield response
         finally:
             receiver.cancel()
@@ -120,52 +139,64 @@ class _Lease(rpc_pb2_grpc.LeaseServicer):
 
 
 class _Maintenance(rpc_pb2_grpc.MaintenanceServicer):
-    def __init__(self, mapping: EtcdMapping) -> None:
-        self.mapping = mapping
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.mapping = calls.mapping
 
     async def Status(self, request: rpc_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.StatusResponse:
-        return await _answer(context, _ready(self.mapping.status()))
+        return await self.calls.answer(context, lambda: self.mapping.status())
 
     async def Alarm(self, request: rpc_pb2.AlarmRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.AlarmResponse:
-        return rpc_pb2.AlarmResponse(header=self.mapping.header())  # metakv raises no etcd alarms
+        # metakv raises no etcd alarms
+        return await self.calls.answer(context, lambda: rpc_pb2.AlarmResponse(header=self.mapping.header()))
 
 
 class _Cluster(rpc_pb2_grpc.ClusterServicer):
-    def __init__(self, mapping: EtcdMapping) -> None:
-        self.mapping = mapping
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.mapping = calls.mapping
 
     async def MemberList(self, request: rpc_pb2.MemberListRequest,
                          context: grpc.aio.ServicerContext) -> rpc_pb2.MemberListResponse:
-        return await _answer(context, _ready(self.mapping.member_list()))
+        return await self.calls.answer(context, lambda: self.mapping.member_list())
 
 
 class EtcdGrpcServer:
     """The etcd gRPC listener of one node: ``start`` binds ``host:port`` (0: any free port,
-    see ``port``), ``stop`` ends open streams after a short grace."""
+    see ``port``) or, given ``unix_path``, that unix socket; ``stop`` ends open streams after
+    a short grace."""
 
-    def __init__(self, mapping: EtcdMapping, host: str, port: int) -> None:
+    def __init__(self, mapping: EtcdMapping, host: str = "", port: int = 0, unix_path: str | None = None,
+                 callers: Callers | None = None) -> None:
         self.mapping = mapping
+        self.calls = _Calls(mapping, callers if callers is not None else Callers(None))
         self.host = host
         self.port = port
+        self.unix_path = unix_path
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
         server = grpc.aio.server()
-        rpc_pb2_grpc.add_KVServicer_to_server(_KV(self.mapping), server)
-        rpc_pb2_grpc.add_WatchServicer_to_server(_Watch(self.mapping), server)
-        rpc_pb2_grpc.add_MaintenanceServicer_to_server(_Maintenance(self.mapping), server)
-        rpc_pb2_grpc.add_ClusterServicer_to_server(_Cluster(self.mapping), server)
-        rpc_pb2_grpc.add_LeaseServicer_to_server(_Lease(self.mapping), server)
-        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        rpc_pb2_grpc.add_KVServicer_to_server(_KV(self.calls), server)
+        rpc_pb2_grpc.add_WatchServicer_to_server(_Watch(self.calls), server)
+        rpc_pb2_grpc.add_MaintenanceServicer_to_server(_Maintenance(self.calls), server)
+        rpc_pb2_grpc.add_ClusterServicer_to_server(_Cluster(self.calls), server)
+        rpc_pb2_grpc.add_LeaseServicer_to_server(_Lease(self.calls), server)
+        if self.unix_path is not None:
+            address = f"unix:{self.unix_path}"
+        else:
+            address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
-            self.port = server.add_insecure_port(address)
+            bound = server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"--listen-etcd {address}: cannot bind ({exc})") from None
-        if not self.port:
+        if not bound:
             raise OSError(f"--listen-etcd {address}: cannot bind")
+        if self.unix_path is None:
+            self.port = bound
+            logger.info("etcd v3 gRPC API on %s:%d", self.host, self.port)
         await server.start()
         self._server = server
-        logger.info("etcd v3 API on %s:%d", self.host, self.port)
 
     async def stop(self) -> None:
         if self._server is not None:

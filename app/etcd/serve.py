@@ -1,37 +1,74 @@
-"""A node's etcd front ends, started and stopped together: the gRPC listener and, when
-configured, the JSON gateway, both on one mapping (app/etcd/mapping.py)."""
+"""A node's etcd front ends, started and stopped together on one mapping
+(app/etcd/mapping.py): gRPC and the JSON gateway on the one etcd port behind the sniffing
+front (app/etcd/front.py), or, with --listen-etcd-gateway, gRPC alone on the etcd port
+(grpc's own listener, no relay) and the gateway on its own port."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 
 from app.config import NodeConfig
+from app.etcd.callers import Callers
+from app.etcd.front import EtcdFront
 from app.etcd.gateway import EtcdGateway
 from app.etcd.grpc_server import EtcdGrpcServer
 from app.etcd.mapping import EtcdMapping
 from app.service import KVService
 
+GRPC_SOCKET = "grpc.sock"  # the gRPC server behind the front, in a directory only this user reads
+
 
 class EtcdApi:
-    def __init__(self, service: KVService, config: NodeConfig) -> None:
+    """``host:port`` serves both APIs; with ``gateway`` (host, port) the gateway moves there
+    and ``host:port`` serves gRPC alone."""
+
+    def __init__(self, mapping: EtcdMapping, host: str, port: int, gateway: tuple[str, int] | None = None) -> None:
+        self.mapping = mapping
+        self.front: EtcdFront | None = None
+        self._private_dir: str | None = None
+        if gateway is None:
+            self._private_dir = tempfile.mkdtemp(prefix="metakv-etcd-")  # mode 0700
+            grpc_path = os.path.join(self._private_dir, GRPC_SOCKET)
+            self.gateway = EtcdGateway(mapping)
+            self.front = EtcdFront(host, port, grpc_path, self.gateway.protocol)
+            self.grpc = EtcdGrpcServer(mapping, unix_path=grpc_path, callers=Callers(self.front.callers))
+        else:
+            self.grpc = EtcdGrpcServer(mapping, host, port)
+            self.gateway = EtcdGateway(mapping, *gateway)
+
+    @classmethod
+    def of_node(cls, service: KVService, config: NodeConfig) -> EtcdApi:
         address = config.listen_etcd
         assert address is not None
         # MemberList knows this node's own etcd URL only (the others' are not in its config).
         urls: dict[int, list[str]] = {node_id: [] for node_id in config.voters}
         urls[config.node_id] = [f"http://{address.url_host}:{address.port}"]
-        self.mapping = EtcdMapping(service, config.cluster_id, urls)
-        self.grpc = EtcdGrpcServer(self.mapping, address.host, address.port)
         gateway = config.listen_etcd_gateway
-        self.gateway = None if gateway is None else EtcdGateway(self.mapping, gateway.host, gateway.port)
+        return cls(EtcdMapping(service, config.cluster_id, urls), address.host, address.port,
+                   None if gateway is None else (gateway.host, gateway.port))
+
+    @property
+    def port(self) -> int:
+        """The etcd port (bound: a port 0 asked for is known once started)."""
+        return self.front.port if self.front is not None else self.grpc.port
 
     async def start(self) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded call otherwise
         await self.grpc.start()
-        if self.gateway is not None:
-            await self.gateway.start()
+        await self.gateway.start()
+        if self.front is not None:
+            await self.front.start()
+            logging.getLogger(__name__).info("etcd v3 API (gRPC and JSON gateway) on %s:%d",
+                                             self.front.host, self.front.port)
 
     async def stop(self) -> None:
-        if self.gateway is not None:
-            await self.gateway.stop()
+        if self.front is not None:
+            await self.front.stop()
+        await self.gateway.stop()
         await self.grpc.stop()
         await self.mapping.close()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
