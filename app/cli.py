@@ -25,6 +25,7 @@ import resource
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -314,6 +315,7 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
         if config.listen_etcd is not None:
             from app.etcd.serve import EtcdApi
             etcd = EtcdApi.of_node(runtime, config)
+            loop.add_signal_handler(signal.SIGHUP, _reload_with_etcd, config, runtime, http_context, etcd)
             try:
                 await etcd.start()
             except (OSError, RuntimeError) as exc:  # a taken port: grpc raises RuntimeError
@@ -325,6 +327,14 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
             await etcd.stop()
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
+
+
+def _reload_with_etcd(config: NodeConfig, runtime: Any, http_context: ssl.SSLContext | None, etcd: Any) -> None:
+    """SIGHUP with the etcd port on: what app/sighup.py reloads, and the etcd port's certificate."""
+    from app.sighup import reload_on_sighup
+
+    reload_on_sighup(config, runtime, http_context)
+    etcd.reload_tls()
 
 
 def _connection_cap(configured: int) -> int:
@@ -450,7 +460,8 @@ def cluster_up(args: argparse.Namespace) -> int:
                       etcd_endpoints=[str(HostPort(host, base_etcd + index)) for index in range(count)]
                       if base_etcd else [])
         if args.tls:
-            print(f"TLS is on: add --cacert {certs_dir / 'ca.crt'} to each curl\n", flush=True)
+            print(f"TLS is on: add --cacert {certs_dir / 'ca.crt'} to each curl"
+                  + (" and etcdctl (https:// endpoints)" if base_etcd else "") + "\n", flush=True)
         # A node that exits while starting (a taken port, a bad data dir) ends the wait at
         # once: the cluster the banner promised is not there, so everything stops, exit 1.
         leader = _wait_for_leader([url for _, url, _ in children],

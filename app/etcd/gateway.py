@@ -29,6 +29,7 @@ from app.etcd.errors import EtcdError, unimplemented
 from app.etcd.mapping import ETCD_API_VERSION, EtcdMapping
 from app.etcd.protos import rpc_pb2
 from app.etcd.watch import WatchStream
+from app.http.client_certs import ClientCertHttpToolsProtocol
 
 # grpc-gateway's HTTP status for each gRPC code (runtime.HTTPStatusFromCode)
 HTTP_STATUS = {
@@ -167,7 +168,7 @@ class EtcdGateway:
         self.host = host
         self.port = port
         self._server = _GatewayServer(uvicorn.Config(
-            gateway_app(mapping), loop="none", lifespan="off", access_log=False,
+            gateway_app(mapping), loop="none", lifespan="off", access_log=False, http=ClientCertHttpToolsProtocol,
             log_level="warning", timeout_graceful_shutdown=1, server_header=False,
             ssl_context_factory=None if ssl_context is None else lambda _config, _default: ssl_context))
         self._task: asyncio.Task[None] | None = None

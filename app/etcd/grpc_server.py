@@ -19,6 +19,7 @@ from app.etcd.errors import EtcdError
 from app.etcd.mapping import EtcdMapping
 from app.etcd.protos import rpc_pb2, rpc_pb2_grpc
 from app.etcd.watch import WatchStream
+from app.tls import TlsFiles
 
 logger = logging.getLogger(__name__)
 Answer = TypeVar("Answer")
@@ -161,14 +162,25 @@ class _Cluster(rpc_pb2_grpc.ClusterServicer):
         return await self.calls.answer(context, lambda: self.mapping.member_list())
 
 
+def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """The node's HTTPS certificate and key; a client certificate from the CA when it names one."""
+    try:
+        chain = (tls.key_file.read_bytes(), tls.cert_file.read_bytes())
+        ca = tls.ca_file.read_bytes() if tls.ca_file is not None else None
+    except OSError as exc:
+        raise OSError(f"--listen-etcd: cannot read the TLS files: {exc}") from None
+    return grpc.ssl_server_credentials([chain], root_certificates=ca, require_client_auth=ca is not None)
+
+
 class EtcdGrpcServer:
     """The etcd gRPC listener of one node: ``start`` binds ``host:port`` (0: any free port,
     see ``port``) or, given ``unix_path``, that unix socket; ``stop`` ends open streams after
     a short grace."""
 
     def __init__(self, mapping: EtcdMapping, host: str = "", port: int = 0, unix_path: str | None = None,
-                 callers: Callers | None = None) -> None:
+                 callers: Callers | None = None, tls: TlsFiles | None = None) -> None:
         self.mapping = mapping
+        self.tls = tls
         self.calls = _Calls(mapping, callers if callers is not None else Callers(None))
         self.host = host
         self.port = port
@@ -187,7 +199,8 @@ class EtcdGrpcServer:
         else:
             address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
-            bound = server.add_insecure_port(address)
+            bound = server.add_insecure_port(address) if self.tls is None else server.add_secure_port(
+                address, _credentials(self.tls))
         except RuntimeError as exc:
             raise OSError(f"--listen-etcd {address}: cannot bind ({exc})") from None
         if not bound:

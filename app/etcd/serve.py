@@ -8,47 +8,62 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import ssl
 import tempfile
 
 from app.config import NodeConfig
 from app.etcd.callers import Callers
-from app.etcd.front import EtcdFront
+from app.etcd.front import ALPN_PROTOCOLS, EtcdFront
 from app.etcd.gateway import EtcdGateway
 from app.etcd.grpc_server import EtcdGrpcServer
 from app.etcd.mapping import EtcdMapping
 from app.service import KVService
+from app.tls import TlsFiles, http_server_context, reload_in_place
 
 GRPC_SOCKET = "grpc.sock"  # the gRPC server behind the front, in a directory only this user reads
 
 
+def _front_context(tls: TlsFiles | None) -> ssl.SSLContext | None:
+    """The HTTP API's TLS settings, offering h2 (gRPC) and http/1.1 (the gateway) by ALPN."""
+    if tls is None:
+        return None
+    context = http_server_context(tls)
+    context.set_alpn_protocols(ALPN_PROTOCOLS)
+    return context
+
+
 class EtcdApi:
     """``host:port`` serves both APIs; with ``gateway`` (host, port) the gateway moves there
-    and ``host:port`` serves gRPC alone."""
+    and ``host:port`` serves gRPC alone. With ``tls`` (the node's HTTPS files) every etcd
+    listener speaks TLS, and asks for a client certificate when the files name a CA."""
 
-    def __init__(self, mapping: EtcdMapping, host: str, port: int, gateway: tuple[str, int] | None = None) -> None:
+    def __init__(self, mapping: EtcdMapping, host: str, port: int, gateway: tuple[str, int] | None = None,
+                 tls: TlsFiles | None = None) -> None:
         self.mapping = mapping
         self.front: EtcdFront | None = None
+        self.tls = tls
         self._private_dir: str | None = None
         if gateway is None:
             self._private_dir = tempfile.mkdtemp(prefix="metakv-etcd-")  # mode 0700
             grpc_path = os.path.join(self._private_dir, GRPC_SOCKET)
             self.gateway = EtcdGateway(mapping)
-            self.front = EtcdFront(host, port, grpc_path, self.gateway.protocol)
+            self.front = EtcdFront(host, port, grpc_path, self.gateway.protocol, _front_context(tls))
             self.grpc = EtcdGrpcServer(mapping, unix_path=grpc_path, callers=Callers(self.front.callers))
         else:
-            self.grpc = EtcdGrpcServer(mapping, host, port)
-            self.gateway = EtcdGateway(mapping, *gateway)
+            self.grpc = EtcdGrpcServer(mapping, host, port, tls=tls)
+            self.gateway = EtcdGateway(mapping, *gateway, ssl_context=None if tls is None else http_server_context(tls))
 
     @classmethod
     def of_node(cls, service: KVService, config: NodeConfig) -> EtcdApi:
         address = config.listen_etcd
         assert address is not None
+        tls = config.http_tls
         # MemberList knows this node's own etcd URL only (the others' are not in its config).
         urls: dict[int, list[str]] = {node_id: [] for node_id in config.voters}
-        urls[config.node_id] = [f"http://{address.url_host}:{address.port}"]
+        urls[config.node_id] = [f"{'https' if tls else 'http'}://{address.url_host}:{address.port}"]
         gateway = config.listen_etcd_gateway
         return cls(EtcdMapping(service, config.cluster_id, urls), address.host, address.port,
-                   None if gateway is None else (gateway.host, gateway.port))
+                   None if gateway is None else (gateway.host, gateway.port), tls)
 
     @property
     def port(self) -> int:
@@ -63,6 +78,12 @@ class EtcdApi:
             await self.front.start()
             logging.getLogger(__name__).info("etcd v3 API (gRPC and JSON gateway) on %s:%d",
                                              self.front.host, self.front.port)
+
+    def reload_tls(self) -> None:
+        """SIGHUP: the one port's certificate and CA reloaded in place as the HTTP API's are
+        (the two-port layout keeps the ones it started with until a restart)."""
+        if self.tls is not None and self.front is not None and self.front.ssl_context is not None:
+            reload_in_place(self.front.ssl_context, self.tls)
 
     async def stop(self) -> None:
         if self.front is not None:

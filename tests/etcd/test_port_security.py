@@ -1,0 +1,81 @@
+"""The etcd port of a real node with HTTPS (a client certificate required): etcdctl with
+--cacert/--cert/--key works over gRPC and the JSON gateway answers over HTTPS, both on the one
+port; a plaintext client and a TLS client without a certificate are refused."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadtest.local_cluster import free_ports
+from loadtest.tls_clusters import TlsCluster, client_context
+from tests.security.certs_fixture import CertSet, make_test_certs
+
+pytestmark = pytest.mark.skipif(shutil.which("etcdctl") is None, reason="etcdctl comes from `make system-etcd`")
+COMMAND_TIMEOUT = "--command-timeout=5s"
+REFUSED_TIMEOUT = "--command-timeout=1s"  # etcdctl retries a refused handshake until then
+
+
+@dataclass
+class SecureNode:
+    cluster: TlsCluster
+    certs: CertSet
+    endpoint: str  # host:port of the etcd port
+
+    def etcdctl(self, *args: str, client: str | None = "root", tls: bool = True,
+                timeout: str = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        flags = [f"--endpoints={'https' if tls else 'http'}://{self.endpoint}", timeout, "--dial-timeout=2s"]
+        if tls:
+            flags.append(f"--cacert={self.certs.ca}")
+        if client is not None:
+            cert, key = self.certs.client(client)
+            flags += [f"--cert={cert}", f"--key={key}"]
+        return subprocess.run(["etcdctl", *flags, *args], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureNode]:
+    root = Path(tmp_path_factory.mktemp("etcd-port-security"))
+    certs = make_test_certs(root / "certs", range(1, 2), ("root", "stranger"))
+    [etcd_port] = free_ports(1)
+    cluster = TlsCluster(root / "cluster", certs.directory, 1, client_cert=certs.client("root"), settings={
+        "tls_client_ca_file": certs.ca, "listen_etcd": f"127.0.0.1:{etcd_port}"})
+    try:
+        cluster.start()
+        cluster.wait_for_leader()
+        yield SecureNode(cluster, certs, f"127.0.0.1:{etcd_port}")
+    finally:
+        cluster.close()
+
+
+def test_etcdctl_over_tls_with_a_client_certificate(node: SecureNode) -> None:
+    put = node.etcdctl("put", "tls/a", "1")
+    assert put.returncode == 0 and put.stdout.strip() == "OK", put.stderr
+    got = node.etcdctl("get", "tls/a")
+    assert got.stdout.splitlines() == ["tls/a", "1"], got.stderr
+
+
+def test_the_gateway_answers_https_on_the_same_port(node: SecureNode) -> None:
+    node.etcdctl("put", "tls/b", "2")
+    with httpx.Client(verify=client_context(node.certs.directory, node.certs.client("root")), timeout=10) as https:
+        got = https.post(f"https://{node.endpoint}/v3/kv/range", json={"key": base64.b64encode(b"tls/b").decode()})
+    assert base64.b64decode(got.json()["kvs"][0]["value"]) == b"2"
+
+
+def test_plaintext_and_certificate_less_clients_are_refused(node: SecureNode) -> None:
+    plain = node.etcdctl("get", "tls/a", client=None, tls=False, timeout=REFUSED_TIMEOUT)
+    assert plain.returncode != 0 and "tls/a" not in plain.stdout
+    anonymous = node.etcdctl("get", "tls/a", client=None, timeout=REFUSED_TIMEOUT)
+    assert anonymous.returncode != 0 and "tls/a" not in anonymous.stdout
+    with httpx.Client(verify=client_context(node.certs.directory), timeout=10) as no_cert, \
+            pytest.raises(httpx.TransportError):
+        no_cert.post(f"https://{node.endpoint}/v3/kv/range", json={"key": base64.b64encode(b"tls/a").decode()})
+    with pytest.raises(httpx.TransportError):  # plain HTTP to a TLS port: the handshake fails, nothing answers
+        httpx.post(f"http://{node.endpoint}/v3/kv/range", json={"key": "dGxzL2E="}, timeout=10).raise_for_status()
