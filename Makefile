@@ -62,10 +62,11 @@ test: $(STAMP) system lint
 	$(PY) -m pytest -q --durations=25 tests
 
 # etcd's API with clients from PyPI across a leader SIGKILL (docs/etcd.md, Proof): aetcd over
-# gRPC and etcd3gw over the gateway (~15 s; make test runs the etcdctl comparison and the rest).
+# gRPC and etcd3gw over the gateway, and etcdctl against a node's etcd port with TLS and a token
+# file (~25 s; make test runs the etcdctl comparison and the rest).
 .PHONY: test-etcd
 test-etcd: $(STAMP) system-etcd
-	$(PY) -m pytest -q tests/etcd/failover_clients.py tests/etcd
+	$(PY) -m pytest -q tests/etcd/failover_clients.py tests/etcd/port_security_node.py tests/etcd
 
 # Put and range throughput, 64 clients: metakv's etcd gateway vs its HTTP API vs etcd (docs/etcd.md).
 .PHONY: bench-etcd-api

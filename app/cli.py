@@ -314,7 +314,7 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     try:
         if config.listen_etcd is not None:
             from app.etcd.serve import EtcdApi
-            etcd = EtcdApi.of_node(runtime, config)
+            etcd = EtcdApi.of_node(runtime, config, runtime.auth_tokens)
             loop.add_signal_handler(signal.SIGHUP, _reload_with_etcd, config, runtime, http_context, etcd)
             try:
                 await etcd.start()
@@ -396,8 +396,6 @@ def cluster_up(args: argparse.Namespace) -> int:
     base_etcd = parse_int("--base-etcd-port", args.base_etcd_port, 0, 65535 - voters - observers)
     base_gateway = parse_int("--base-etcd-gateway-port", args.base_etcd_gateway_port, 0,
                              65535 - voters - observers)
-    if args.auth_file:  # etcd's API has no auth yet: a node refuses it beside --auth-file
-        base_etcd = base_gateway = 0
     if base_gateway and not base_etcd:
         raise ConfigError("--base-etcd-gateway-port: needs --base-etcd-port (the gateway serves the same calls)")
     bases = {"--base-http-port": base_http, "--base-raft-port": base_raft, "--base-etcd-port": base_etcd,
@@ -525,7 +523,8 @@ try:
   {_metakv_command()} status --url {first}
 """, flush=True)
     if etcd_endpoints:
-        print(f"etcd's v3 API (docs/etcd.md): etcdctl --endpoints {','.join(etcd_endpoints)} put greeting hi\n",
+        user = " --user TOKEN_NAME:TOKEN" if auth else ""
+        print(f"etcd's v3 API (docs/etcd.md): etcdctl --endpoints {','.join(etcd_endpoints)}{user} put greeting hi\n",
               flush=True)
     if auth:
         print('auth is on: add -H "Authorization: Bearer $TOKEN" to each curl (with -L also '

@@ -1,6 +1,7 @@
 """etcd's v3 gRPC services on the node's event loop (grpc.aio), each call handed to the
-mapping (app/etcd/mapping.py) or the watch streams (app/etcd/watch.py). Auth is not
-registered: gRPC answers its calls UNIMPLEMENTED."""
+mapping (app/etcd/mapping.py) or the watch streams (app/etcd/watch.py), after the caller's
+check and, with a token file, its token's (app/etcd/access.py). Of the Auth service only
+Authenticate is served; grpc answers the rest UNIMPLEMENTED."""
 
 from __future__ import annotations
 
@@ -9,11 +10,24 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 import grpc
 
+from app.auth import Access
+from app.etcd.access import (
+    ADMIN,
+    AUTHENTICATED,
+    SOME_WRITE,
+    EtcdAuth,
+    Needed,
+    authenticate_response,
+    metadata_tokens,
+    on_range,
+    txn_needs,
+    watch_needs,
+)
 from app.etcd.callers import Callers
 from app.etcd.errors import EtcdError
 from app.etcd.mapping import EtcdMapping
@@ -24,29 +38,56 @@ from app.tls import TlsFiles
 logger = logging.getLogger(__name__)
 Answer = TypeVar("Answer")
 STOP_GRACE_S = 1.0
+WATCH_CALL = "/etcdserverpb.Watch/Watch"
+KEEP_ALIVE_CALL = "/etcdserverpb.Lease/LeaseKeepAlive"
+
+
+Needs = Callable[[], Iterable[Needed]]
+
+
+def _authenticated() -> Iterable[Needed]:
+    return AUTHENTICATED
 
 
 class _Calls:
-    """What every call goes through before the mapping: the caller's check (``callers``)."""
+    """What every call goes through before the mapping: the caller's check (``callers``)
+    and, with auth on, its token's rights (app/etcd/access.py)."""
 
-    def __init__(self, mapping: EtcdMapping, callers: Callers) -> None:
+    def __init__(self, mapping: EtcdMapping, callers: Callers, auth: EtcdAuth | None) -> None:
         self.mapping = mapping
         self.callers = callers
+        self.auth = auth
 
-    async def admit(self, context: grpc.aio.ServicerContext) -> None:
+    def check(self, context: grpc.aio.ServicerContext, name: str, needed: Needs) -> None:
+        caller = self.callers.of(context)
+        if self.auth is not None:
+            self.auth.check(name, caller, metadata_tokens(context.invocation_metadata() or ()), needed())
+
+    async def admit(self, context: grpc.aio.ServicerContext, name: str, needed: Needs = _authenticated) -> None:
         try:
-            self.callers.of(context)
+            self.check(context, name, needed)
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
 
-    async def answer(self, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[Answer] | Answer]) -> Answer:
-        await self.admit(context)
+    async def answer(self, context: grpc.aio.ServicerContext, name: str, call: Callable[[], Awaitable[Answer] | Answer],
+                     needed: Needs = _authenticated) -> Answer:
         try:
+            self.check(context, name, needed)
             answer = call()
             return await answer if inspect.isawaitable(answer) else answer  # type: ignore[return-value]
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
             raise  # abort raises; this line is for the type checker
+
+    def watch_permitted(self, context: grpc.aio.ServicerContext) -> Callable[[rpc_pb2.WatchCreateRequest], bool]:
+        """Whether the stream's token may read what a watch asks for (checked per watch)."""
+        def permitted(create: rpc_pb2.WatchCreateRequest) -> bool:
+            try:
+                self.check(context, WATCH_CALL, lambda: watch_needs(create))
+            except EtcdError as exc:
+                return exc.code not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+            return True
+        return permitted
 
 
 class _KV(rpc_pb2_grpc.KVServicer):
@@ -55,21 +96,27 @@ class _KV(rpc_pb2_grpc.KVServicer):
         self.mapping = calls.mapping
 
     async def Range(self, request: rpc_pb2.RangeRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.RangeResponse:
-        return await self.calls.answer(context, lambda: self.mapping.range(request))
+        return await self.calls.answer(context, "/etcdserverpb.KV/Range", lambda: self.mapping.range(request),
+                                       lambda: (on_range(Access.READ, request.key, request.range_end),))
 
     async def Put(self, request: rpc_pb2.PutRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.PutResponse:
-        return await self.calls.answer(context, lambda: self.mapping.put(request))
+        return await self.calls.answer(context, "/etcdserverpb.KV/Put", lambda: self.mapping.put(request),
+                                       lambda: (on_range(Access.WRITE, request.key, b""),))
 
     async def DeleteRange(self, request: rpc_pb2.DeleteRangeRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.DeleteRangeResponse:
-        return await self.calls.answer(context, lambda: self.mapping.delete_range(request))
+        return await self.calls.answer(context, "/etcdserverpb.KV/DeleteRange",
+                                       lambda: self.mapping.delete_range(request),
+                                       lambda: (on_range(Access.WRITE, request.key, request.range_end),))
 
     async def Txn(self, request: rpc_pb2.TxnRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.TxnResponse:
-        return await self.calls.answer(context, lambda: self.mapping.txn(request))
+        return await self.calls.answer(context, "/etcdserverpb.KV/Txn", lambda: self.mapping.txn(request),
+                                       lambda: txn_needs(request))
 
     async def Compact(self, request: rpc_pb2.CompactionRequest,
                       context: grpc.aio.ServicerContext) -> rpc_pb2.CompactionResponse:
-        return await self.calls.answer(context, lambda: self.mapping.compact(request))
+        return await self.calls.answer(context, "/etcdserverpb.KV/Compact", lambda: self.mapping.compact(request),
+                                       lambda: ADMIN)
 
 
 class _Watch(rpc_pb2_grpc.WatchServicer):
@@ -79,8 +126,8 @@ class _Watch(rpc_pb2_grpc.WatchServicer):
 
     async def Watch(self, request_iterator: AsyncIterator[rpc_pb2.WatchRequest],
                     context: grpc.aio.ServicerContext) -> AsyncIterator[rpc_pb2.WatchResponse]:
-        await self.calls.admit(context)
-        async with WatchStream(self.mapping) as stream:
+        await self.calls.admit(context, WATCH_CALL)
+        async with WatchStream(self.mapping, self.calls.watch_permitted(context)) as stream:
             async for response in stream.serve(request_iterator):
                 yield response
 
@@ -92,25 +139,29 @@ class _Lease(rpc_pb2_grpc.LeaseServicer):
 
     async def LeaseGrant(self, request: rpc_pb2.LeaseGrantRequest,
                          context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseGrantResponse:
-        return await self.calls.answer(context, lambda: self.mapping.lease_grant(request))
+        return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseGrant",
+                                       lambda: self.mapping.lease_grant(request), lambda: SOME_WRITE)
 
     async def LeaseRevoke(self, request: rpc_pb2.LeaseRevokeRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseRevokeResponse:
-        return await self.calls.answer(context, lambda: self.mapping.lease_revoke(request))
+        return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseRevoke",
+                                       lambda: self.mapping.lease_revoke(request), lambda: SOME_WRITE)
 
     async def LeaseTimeToLive(self, request: rpc_pb2.LeaseTimeToLiveRequest,
                               context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseTimeToLiveResponse:
-        return await self.calls.answer(context, lambda: self.mapping.lease_time_to_live(request))
+        return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseTimeToLive",
+                                       lambda: self.mapping.lease_time_to_live(request), lambda: SOME_WRITE)
 
     async def LeaseLeases(self, request: rpc_pb2.LeaseLeasesRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseLeasesResponse:
-        return await self.calls.answer(context, lambda: self.mapping.lease_leases(request))
+        return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseLeases",
+                                       lambda: self.mapping.lease_leases(request), lambda: SOME_WRITE)
 
     async def LeaseKeepAlive(self, request_iterator: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest],
                              context: grpc.aio.ServicerContext) -> AsyncIterator[rpc_pb2.LeaseKeepAliveResponse]:
         """The ids that arrived while the previous keep-alive ran go together as one batch
         (one leadership confirmation), each still answered on its own."""
-        await self.calls.admit(context)
+        await self.calls.admit(context, KEEP_ALIVE_CALL, lambda: SOME_WRITE)
         arrived: asyncio.Queue[int | None] = asyncio.Queue()
 
         async def receive() -> None:
@@ -131,7 +182,9 @@ class _Lease(rpc_pb2_grpc.LeaseServicer):
                         ended = True
                         break
                     ids.append(more)
-                for response in await self.calls.answer(context, functools.partial(self.mapping.lease_keep_alive, ids)):
+                for response in await self.calls.answer(context, KEEP_ALIVE_CALL,
+                                                        functools.partial(self.mapping.lease_keep_alive, ids),
+                                                        lambda: SOME_WRITE):
                     yield response
         finally:
             receiver.cancel()
@@ -145,11 +198,12 @@ class _Maintenance(rpc_pb2_grpc.MaintenanceServicer):
         self.mapping = calls.mapping
 
     async def Status(self, request: rpc_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.StatusResponse:
-        return await self.calls.answer(context, lambda: self.mapping.status())
+        return await self.calls.answer(context, "/etcdserverpb.Maintenance/Status", self.mapping.status)
 
     async def Alarm(self, request: rpc_pb2.AlarmRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.AlarmResponse:
         # metakv raises no etcd alarms
-        return await self.calls.answer(context, lambda: rpc_pb2.AlarmResponse(header=self.mapping.header()))
+        return await self.calls.answer(context, "/etcdserverpb.Maintenance/Alarm",
+                                       lambda: rpc_pb2.AlarmResponse(header=self.mapping.header()))
 
 
 class _Cluster(rpc_pb2_grpc.ClusterServicer):
@@ -159,7 +213,7 @@ class _Cluster(rpc_pb2_grpc.ClusterServicer):
 
     async def MemberList(self, request: rpc_pb2.MemberListRequest,
                          context: grpc.aio.ServicerContext) -> rpc_pb2.MemberListResponse:
-        return await self.calls.answer(context, lambda: self.mapping.member_list())
+        return await self.calls.answer(context, "/etcdserverpb.Cluster/MemberList", self.mapping.member_list)
 
 
 def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -172,16 +226,34 @@ def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([chain], root_certificates=ca, require_client_auth=ca is not None)
 
 
+class _Auth(rpc_pb2_grpc.AuthServicer):
+    """Authenticate only: users and roles are the token file's (the rest is UNIMPLEMENTED)."""
+
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+
+    async def Authenticate(self, request: rpc_pb2.AuthenticateRequest,
+                           context: grpc.aio.ServicerContext) -> rpc_pb2.AuthenticateResponse:
+        def authenticate() -> rpc_pb2.AuthenticateResponse:
+            self.calls.callers.of(context)
+            return authenticate_response(self.calls.mapping, self.calls.auth, request)
+        try:
+            return authenticate()
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+            raise
+
+
 class EtcdGrpcServer:
     """The etcd gRPC listener of one node: ``start`` binds ``host:port`` (0: any free port,
     see ``port``) or, given ``unix_path``, that unix socket; ``stop`` ends open streams after
     a short grace."""
 
     def __init__(self, mapping: EtcdMapping, host: str = "", port: int = 0, unix_path: str | None = None,
-                 callers: Callers | None = None, tls: TlsFiles | None = None) -> None:
+                 callers: Callers | None = None, tls: TlsFiles | None = None, auth: EtcdAuth | None = None) -> None:
         self.mapping = mapping
         self.tls = tls
-        self.calls = _Calls(mapping, callers if callers is not None else Callers(None))
+        self.calls = _Calls(mapping, callers if callers is not None else Callers(None), auth)
         self.host = host
         self.port = port
         self.unix_path = unix_path
@@ -194,6 +266,7 @@ class EtcdGrpcServer:
         rpc_pb2_grpc.add_MaintenanceServicer_to_server(_Maintenance(self.calls), server)
         rpc_pb2_grpc.add_ClusterServicer_to_server(_Cluster(self.calls), server)
         rpc_pb2_grpc.add_LeaseServicer_to_server(_Lease(self.calls), server)
+        rpc_pb2_grpc.add_AuthServicer_to_server(_Auth(self.calls), server)
         if self.unix_path is not None:
             address = f"unix:{self.unix_path}"
         else:

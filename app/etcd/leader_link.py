@@ -25,6 +25,7 @@ from app.etcd.errors import (
     etcd_error,
     from_service_error,
 )
+from app.etcd.forwarding import forwarding
 from app.service import (
     ApplyResult,
     Compare,
@@ -73,11 +74,12 @@ class LeaderLink:
         self._clients: dict[str, AsyncClient] = {}
 
     def _client(self, leader_url: str) -> AsyncClient:
-        client = self._clients.get(leader_url)
+        secret = forwarding().secret  # the caller's token, with auth on (app/etcd/access.py)
+        client = self._clients.get(f"{leader_url} {secret}")
         if client is None:
-            client = self._clients[leader_url] = AsyncClient(
+            client = self._clients[f"{leader_url} {secret}"] = AsyncClient(
                 leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
-                read_your_writes=False)
+                read_your_writes=False, token=secret)
         return client
 
     async def close(self) -> None:
@@ -107,7 +109,8 @@ class LeaderLink:
 
     async def _leader_version(self, leader_url: str) -> int:
         try:
-            listing = await self._client(leader_url).list("", limit=1, keys_only=True, consistency="linearizable")
+            listing = await self._client(leader_url).list(forwarding().read_prefix, limit=1, keys_only=True,
+                                                          consistency="linearizable")
         except MetakvError as exc:
             raise etcd_error(NO_LEADER) from exc
         return listing.version

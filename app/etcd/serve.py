@@ -11,7 +11,9 @@ import shutil
 import ssl
 import tempfile
 
+from app.auth import AuthTokens
 from app.config import NodeConfig
+from app.etcd.access import EtcdAuth
 from app.etcd.callers import Callers
 from app.etcd.front import ALPN_PROTOCOLS, EtcdFront
 from app.etcd.gateway import EtcdGateway
@@ -35,26 +37,31 @@ def _front_context(tls: TlsFiles | None) -> ssl.SSLContext | None:
 class EtcdApi:
     """``host:port`` serves both APIs; with ``gateway`` (host, port) the gateway moves there
     and ``host:port`` serves gRPC alone. With ``tls`` (the node's HTTPS files) every etcd
-    listener speaks TLS, and asks for a client certificate when the files name a CA."""
+    listener speaks TLS, and asks for a client certificate when the files name a CA. With
+    ``tokens`` every call needs a token granting what it does (app/etcd/access.py)."""
 
     def __init__(self, mapping: EtcdMapping, host: str, port: int, gateway: tuple[str, int] | None = None,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, tokens: AuthTokens | None = None) -> None:
         self.mapping = mapping
         self.front: EtcdFront | None = None
         self.tls = tls
         self._private_dir: str | None = None
+        auth = None if tokens is None else EtcdAuth(tokens)
         if gateway is None:
             self._private_dir = tempfile.mkdtemp(prefix="metakv-etcd-")  # mode 0700
             grpc_path = os.path.join(self._private_dir, GRPC_SOCKET)
-            self.gateway = EtcdGateway(mapping)
+            self.gateway = EtcdGateway(mapping, auth=auth)
             self.front = EtcdFront(host, port, grpc_path, self.gateway.protocol, _front_context(tls))
-            self.grpc = EtcdGrpcServer(mapping, unix_path=grpc_path, callers=Callers(self.front.callers))
+            self.grpc = EtcdGrpcServer(mapping, unix_path=grpc_path, callers=Callers(self.front.callers), auth=auth)
         else:
-            self.grpc = EtcdGrpcServer(mapping, host, port, tls=tls)
-            self.gateway = EtcdGateway(mapping, *gateway, ssl_context=None if tls is None else http_server_context(tls))
+            self.grpc = EtcdGrpcServer(mapping, host, port, tls=tls, auth=auth)
+            self.gateway = EtcdGateway(mapping, *gateway, ssl_context=None if tls is None else http_server_context(tls),
+                                       auth=auth)
 
     @classmethod
-    def of_node(cls, service: KVService, config: NodeConfig) -> EtcdApi:
+    def of_node(cls, service: KVService, config: NodeConfig, tokens: AuthTokens | None = None) -> EtcdApi:
+        """``tokens``: the node's token file (auth on), the HTTP API's own object, so SIGHUP
+        reloads both."""
         address = config.listen_etcd
         assert address is not None
         tls = config.http_tls
@@ -63,7 +70,7 @@ class EtcdApi:
         urls[config.node_id] = [f"{'https' if tls else 'http'}://{address.url_host}:{address.port}"]
         gateway = config.listen_etcd_gateway
         return cls(EtcdMapping(service, config.cluster_id, urls), address.host, address.port,
-                   None if gateway is None else (gateway.host, gateway.port), tls)
+                   None if gateway is None else (gateway.host, gateway.port), tls, tokens)
 
     @property
     def port(self) -> int:

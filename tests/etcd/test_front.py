@@ -74,3 +74,12 @@ async def test_the_grpc_server_behind_the_front_answers_only_relayed_calls(one_p
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await rpc_pb2_grpc.KVStub(channel).Range(rpc_pb2.RangeRequest(key=b"k"), timeout=WAIT_S)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_authenticate_without_a_token_file_is_etcds_not_enabled(one_port: EtcdApi) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{one_port.port}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await rpc_pb2_grpc.AuthStub(channel).Authenticate(rpc_pb2.AuthenticateRequest(name="a", password="b"),
+                                                              timeout=WAIT_S)
+    assert (refused.value.code(), refused.value.details()) == (
+        grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled")

@@ -1,10 +1,12 @@
-"""The etcd port of a real node with HTTPS (a client certificate required): etcdctl with
---cacert/--cert/--key works over gRPC and the JSON gateway answers over HTTPS, both on the one
-port; a plaintext client and a TLS client without a certificate are refused."""
+"""The etcd port of a real node with HTTPS (a client certificate required) and a token file:
+etcdctl with --cacert/--cert/--key works over gRPC and the JSON gateway answers over HTTPS,
+both on the one port; a plaintext client and a TLS client without a certificate are refused;
+etcdctl --user name:secret gets the token's rights, a certificate naming a token its."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -29,9 +31,11 @@ class SecureNode:
     certs: CertSet
     endpoint: str  # host:port of the etcd port
 
-    def etcdctl(self, *args: str, client: str | None = "root", tls: bool = True,
+    def etcdctl(self, *args: str, client: str | None = "root", tls: bool = True, user: str | None = None,
                 timeout: str = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
         flags = [f"--endpoints={'https' if tls else 'http'}://{self.endpoint}", timeout, "--dial-timeout=2s"]
+        if user is not None:
+            flags.append(f"--user={user}")
         if tls:
             flags.append(f"--cacert={self.certs.ca}")
         if client is not None:
@@ -45,8 +49,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureNode]:
     root = Path(tmp_path_factory.mktemp("etcd-port-security"))
     certs = make_test_certs(root / "certs", range(1, 2), ("root", "stranger"))
     [etcd_port] = free_ports(1)
-    cluster = TlsCluster(root / "cluster", certs.directory, 1, client_cert=certs.client("root"), settings={
-        "tls_client_ca_file": certs.ca, "listen_etcd": f"127.0.0.1:{etcd_port}"})
+    tokens = root / "tokens.toml"
+    tokens.write_text("".join(f'[[tokens]]\nname = "{name}"\nsha256 = "{hashlib.sha256(secret.encode()).hexdigest()}"\n'
+                              f"[tokens.rules]\n{rules}\n" for name, secret, rules in (
+                                  ("root", "root-secret", '"" = "admin"'), ("reader", "reader-secret", '"tls/" = "read"'))))
+    cluster = TlsCluster(root / "cluster", certs.directory, 1, client_cert=certs.client("root"), token="root-secret",
+                         settings={"tls_client_ca_file": certs.ca, "listen_etcd": f"127.0.0.1:{etcd_port}",
+                                   "auth_file": tokens})
     try:
         cluster.start()
         cluster.wait_for_leader()
@@ -79,3 +88,17 @@ def test_plaintext_and_certificate_less_clients_are_refused(node: SecureNode) ->
         no_cert.post(f"https://{node.endpoint}/v3/kv/range", json={"key": base64.b64encode(b"tls/a").decode()})
     with pytest.raises(httpx.TransportError):  # plain HTTP to a TLS port: the handshake fails, nothing answers
         httpx.post(f"http://{node.endpoint}/v3/kv/range", json={"key": "dGxzL2E="}, timeout=10).raise_for_status()
+
+
+def test_etcdctl_user_gets_its_tokens_rights(node: SecureNode) -> None:
+    node.etcdctl("put", "tls/c", "3")  # the certificate of client "root" names the token root
+    got = node.etcdctl("get", "tls/c", client="stranger", user="reader:reader-secret")
+    assert got.stdout.splitlines() == ["tls/c", "3"], got.stderr
+    put = node.etcdctl("put", "tls/c", "4", client="stranger", user="reader:reader-secret")
+    assert put.returncode != 0 and "etcdserver: permission denied" in put.stderr
+    other = node.etcdctl("get", "elsewhere", client="stranger", user="reader:reader-secret")
+    assert other.returncode != 0 and "etcdserver: permission denied" in other.stderr
+    wrong = node.etcdctl("get", "tls/c", client="stranger", user="reader:guess")
+    assert wrong.returncode != 0 and "authentication failed, invalid user ID or password" in wrong.stderr
+    anonymous = node.etcdctl("get", "tls/c", client="stranger")  # a certificate naming no token, no --user
+    assert anonymous.returncode != 0 and "etcdserver: user name is empty" in anonymous.stderr
