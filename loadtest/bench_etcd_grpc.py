@@ -193,15 +193,17 @@ def main(argv: list[str] | None = None) -> int:
                       "cpu_per_call_one_port_over_grpc_port": cpu_medians["metakv_one_port"][phase]
                       / cpu_medians["metakv_grpc_port"][phase]}
               for phase in PHASES}
-    for phase in PHASES:
-        print(f"{phase}: " + "  ".join(f"{name} {medians[name][phase]:.0f}/s" for name in names)
-              + "  |  " + "  ".join(f"{key} {value:.2f}" for key, value in ratios[phase].items()), flush=True)
+    for phase, phase_ratios in ratios.items():
+        figures_line = ", ".join(f"{name} {medians[name][phase]:.0f}/s ({cpu_medians[name][phase]:.3f} ms CPU)"
+                                 for name in names)
+        print(f"{phase} medians: {figures_line}; " + ", ".join(f"{key} {value:.2f}" for key, value in phase_ratios.items()),
+              flush=True)
+    report = {"per_s": figures, "median_per_s": medians, "servers_cpu_ms_per_call": cpu,
+              "median_servers_cpu_ms_per_call": cpu_medians, "ratios": ratios,
+              "settings": {"duration_s": args.duration_s, "rounds": args.rounds, "workers": args.workers}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"per_s": figures, "median_per_s": medians, "servers_cpu_ms_per_call": cpu,
-                               "median_servers_cpu_ms_per_call": cpu_medians, "ratios": ratios,
-                               "duration_s": args.duration_s, "rounds": args.rounds, "workers": args.workers},
-                              indent=2) + "\n")
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}", flush=True)
     return 0
 

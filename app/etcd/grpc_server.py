@@ -16,18 +16,8 @@ from typing import TypeVar
 import grpc
 
 from app.auth import Access
-from app.etcd.access import (
-    ADMIN,
-    AUTHENTICATED,
-    SOME_WRITE,
-    EtcdAuth,
-    Needed,
-    authenticate_response,
-    metadata_tokens,
-    on_range,
-    txn_needs,
-    watch_needs,
-)
+from app.etcd import access
+from app.etcd.access import EtcdAuth, Needed, on_range
 from app.etcd.callers import Callers
 from app.etcd.errors import EtcdError
 from app.etcd.mapping import EtcdMapping
@@ -46,7 +36,7 @@ Needs = Callable[[], Iterable[Needed]]
 
 
 def _authenticated() -> Iterable[Needed]:
-    return AUTHENTICATED
+    return access.AUTHENTICATED
 
 
 class _Calls:
@@ -61,7 +51,7 @@ class _Calls:
     def check(self, context: grpc.aio.ServicerContext, name: str, needed: Needs) -> None:
         caller = self.callers.of(context)
         if self.auth is not None:
-            self.auth.check(name, caller, metadata_tokens(context.invocation_metadata() or ()), needed())
+            self.auth.check(name, caller, access.metadata_tokens(context.invocation_metadata() or ()), needed())
 
     async def admit(self, context: grpc.aio.ServicerContext, name: str, needed: Needs = _authenticated) -> None:
         try:
@@ -83,7 +73,7 @@ class _Calls:
         """Whether the stream's token may read what a watch asks for (checked per watch)."""
         def permitted(create: rpc_pb2.WatchCreateRequest) -> bool:
             try:
-                self.check(context, WATCH_CALL, lambda: watch_needs(create))
+                self.check(context, WATCH_CALL, lambda: access.watch_needs(create))
             except EtcdError as exc:
                 return exc.code not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
             return True
@@ -111,12 +101,12 @@ class _KV(rpc_pb2_grpc.KVServicer):
 
     async def Txn(self, request: rpc_pb2.TxnRequest, context: grpc.aio.ServicerContext) -> rpc_pb2.TxnResponse:
         return await self.calls.answer(context, "/etcdserverpb.KV/Txn", lambda: self.mapping.txn(request),
-                                       lambda: txn_needs(request))
+                                       lambda: access.txn_needs(request))
 
     async def Compact(self, request: rpc_pb2.CompactionRequest,
                       context: grpc.aio.ServicerContext) -> rpc_pb2.CompactionResponse:
         return await self.calls.answer(context, "/etcdserverpb.KV/Compact", lambda: self.mapping.compact(request),
-                                       lambda: ADMIN)
+                                       lambda: access.ADMIN)
 
 
 class _Watch(rpc_pb2_grpc.WatchServicer):
@@ -140,28 +130,28 @@ class _Lease(rpc_pb2_grpc.LeaseServicer):
     async def LeaseGrant(self, request: rpc_pb2.LeaseGrantRequest,
                          context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseGrantResponse:
         return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseGrant",
-                                       lambda: self.mapping.lease_grant(request), lambda: SOME_WRITE)
+                                       lambda: self.mapping.lease_grant(request), lambda: access.SOME_WRITE)
 
     async def LeaseRevoke(self, request: rpc_pb2.LeaseRevokeRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseRevokeResponse:
         return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseRevoke",
-                                       lambda: self.mapping.lease_revoke(request), lambda: SOME_WRITE)
+                                       lambda: self.mapping.lease_revoke(request), lambda: access.SOME_WRITE)
 
     async def LeaseTimeToLive(self, request: rpc_pb2.LeaseTimeToLiveRequest,
                               context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseTimeToLiveResponse:
         return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseTimeToLive",
-                                       lambda: self.mapping.lease_time_to_live(request), lambda: SOME_WRITE)
+                                       lambda: self.mapping.lease_time_to_live(request), lambda: access.SOME_WRITE)
 
     async def LeaseLeases(self, request: rpc_pb2.LeaseLeasesRequest,
                           context: grpc.aio.ServicerContext) -> rpc_pb2.LeaseLeasesResponse:
         return await self.calls.answer(context, "/etcdserverpb.Lease/LeaseLeases",
-                                       lambda: self.mapping.lease_leases(request), lambda: SOME_WRITE)
+                                       lambda: self.mapping.lease_leases(request), lambda: access.SOME_WRITE)
 
     async def LeaseKeepAlive(self, request_iterator: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest],
                              context: grpc.aio.ServicerContext) -> AsyncIterator[rpc_pb2.LeaseKeepAliveResponse]:
         """The ids that arrived while the previous keep-alive ran go together as one batch
         (one leadership confirmation), each still answered on its own."""
-        await self.calls.admit(context, KEEP_ALIVE_CALL, lambda: SOME_WRITE)
+        await self.calls.admit(context, KEEP_ALIVE_CALL, lambda: access.SOME_WRITE)
         arrived: asyncio.Queue[int | None] = asyncio.Queue()
 
         async def receive() -> None:
@@ -184,7 +174,7 @@ class _Lease(rpc_pb2_grpc.LeaseServicer):
                     ids.append(more)
                 for response in await self.calls.answer(context, KEEP_ALIVE_CALL,
                                                         functools.partial(self.mapping.lease_keep_alive, ids),
-                                                        lambda: SOME_WRITE):
+                                                        lambda: access.SOME_WRITE):
                     yield response
         finally:
             receiver.cancel()
@@ -236,7 +226,7 @@ class _Auth(rpc_pb2_grpc.AuthServicer):
                            context: grpc.aio.ServicerContext) -> rpc_pb2.AuthenticateResponse:
         def authenticate() -> rpc_pb2.AuthenticateResponse:
             self.calls.callers.of(context)
-            return authenticate_response(self.calls.mapping, self.calls.auth, request)
+            return access.authenticate_response(self.calls.mapping, self.calls.auth, request)
         try:
             return authenticate()
         except EtcdError as exc:
