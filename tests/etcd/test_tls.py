@@ -1,10 +1,12 @@
 """TLS on the etcd port (the node's HTTPS files), in process: the one port's front and the
-two-port layout both serve gRPC and the gateway over TLS with a client certificate, and refuse
-plaintext and certificate-less clients. (port_security_node.py runs etcdctl against a node.)"""
+two-port layout both serve gRPC and the gateway over TLS with a client certificate (which, with
+a token file, stands for the token it names), and refuse plaintext and certificate-less
+clients. (port_security_node.py runs etcdctl against a node.)"""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import grpc
 import httpx
 import pytest
 
+from app.auth import AuthTokens, load_auth_policy
 from app.etcd.mapping import EtcdMapping
 from app.etcd.protos import rpc_pb2, rpc_pb2_grpc
 from app.etcd.serve import EtcdApi
@@ -44,11 +47,15 @@ def https(certs: CertSet, client: bool = True) -> ssl.SSLContext:
 
 
 @pytest.fixture(params=["one port", "two ports"])
-async def api(request: pytest.FixtureRequest, service: InProcessService, certs: CertSet) -> AsyncIterator[EtcdApi]:
+async def api(request: pytest.FixtureRequest, service: InProcessService, certs: CertSet,
+              tmp_path: Path) -> AsyncIterator[EtcdApi]:
     gateway = None if request.param == "one port" else ("127.0.0.1", 0)
     files = certs.node(1)
+    tokens = tmp_path / "tokens.toml"  # the client certificate "root" names the token root: no token sent
+    tokens.write_text(f'[[tokens]]\nname = "root"\nsha256 = "{hashlib.sha256(b"unused").hexdigest()}"\n'
+                      'rules = { "tls/" = "write" }\n')
     api = EtcdApi(EtcdMapping(service, "test-cluster", {1: []}), "127.0.0.1", 0, gateway,
-                  TlsFiles(files.cert_file, files.key_file, certs.ca))
+                  TlsFiles(files.cert_file, files.key_file, certs.ca), AuthTokens(load_auth_policy(tokens)))
     await api.start()
     try:
         yield api
@@ -63,6 +70,9 @@ def gateway_url(api: EtcdApi) -> str:
 async def test_grpc_and_the_gateway_over_tls_with_a_client_certificate(api: EtcdApi, certs: CertSet) -> None:
     async with grpc.aio.secure_channel(f"127.0.0.1:{api.port}", credentials(certs)) as channel:
         await rpc_pb2_grpc.KVStub(channel).Put(rpc_pb2.PutRequest(key=b"tls/a", value=b"1"), timeout=WAIT_S)
+        with pytest.raises(grpc.aio.AioRpcError) as denied:  # the token's rules hold for its certificate
+            await rpc_pb2_grpc.KVStub(channel).Put(rpc_pb2.PutRequest(key=b"other", value=b"1"), timeout=WAIT_S)
+    assert denied.value.details() == "etcdserver: permission denied"
     async with httpx.AsyncClient(verify=https(certs), timeout=WAIT_S) as client:
         got = (await client.post(gateway_url(api), json={"key": base64.b64encode(b"tls/a").decode()})).json()
     assert base64.b64decode(got["kvs"][0]["value"]) == b"1"
