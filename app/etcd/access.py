@@ -26,10 +26,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-import grpc
-
 from app.auth import Access, AuthTokens, Token
-from app.etcd.errors import EtcdError
+from app.etcd.errors import (
+    AUTH_FAILED,
+    AUTH_NOT_ENABLED,
+    INVALID_TOKEN,
+    PERMISSION_DENIED,
+    USER_EMPTY,
+    EtcdError,
+)
 from app.etcd.forwarding import Forwarding, set_forwarding
 from app.etcd.front import Caller
 from app.etcd.mapping import EtcdMapping, KeyRange, text_key
@@ -37,11 +42,6 @@ from app.etcd.protos import rpc_pb2
 from app.http.audit import AuditLog
 from app.http.auth import AUTHORIZATION_MAX_BYTES, token_of_certificate
 
-PERMISSION_DENIED = (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied")
-INVALID_TOKEN = (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
-AUTH_FAILED = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password")
-USER_EMPTY = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty")
-AUTH_NOT_ENABLED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled")
 TOKEN_METADATA = ("token", "authorization")
 
 

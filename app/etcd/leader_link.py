@@ -10,9 +10,12 @@ ReadIndex): the read rules stay in one place, the local read path.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
+
+import httpx
 
 from app.etcd.errors import (
     LEADER_FAIL,
@@ -20,6 +23,7 @@ from app.etcd.errors import (
     LEASE_NOT_FOUND,
     LEASE_TTL_TOO_LARGE,
     NO_LEADER,
+    PERMISSION_DENIED,
     TIMEOUT,
     EtcdError,
     etcd_error,
@@ -45,7 +49,7 @@ from app.service import (
 )
 from metakv import AsyncClient
 from metakv.core import Plan
-from metakv.errors import Indeterminate, LeaseNotFound, MetakvError
+from metakv.errors import Forbidden, Indeterminate, LeaseNotFound, MetakvError, Unauthorized
 from metakv.leases import (
     grant_request,
     info_request,
@@ -72,6 +76,8 @@ class LeaderLink:
     def __init__(self, service: KVService) -> None:
         self.service = service
         self._clients: dict[str, AsyncClient] = {}
+        # HTTPS to the leader (set by app/etcd/serve.py): trusts the cluster's CA, presents this node's certificate
+        self.https: ssl.SSLContext | None = None
 
     def _client(self, leader_url: str) -> AsyncClient:
         secret = forwarding().secret  # the caller's token, with auth on (app/etcd/access.py)
@@ -79,7 +85,8 @@ class LeaderLink:
         if client is None:
             client = self._clients[f"{leader_url} {secret}"] = AsyncClient(
                 leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
-                read_your_writes=False, token=secret)
+                read_your_writes=False, token=secret,
+                transport=None if self.https is None else httpx.AsyncHTTPTransport(verify=self.https))
         return client
 
     async def close(self) -> None:
@@ -112,7 +119,7 @@ class LeaderLink:
             listing = await self._client(leader_url).list(forwarding().read_prefix, limit=1, keys_only=True,
                                                           consistency="linearizable")
         except MetakvError as exc:
-            raise etcd_error(NO_LEADER) from exc
+            raise _forward_error(exc) from exc
         return listing.version
 
     async def txn(self, compares: tuple[Compare, ...], success: tuple[Op, ...],
@@ -204,6 +211,8 @@ def _forward_error(exc: MetakvError) -> EtcdError:
         return etcd_error(LEASE_EXISTS)
     if exc.slug == "invalid-ttl":
         return etcd_error(LEASE_TTL_TOO_LARGE)
+    if isinstance(exc, Unauthorized | Forbidden):  # the leader's token rules (app/etcd/access.py)
+        return etcd_error(PERMISSION_DENIED)
     return etcd_error(NO_LEADER)
 
 

@@ -25,6 +25,20 @@ from app.tls import TlsFiles, http_server_context, reload_in_place
 GRPC_SOCKET = "grpc.sock"  # the gRPC server behind the front, in a directory only this user reads
 
 
+def _leader_https(config: NodeConfig) -> ssl.SSLContext | None:
+    """How a follower reaches the leader's HTTPS API to forward etcd calls: trusting the
+    system's CAs and the cluster's (peer and client CA files), with this node's certificate
+    for a leader that requires one."""
+    files = config.http_tls
+    if files is None:
+        return None
+    context = ssl.create_default_context()
+    for ca_file in {config.peer_tls_ca_file, config.tls_client_ca_file} - {None}:
+        context.load_verify_locations(cafile=ca_file)
+    context.load_cert_chain(files.cert_file, files.key_file)
+    return context
+
+
 def _front_context(tls: TlsFiles | None) -> ssl.SSLContext | None:
     """The HTTP API's TLS settings, offering h2 (gRPC) and http/1.1 (the gateway) by ALPN."""
     if tls is None:
@@ -69,8 +83,10 @@ class EtcdApi:
         urls: dict[int, list[str]] = {node_id: [] for node_id in config.voters}
         urls[config.node_id] = [f"{'https' if tls else 'http'}://{address.url_host}:{address.port}"]
         gateway = config.listen_etcd_gateway
-        return cls(EtcdMapping(service, config.cluster_id, urls), address.host, address.port,
-                   None if gateway is None else (gateway.host, gateway.port), tls, tokens)
+        mapping = EtcdMapping(service, config.cluster_id, urls)
+        mapping.link.https = _leader_https(config)
+        return cls(mapping, address.host, address.port, None if gateway is None else (gateway.host, gateway.port),
+                   tls, tokens)
 
     @property
     def port(self) -> int:
