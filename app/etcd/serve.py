@@ -5,11 +5,13 @@ front (app/etcd/front.py), or, with --listen-etcd-gateway, gRPC alone on the etc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import ssl
 import tempfile
+from pathlib import Path
 
 from app.auth import AuthTokens
 from app.config import NodeConfig
@@ -22,7 +24,8 @@ from app.etcd.mapping import EtcdMapping
 from app.service import KVService
 from app.tls import TlsFiles, http_server_context, reload_in_place
 
-GRPC_SOCKET = "grpc.sock"  # the gRPC server behind the front, in a directory only this user reads
+GRPC_SOCKET = "etcd-grpc.sock"  # the gRPC server behind the front, in a directory only this user reads
+SOCKET_PATH_MAX = 100  # a unix socket address holds 107 bytes and a NUL
 
 
 def _leader_https(config: NodeConfig) -> ssl.SSLContext | None:
@@ -55,15 +58,15 @@ class EtcdApi:
     ``tokens`` every call needs a token granting what it does (app/etcd/access.py)."""
 
     def __init__(self, mapping: EtcdMapping, host: str, port: int, gateway: tuple[str, int] | None = None,
-                 tls: TlsFiles | None = None, tokens: AuthTokens | None = None) -> None:
+                 tls: TlsFiles | None = None, tokens: AuthTokens | None = None, data_dir: Path | None = None) -> None:
         self.mapping = mapping
         self.front: EtcdFront | None = None
         self.tls = tls
-        self._private_dir: str | None = None
+        self._temp_dir: str | None = None  # made for the gRPC socket (removed by stop)
+        self._socket: str | None = None
         auth = None if tokens is None else EtcdAuth(tokens)
         if gateway is None:
-            self._private_dir = tempfile.mkdtemp(prefix="metakv-etcd-")  # mode 0700
-            grpc_path = os.path.join(self._private_dir, GRPC_SOCKET)
+            grpc_path = self._socket = self._socket_path(data_dir)
             self.gateway = EtcdGateway(mapping, auth=auth)
             self.front = EtcdFront(host, port, grpc_path, self.gateway.protocol, _front_context(tls))
             self.grpc = EtcdGrpcServer(mapping, unix_path=grpc_path, callers=Callers(self.front.callers), auth=auth)
@@ -86,7 +89,18 @@ class EtcdApi:
         mapping = EtcdMapping(service, config.cluster_id, urls)
         mapping.link.https = _leader_https(config)
         return cls(mapping, address.host, address.port, None if gateway is None else (gateway.host, gateway.port),
-                   tls, tokens)
+                   tls, tokens, config.data_dir)
+
+    def _socket_path(self, data_dir: Path | None) -> str:
+        """The gRPC server's unix socket: in the node's data directory (0700, no leftovers
+        after a SIGKILL) when the path fits a socket address, else in a private temp dir."""
+        path = os.path.abspath(os.path.join(data_dir, GRPC_SOCKET)) if data_dir is not None else None
+        if path is not None and len(path) <= SOCKET_PATH_MAX:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a killed node's
+            return path
+        self._temp_dir = tempfile.mkdtemp(prefix="metakv-etcd-")  # mode 0700
+        return os.path.join(self._temp_dir, GRPC_SOCKET)
 
     @property
     def port(self) -> int:
@@ -114,5 +128,8 @@ class EtcdApi:
         await self.gateway.stop()
         await self.grpc.stop()
         await self.mapping.close()
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+        elif self._socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._socket)
