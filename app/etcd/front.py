@@ -5,9 +5,9 @@ Each accepted connection is sniffed: over TLS the ALPN protocol decides (``h2`` 
 HTTP/2.0`` = gRPC, anything else = the gateway's HTTP/1.1). A gateway connection is handed to
 the gateway's HTTP protocol in this process, so it costs nothing extra. grpcio cannot adopt a
 socket, so a gRPC connection is relayed, byte for byte with flow control, to the gRPC server
-listening on a private loopback port; the relay records which client each of its loopback
-connections carries (``callers``), so the gRPC side knows the real client (address and TLS
-certificate) and refuses calls that did not come through this front.
+listening on a unix socket only this user can reach; the relay records which client each of
+its connections there carries (``callers``), so the gRPC side knows the real client (address
+and TLS certificate) and refuses calls that did not come through this front.
 
 Bytes that are neither reach the gateway's HTTP parser, which answers 400 and closes that
 connection only; a connection that sends too little to decide is closed after a timeout.
@@ -148,7 +148,7 @@ class _Sniffer(asyncio.Protocol):
     def _to_grpc(self) -> None:
         self._stop_timer()
         assert self.transport is not None
-        self.transport.pause_reading()  # until the loopback connection is there
+        self.transport.pause_reading()  # until the connection to the gRPC server is there
         self.front.relay(self.transport, self.buffered, self)
 
 
@@ -163,7 +163,7 @@ class EtcdFront:
         self.grpc_path = grpc_path
         self.gateway_protocol = gateway_protocol
         self.ssl_context = ssl_context
-        self.callers: dict[str, Caller] = {}  # grpc peer of a loopback connection -> its client
+        self.callers: dict[str, Caller] = {}  # grpc peer of a relayed connection -> its client
         self._server: asyncio.AbstractServer | None = None
         self._relays: set[asyncio.Task[None]] = set()
         self._numbers = itertools.count(1)
@@ -193,7 +193,7 @@ class EtcdFront:
     async def _relay(self, client: asyncio.Transport, first_bytes: bytes, sniffer: _Sniffer) -> None:
         loop = asyncio.get_running_loop()
         # Bound to a name of its own, so the gRPC server's context.peer() tells the relayed
-        # connections apart (a unix socket is cheaper than loopback TCP, and private).
+        # connections apart (a unix socket: private, and no TCP stack on the way).
         name = f"metakv-etcd-{os.getpid()}-{id(self):x}-{next(self._numbers)}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -201,11 +201,15 @@ class EtcdFront:
             sock.bind(b"\0" + name.encode())
             await loop.sock_connect(sock, self.grpc_path)
             back, back_side = await loop.create_unix_connection(_Relay, sock=sock)
-        except (OSError, asyncio.CancelledError) as exc:
+        except OSError as exc:
             sock.close()
             log.warning("etcd port: cannot reach the gRPC server on %s: %s", self.grpc_path, exc)
             client.close()
             return
+        except asyncio.CancelledError:  # the front stops
+            sock.close()
+            client.close()
+            raise
         if sniffer.closed:  # the client left while we connected
             back.close()
             return
