@@ -135,10 +135,11 @@ class EtcdAuth:
         self.tokens = tokens
         self.audit = audit if audit is not None else AuditLog()
 
-    def authenticate(self, name: str, password: str) -> str:
+    def authenticate(self, name: str, password: str, caller: Caller, call: str, method: str = "GRPC") -> str:
         """Auth.Authenticate: the etcd token (the secret) when ``name`` names its token."""
         token = self.tokens.policy.authenticate(password.encode()) if password else None
         if token is None or token.name != name:
+            self._refused(method, call, caller, 401, f"authentication failed for the user {name!r}", None)
             raise EtcdError(*AUTH_FAILED)
         return password
 
@@ -172,13 +173,13 @@ class EtcdAuth:
         self.audit.denied({"method": method, "path": call, "client": caller.address}, status, detail, token_name)
 
 
-def authenticate_response(mapping: EtcdMapping, auth: EtcdAuth | None,
-                          request: rpc_pb2.AuthenticateRequest) -> rpc_pb2.AuthenticateResponse:
+def authenticate_response(mapping: EtcdMapping, auth: EtcdAuth | None, request: rpc_pb2.AuthenticateRequest,
+                          caller: Caller, call: str, method: str = "GRPC") -> rpc_pb2.AuthenticateResponse:
     """Auth.Authenticate on either front end; without a token file etcd's "not enabled"."""
     if auth is None:
         raise EtcdError(*AUTH_NOT_ENABLED)
-    return rpc_pb2.AuthenticateResponse(header=mapping.header(), token=auth.authenticate(request.name,
-                                                                                         request.password))
+    token = auth.authenticate(request.name, request.password, caller, call, method)
+    return rpc_pb2.AuthenticateResponse(header=mapping.header(), token=token)
 
 
 def metadata_tokens(metadata: Iterable[tuple[str, str | bytes]]) -> list[str]:

@@ -82,14 +82,17 @@ def _authenticated(_request: Any) -> Iterable[Needed]:
     return AUTHENTICATED
 
 
+def _caller(request: Request) -> Caller:
+    client = request.scope.get("client")
+    return Caller(tuple(client) if client else None, client_cert_names(request.scope))
+
+
 def _check(auth: EtcdAuth | None, request: Request, needed: Iterable[Needed] | None = None) -> None:
     """With auth on: the Authorization header's token (etcd's gateway passes it on as the
     call's token), or the client certificate's, must grant what the call needs."""
     if auth is None:
         return
-    client = request.scope.get("client")
-    caller = Caller(tuple(client) if client else None, client_cert_names(request.scope))
-    auth.check(request.url.path, caller, request.headers.getlist("authorization"),
+    auth.check(request.url.path, _caller(request), request.headers.getlist("authorization"),
                AUTHENTICATED if needed is None else needed, method="POST")
 
 
@@ -145,7 +148,9 @@ def gateway_app(mapping: EtcdMapping, auth: EtcdAuth | None = None) -> Starlette
     async def authenticate(request: Request) -> Response:
         try:
             body = await _body(request, rpc_pb2.AuthenticateRequest())
-            return JSONResponse(_json(authenticate_response(mapping, auth, body)))  # type: ignore[arg-type]
+            answer = authenticate_response(mapping, auth, body, _caller(request),  # type: ignore[arg-type]
+                                           request.url.path, method="POST")
+            return JSONResponse(_json(answer))
         except EtcdError as exc:
             return _error(exc)
 

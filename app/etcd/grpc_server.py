@@ -225,8 +225,9 @@ class _Auth(rpc_pb2_grpc.AuthServicer):
     async def Authenticate(self, request: rpc_pb2.AuthenticateRequest,
                            context: grpc.aio.ServicerContext) -> rpc_pb2.AuthenticateResponse:
         def authenticate() -> rpc_pb2.AuthenticateResponse:
-            self.calls.callers.of(context)
-            return access.authenticate_response(self.calls.mapping, self.calls.auth, request)
+            caller = self.calls.callers.of(context)
+            return access.authenticate_response(self.calls.mapping, self.calls.auth, request, caller,
+                                                "/etcdserverpb.Auth/Authenticate")
         try:
             return authenticate()
         except EtcdError as exc:

@@ -63,7 +63,9 @@ async def refused(call: object) -> grpc.aio.AioRpcError:
     return raised.value
 
 
-async def test_authenticate_answers_the_secret_for_a_name_and_its_secret(port: Port) -> None:
+async def test_authenticate_answers_the_secret_for_a_name_and_its_secret(port: Port,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="metakv.audit")
     auth = rpc_pb2_grpc.AuthStub(port.channel)
     answer = await auth.Authenticate(rpc_pb2.AuthenticateRequest(name="writer", password="writer-secret"),
                                      timeout=WAIT_S)
@@ -75,6 +77,9 @@ async def test_authenticate_answers_the_secret_for_a_name_and_its_secret(port: P
                                                 timeout=WAIT_S))
         assert (wrong.code(), wrong.details()) == (
             grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password")
+    audited = [record.getMessage() for record in caplog.records if record.name == "metakv.audit"]
+    assert len(audited) == 3 and "401 GRPC /etcdserverpb.Auth/Authenticate" in audited[0]
+    assert "authentication failed for the user 'writer'" in audited[0]
 
 
 async def test_calls_need_a_valid_token(port: Port) -> None:
