@@ -2,7 +2,8 @@
 (gRPC relayed by the sniffing front, app/etcd/front.py) against metakv's gRPC-only port (with
 --listen-etcd-gateway, grpc's own listener, no relay) and a real etcd, same run, 64 clients.
 
-    python -m loadtest.bench_etcd_grpc [--duration-s 5] [--rounds 2] [--out results/bench_etcd_grpc.json]
+    python -m loadtest.bench_etcd_grpc [--duration-s 5] [--rounds 2] [--grpc-port-first]
+                                       [--out results/bench_etcd_grpc.json]
 
 Three stores of 3 nodes on loopback: two metakv clusters that differ only in that flag, and
 etcd 3.4 (Debian's etcd-server). The load is ``--workers`` generator processes (grpc.aio on
@@ -141,13 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="results/bench_etcd_grpc.json")
+    parser.add_argument("--grpc-port-first", action="store_true",
+                        help="start the gRPC-port cluster before the one-port cluster (the order moves put figures)")
     args = parser.parse_args(argv)
     clusters: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="bench-etcd-grpc-") as tmp:
         try:
             stores: dict[str, tuple[str, list[str]]] = {}
             pids: dict[str, list[int]] = {}
-            for name, one_port in (("metakv_one_port", True), ("metakv_grpc_port", False)):
+            layouts = (("metakv_one_port", True), ("metakv_grpc_port", False))
+            for name, one_port in (reversed(layouts) if args.grpc_port_first else layouts):
                 cluster, leader, targets = _metakv(Path(tmp) / name, one_port)
                 clusters.append(cluster)
                 stores[name] = (leader, targets)
