@@ -62,11 +62,12 @@ test: $(STAMP) system lint
 	$(PY) -m pytest -q --durations=25 tests
 
 # etcd's API with clients from PyPI across a leader SIGKILL (docs/etcd.md, Proof): aetcd over
-# gRPC and etcd3gw over the gateway, and a Locust scenario through metakv's gateway (~30 s;
-# make test runs the etcdctl comparison and the rest).
+# gRPC and etcd3gw over the gateway, etcdctl against a node's etcd port with TLS and a token
+# file, and a Locust scenario through metakv's gateway (~45 s; make test runs the etcdctl
+# comparison and the rest).
 .PHONY: test-etcd
 test-etcd: $(STAMP) system-etcd
-	$(PY) -m pytest -q tests/etcd/failover_clients.py tests/loadtest/etcd_api_target.py tests/etcd
+	$(PY) -m pytest -q tests/etcd/failover_clients.py tests/etcd/port_security_node.py tests/loadtest/etcd_api_target.py tests/etcd
 
 # Put and range throughput, 64 clients: metakv's etcd gateway vs its HTTP API vs etcd (docs/etcd.md).
 .PHONY: bench-etcd-api
@@ -78,6 +79,11 @@ bench-etcd-api: $(STAMP) system-etcd system-wrk
 .PHONY: bench-etcd-locust
 bench-etcd-locust: $(STAMP) system-etcd
 	$(PY) -m loadtest bench --targets metakv,metakv-etcd,etcd --duration 10 --out results/bench-etcd-locust
+
+# What the one etcd port's relay costs gRPC: puts and ranges, 64 clients, vs gRPC on its own port and etcd.
+.PHONY: bench-etcd-grpc
+bench-etcd-grpc: $(STAMP) system-etcd
+	$(PY) -m loadtest.bench_etcd_grpc --duration-s 5 --rounds 4 --out results/bench_etcd_grpc.json
 
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
 .PHONY: test-storage-crash bench-storage

@@ -25,6 +25,7 @@ import resource
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -92,8 +93,9 @@ SERVE_HELP = {
     "data_dir": "directory holding the log, quorum state, snapshots and state.db",
     "listen_http": "HOST:PORT for the HTTP API",
     "listen_raft": "HOST:PORT for raft traffic between nodes",
-    "listen_etcd": "HOST:PORT for etcd's v3 gRPC API (off unless given; docs/etcd.md)",
-    "listen_etcd_gateway": "HOST:PORT for etcd's v3 JSON gateway (needs --listen-etcd; docs/etcd.md)",
+    "listen_etcd": "HOST:PORT for etcd's v3 API, gRPC and JSON gateway on one port (off unless given; docs/etcd.md)",
+    "listen_etcd_gateway": "HOST:PORT: move etcd's JSON gateway to its own port; --listen-etcd then serves gRPC "
+                           "alone (docs/etcd.md)",
     "voters": "the voters' raft addresses: ID@HOST:PORT,ID@HOST:PORT,...",
     "advertise_http": "this node's HTTP URL as clients reach it (default http://LISTEN-HTTP)",
     "observer": "run as a non-voting observer (its id must not be in --voters)",
@@ -137,8 +139,9 @@ def _build_parser() -> _Parser:
     up.add_argument("--base-raft-port", default="9001", help="raft port of node 1 (default 9001)")
     up.add_argument("--base-etcd-port", default="2379",
                     help="etcd v3 gRPC port of node 1 (default 2379; 0 = no etcd API; docs/etcd.md)")
-    up.add_argument("--base-etcd-gateway-port", default="12379",
-                    help="etcd v3 JSON gateway port of node 1 (default 12379; 0 = none)")
+    up.add_argument("--base-etcd-gateway-port", default="0",
+                    help="a separate etcd v3 JSON gateway port for node 1 (default 0: the gateway shares "
+                         "the etcd port)")
     up.add_argument("--data-dir", default="./data", help="parent of the nodes' data dirs (default ./data)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     up.add_argument("--auth-file", default=os.environ.get("METAKV_AUTH_FILE"),
@@ -311,7 +314,8 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
     try:
         if config.listen_etcd is not None:
             from app.etcd.serve import EtcdApi
-            etcd = EtcdApi(runtime, config)
+            etcd = EtcdApi.of_node(runtime, config, runtime.auth_tokens)
+            loop.add_signal_handler(signal.SIGHUP, _reload_with_etcd, config, runtime, http_context, etcd)
             try:
                 await etcd.start()
             except (OSError, RuntimeError) as exc:  # a taken port: grpc raises RuntimeError
@@ -323,6 +327,14 @@ async def _serve_on(config: NodeConfig, http_socket: socket.socket) -> int:
             await etcd.stop()
         await runtime.stop()
     return 0 if server.started else EXIT_FAILURE
+
+
+def _reload_with_etcd(config: NodeConfig, runtime: Any, http_context: ssl.SSLContext | None, etcd: Any) -> None:
+    """SIGHUP with the etcd port on: what app/sighup.py reloads, and the etcd port's certificate."""
+    from app.sighup import reload_on_sighup
+
+    reload_on_sighup(config, runtime, http_context)
+    etcd.reload_tls()
 
 
 def _connection_cap(configured: int) -> int:
@@ -384,8 +396,6 @@ def cluster_up(args: argparse.Namespace) -> int:
     base_etcd = parse_int("--base-etcd-port", args.base_etcd_port, 0, 65535 - voters - observers)
     base_gateway = parse_int("--base-etcd-gateway-port", args.base_etcd_gateway_port, 0,
                              65535 - voters - observers)
-    if args.auth_file:  # etcd's API has no auth yet: a node refuses it beside --auth-file
-        base_etcd = base_gateway = 0
     if base_gateway and not base_etcd:
         raise ConfigError("--base-etcd-gateway-port: needs --base-etcd-port (the gateway serves the same calls)")
     bases = {"--base-http-port": base_http, "--base-raft-port": base_raft, "--base-etcd-port": base_etcd,
@@ -448,7 +458,8 @@ def cluster_up(args: argparse.Namespace) -> int:
                       etcd_endpoints=[str(HostPort(host, base_etcd + index)) for index in range(count)]
                       if base_etcd else [])
         if args.tls:
-            print(f"TLS is on: add --cacert {certs_dir / 'ca.crt'} to each curl\n", flush=True)
+            print(f"TLS is on: add --cacert {certs_dir / 'ca.crt'} to each curl"
+                  + (" and etcdctl (https:// endpoints)" if base_etcd else "") + "\n", flush=True)
         # A node that exits while starting (a taken port, a bad data dir) ends the wait at
         # once: the cluster the banner promised is not there, so everything stops, exit 1.
         leader = _wait_for_leader([url for _, url, _ in children],
@@ -512,7 +523,8 @@ try:
   {_metakv_command()} status --url {first}
 """, flush=True)
     if etcd_endpoints:
-        print(f"etcd's v3 API (docs/etcd.md): etcdctl --endpoints {','.join(etcd_endpoints)} put greeting hi\n",
+        user = " --user TOKEN_NAME:TOKEN" if auth else ""
+        print(f"etcd's v3 API (docs/etcd.md): etcdctl --endpoints {','.join(etcd_endpoints)}{user} put greeting hi\n",
               flush=True)
     if auth:
         print('auth is on: add -H "Authorization: Bearer $TOKEN" to each curl (with -L also '

@@ -470,9 +470,6 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
         host = listen_http.url_host if listen_http.host not in {"0.0.0.0", "::", ""} else "127.0.0.1"
         scheme = "https" if values.get("tls_cert_file") is not None else "http"
         values["advertise_http"] = f"{scheme}://{host}:{listen_http.port}"
-    if values.get("listen_etcd") is not None and values.get("auth_file") is not None:
-        raise ConfigError("--listen-etcd: etcd's API has no auth yet, so it cannot serve beside --auth-file "
-                          "(docs/etcd.md)")
     if values.get("listen_etcd_gateway") is not None and values.get("listen_etcd") is None:
         raise ConfigError("--listen-etcd-gateway: needs --listen-etcd (the gateway serves the same calls)")
     max_value_bytes = values.get("max_value_bytes", _NODE_DEFAULTS["max_value_bytes"])

@@ -40,6 +40,12 @@ TOO_LARGE = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large
 NO_SPACE = (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")
 NOT_CAPABLE = (grpc.StatusCode.UNAVAILABLE, "etcdserver: not capable")
 UNHEALTHY = (grpc.StatusCode.UNAVAILABLE, "etcdserver: unhealthy cluster")
+# auth (app/etcd/access.py)
+PERMISSION_DENIED = (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied")
+INVALID_TOKEN = (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
+AUTH_FAILED = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password")
+USER_EMPTY = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty")
+AUTH_NOT_ENABLED = (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled")
 
 
 def etcd_error(pair: tuple[grpc.StatusCode, str]) -> EtcdError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -28,12 +29,14 @@ from app.etcd.errors import (
     LEASE_NOT_FOUND,
     LEASE_TTL_TOO_LARGE,
     NO_LEADER,
+    PERMISSION_DENIED,
     TIMEOUT,
     EtcdError,
     etcd_error,
     from_service_error,
     invalid,
 )
+from app.etcd.forwarding import forwarding
 from app.http.settings import TXN_MAX_OPS
 from app.service import (
     ApplyResult,
@@ -55,7 +58,7 @@ from app.service import (
 )
 from metakv import AsyncClient
 from metakv.core import Plan
-from metakv.errors import Indeterminate, LeaseNotFound, MetakvError
+from metakv.errors import Forbidden, Indeterminate, LeaseNotFound, MetakvError, Unauthorized
 from metakv.leases import (
     grant_request,
     info_request,
@@ -83,22 +86,27 @@ class LeaderLink:
 
     def __init__(self, service: KVService) -> None:
         self.service = service
-        self._clients: dict[str, asyncio.Future[AsyncClient]] = {}  # leader URL -> its client, once built
+        self._clients: dict[str, asyncio.Future[AsyncClient]] = {}  # "leader URL secret" -> its client, once built
         self._status_probe: asyncio.Future[httpx.AsyncClient] | None = None  # for members' /v1/status
+        # HTTPS to the leader (set by app/etcd/serve.py): trusts the cluster's CA, presents this node's certificate
+        self.https: ssl.SSLContext | None = None
 
     async def _client(self, leader_url: str) -> AsyncClient:
-        """The client forwarding to ``leader_url``: built once (concurrent calls wait for the
-        same build), off the event loop (module docstring)."""
-        built = self._clients.get(leader_url)
+        """The client forwarding to ``leader_url`` with the caller's token: built once
+        (concurrent calls wait for the same build), off the event loop (module docstring)."""
+        secret = forwarding().secret  # the caller's token, with auth on (app/etcd/access.py)
+        cache_key = f"{leader_url} {secret}"
+        built = self._clients.get(cache_key)
         if built is None:
-            built = self._clients[leader_url] = asyncio.ensure_future(asyncio.to_thread(
+            transport = None if self.https is None else httpx.AsyncHTTPTransport(verify=self.https)
+            built = self._clients[cache_key] = asyncio.ensure_future(asyncio.to_thread(
                 AsyncClient, leader_url, timeout_s=FORWARD_TIMEOUT_S, retry=RetryPolicy(deadline_s=FORWARD_DEADLINE_S),
-                read_your_writes=False))
+                read_your_writes=False, token=secret, transport=transport))
         try:
             return await asyncio.shield(built)
         except Exception:
-            if self._clients.get(leader_url) is built:
-                del self._clients[leader_url]  # the next call builds again
+            if self._clients.get(cache_key) is built:
+                del self._clients[cache_key]  # the next call builds again
             raise
 
     async def close(self) -> None:
@@ -134,9 +142,9 @@ class LeaderLink:
     async def _leader_version(self, leader_url: str) -> int:
         try:
             client = await self._client(leader_url)
-            listing = await client.list("", limit=1, keys_only=True, consistency="linearizable")
+            listing = await client.list(forwarding().read_prefix, limit=1, keys_only=True, consistency="linearizable")
         except MetakvError as exc:
-            raise etcd_error(NO_LEADER) from exc
+            raise _forward_error(exc) from exc
         return listing.version
 
     async def quorum(self) -> QuorumView:
@@ -158,11 +166,13 @@ class LeaderLink:
         """The /v1/status of the member whose advertised HTTP URL is ``url``; None when it
         does not answer. One plain HTTP client for all members, built off the loop."""
         if self._status_probe is None:
-            self._status_probe = asyncio.ensure_future(
-                asyncio.to_thread(httpx.AsyncClient, timeout=MEMBER_STATUS_TIMEOUT_S))
+            self._status_probe = asyncio.ensure_future(asyncio.to_thread(
+                httpx.AsyncClient, timeout=MEMBER_STATUS_TIMEOUT_S, verify=self.https or True))
+        secret = forwarding().secret  # with auth on, /v1/status needs a token
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
         try:
             probe = await asyncio.shield(self._status_probe)
-            answer = await probe.get(url.rstrip("/") + "/v1/status")
+            answer = await probe.get(url.rstrip("/") + "/v1/status", headers=headers)
             status = answer.json()
         except (httpx.HTTPError, ValueError):
             return None
@@ -261,6 +271,8 @@ def _forward_error(exc: MetakvError) -> EtcdError:
         return etcd_error(LEASE_EXISTS)
     if exc.slug == "invalid-ttl":
         return etcd_error(LEASE_TTL_TOO_LARGE)
+    if isinstance(exc, Unauthorized | Forbidden):  # the leader's token rules (app/etcd/access.py)
+        return etcd_error(PERMISSION_DENIED)
     return etcd_error(NO_LEADER)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 
 from app.etcd.errors import EtcdError
@@ -33,8 +33,10 @@ _END = object()
 class WatchStream:
     """One Watch call: ``serve`` reads the client's requests and yields the responses."""
 
-    def __init__(self, mapping: EtcdMapping) -> None:
+    def __init__(self, mapping: EtcdMapping,
+                 permitted: Callable[[rpc_pb2.WatchCreateRequest], bool] | None = None) -> None:
         self.mapping = mapping
+        self.permitted = permitted  # with auth on: may the stream's token read this watch's keys
         self.service = mapping.service
         self._responses: asyncio.Queue[object] = asyncio.Queue()
         self._watches: dict[int, asyncio.Task[None]] = {}
@@ -85,6 +87,10 @@ class WatchStream:
                                              canceled=True, cancel_reason="etcdserver: duplicate watch ID"))
             return
         self._next_id = max(self._next_id, watch_id) + 1
+        if self.permitted is not None and not self.permitted(create):
+            self._send(rpc_pb2.WatchResponse(header=self.mapping.header(), watch_id=watch_id, created=True,
+                                             canceled=True, cancel_reason="etcdserver: permission denied"))
+            return
         try:
             keys = KeyRange.of(create.key, create.range_end)
             prefix = text_key(keys.start) if keys.single else keys.list_prefix()

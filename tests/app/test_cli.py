@@ -291,9 +291,10 @@ def test_cluster_up_with_an_auth_file_enforces_it_on_every_node(tmp_path: Path) 
     auth_file.write_text(f'[[tokens]]\nname = "ops"\nsha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
                          'rules = { "" = "admin" }\n')
     http_base, raft_base = _port_ranges(3)
+    etcd_base, _ = _port_ranges(3)
     with cluster_up(["--voters", "3", "--observers", "0", "--base-http-port", str(http_base),
                      "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path / "data"),
-                     "--auth-file", str(auth_file), "--token", token],
+                     "--base-etcd-port", str(etcd_base), "--auth-file", str(auth_file), "--token", token],
                     {**{k: v for k, v in os.environ.items() if not k.startswith("METAKV_")},
                      "METAKV_CLUSTER_ID": f"cli-auth-{uuid.uuid4().hex[:12]}"}) as (process, text, run):
         assert "leader: http://" in text and "auth is on" in text, text
@@ -306,6 +307,12 @@ def test_cluster_up_with_an_auth_file_enforces_it_on_every_node(tmp_path: Path) 
         assert httpx.put(f"{leader}/v1/kv/cli/a", content=b"x", headers=bearer, timeout=10).status_code == 200
         status = run_cli(["status", "--url", first], env={"METAKV_TOKEN": token})
         assert status.returncode == 0, status.stderr
+        # The etcd port serves too, with the same tokens (docs/etcd.md, Auth).
+        etcdctl = ["etcdctl", f"--endpoints=127.0.0.1:{etcd_base}", "--command-timeout=10s"]
+        got = subprocess.run([*etcdctl, f"--user=ops:{token}", "get", "cli/a"], capture_output=True, text=True)
+        assert got.stdout.splitlines() == ["cli/a", "x"], got.stderr
+        anonymous = subprocess.run([*etcdctl, "get", "cli/a"], capture_output=True, text=True)
+        assert "etcdserver: user name is empty" in anonymous.stderr
     assert process.returncode == 0  # stopped by SIGTERM, which stops every node too
     for node in range(3):
         with pytest.raises(httpx.TransportError):

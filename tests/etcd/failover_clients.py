@@ -82,8 +82,11 @@ async def test_a_cas_counter_and_its_watch_survive_a_leader_sigkill(cluster: Clu
         gateway = Etcd3Client("127.0.0.1", follower.etcd_gateway_port, timeout=CALL_TIMEOUT_S)
         start = await client.put(b"counter", b"0")
         watch = await client.watch(b"counter", start_revision=start.header.revision + 1)
-        gateway.put("gw-counter", "0")
-        gateway_events, cancel_gateway_watch = gateway.watch("gw-counter")
+        # From the revision after the put: a watch "from now" on a follower that has not applied
+        # the forwarded put yet would see it (the 0) too.
+        gateway_start = await client.put(b"gw-counter", b"0")
+        gateway_events, cancel_gateway_watch = gateway.watch("gw-counter",
+                                                             start_revision=gateway_start.header.revision + 1)
         for side in range(2):
             if side:
                 cluster.kill(leader)
