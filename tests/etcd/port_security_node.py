@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -118,3 +119,12 @@ def test_a_certificate_naming_a_token_reads_locally_but_is_not_forwarded_for(nod
     assert local.stdout.splitlines() == ["tls/d", "5"], local.stderr
     forwarded = node.etcdctl("put", "tls/d", "6", user=None)
     assert forwarded.returncode != 0 and "etcdserver: permission denied" in forwarded.stderr
+
+
+def test_member_list_names_every_members_client_url_with_tls_and_auth_on(node: SecureNode) -> None:
+    """The follower asks each member's /v1/status for its etcd URL with the caller's token
+    and the cluster's CA: no member may drop out of the list for lack of either."""
+    listed = node.etcdctl("member", "list", "-w", "json")
+    members = json.loads(listed.stdout)["members"]
+    assert len(members) == 3, listed.stderr
+    assert all(member.get("clientURLs") for member in members), members
