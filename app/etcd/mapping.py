@@ -32,6 +32,7 @@ from app.etcd.errors import (
     KEY_NOT_FOUND,
     LEASE_NOT_FOUND,
     LEASE_PROVIDED,
+    TOO_LARGE,
     EtcdError,
     compacted,
     etcd_error,
@@ -41,6 +42,7 @@ from app.etcd.errors import (
 )
 from app.etcd.leader_link import LeaderLink
 from app.etcd.protos import kv_pb2, rpc_pb2
+from app.http.settings import KEY_MAX_BYTES
 from app.service import (
     DEFAULT_CONTENT_TYPE,
     MAX_LEASE_ID,
@@ -126,6 +128,12 @@ class KeyRange:
 
 
 def text_key(key: bytes) -> str:
+    """The metakv key for etcd's: the HTTP API's key rules hold on every member (a follower
+    forwards through that API, so the leader must not take what a follower cannot pass on)."""
+    if len(key) > KEY_MAX_BYTES:
+        raise invalid(f"a key is at most {KEY_MAX_BYTES} bytes (this one is {len(key)})")
+    if b"\0" in key:
+        raise invalid("a key may not contain a zero byte")
     try:
         return key.decode("utf-8")
     except UnicodeDecodeError:
@@ -586,6 +594,8 @@ class _Plan:
                 raise etcd_error(KEY_NOT_FOUND)
             value = found[0].value if put.ignore_value else value
             lease = found[0].lease if put.ignore_lease else lease
+        if len(value) > self.reads.mapping.service.max_value_bytes:  # the HTTP API's bound, as for keys
+            raise etcd_error(TOO_LARGE)
         ops = ([Op(OpKind.GET, key)] if put.prev_kv else []) + [Op(OpKind.PUT, key, value, DEFAULT_CONTENT_TYPE,
                                                                    lease=lease)]
 

@@ -135,6 +135,23 @@ async def test_bad_input_gets_etcds_errors(etcd: Stubs) -> None:
     assert binary.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in binary.value.details()
 
 
+async def test_keys_and_values_the_http_api_refuses_are_refused_on_every_member(
+        etcd: Stubs, service: InProcessService) -> None:
+    """A follower forwards through the HTTP API, which refuses these: the leader took them
+    and a follower answered "no leader" for the same put."""
+    refusals = [
+        (b"k" * 1025, b"v", (grpc.StatusCode.INVALID_ARGUMENT, "metakv: a key is at most 1024 bytes (this one is 1025)")),
+        (b"a\0b", b"v", (grpc.StatusCode.INVALID_ARGUMENT, "metakv: a key may not contain a zero byte")),
+        (b"k", b"x" * (service.max_value_bytes + 1), (grpc.StatusCode.INVALID_ARGUMENT,
+                                                      "etcdserver: request is too large")),
+    ]
+    for key, value, answer in refusals:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await put(etcd, key, value)
+        assert (refused.value.code(), refused.value.details()) == answer
+    await put(etcd, b"k" * 1024, b"x" * service.max_value_bytes)  # the bounds themselves are fine
+
+
 async def test_status_member_list_and_alarm(etcd: Stubs) -> None:
     await put(etcd, b"k", b"v")
     status = await etcd.maintenance.Status(rpc_pb2.StatusRequest())
