@@ -422,6 +422,9 @@ def _check_ops(request: rpc_pb2.TxnRequest, max_ops: int) -> None:
         raise etcd_error(TOO_MANY_OPS)
     if any(not compare.key for compare in request.compare):
         raise etcd_error(EMPTY_KEY)
+    for compare in request.compare:  # etcd ignores an unknown one; metakv says so rather than guess
+        if compare.target not in _COMPARE_TARGETS or compare.result not in rpc_pb2.Compare.CompareResult.values():
+            raise invalid(f"unknown compare target {compare.target} or result {compare.result}")
     for op in (*request.success, *request.failure):
         kind = op.WhichOneof("request")
         if kind is None:

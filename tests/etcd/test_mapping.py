@@ -250,6 +250,11 @@ async def test_a_txn_tree_gets_etcds_request_checks(etcd: Stubs) -> None:
         (rpc_pb2.TxnRequest(success=[*(put_op(b"o%d" % n) for n in range(100)),
                                      nested([], [put_op(b"i%d" % n) for n in range(28)])]),
          "etcdserver: too many operations in txn request"),
+        # an enum value etcd's .proto does not define (before: UNKNOWN, a KeyError)
+        (rpc_pb2.TxnRequest(compare=[rpc_pb2.Compare(key=b"k", target=9)]),  # type: ignore[arg-type]
+         "metakv: unknown compare target 9 or result 0"),
+        (rpc_pb2.TxnRequest(success=[nested([rpc_pb2.Compare(key=b"k", result=7)], [])]),  # type: ignore[arg-type]
+         "metakv: unknown compare target 0 or result 7"),
     ]
     for request, message in checks:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
