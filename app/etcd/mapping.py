@@ -239,6 +239,7 @@ class EtcdMapping:
     @staticmethod
     def _range_response(request: rpc_pb2.RangeRequest, entries: list[Entry],
                         header: rpc_pb2.ResponseHeader | None) -> rpc_pb2.RangeResponse:
+        count = len(entries)  # as etcd: the range's keys, before the revision bounds prune them
         bounds = ((request.min_mod_revision, request.max_mod_revision, lambda entry: entry.mod_version),
                   (request.min_create_revision, request.max_create_revision, lambda entry: entry.create_version))
         for low, high, revision_of in bounds:
@@ -251,9 +252,8 @@ class EtcdMapping:
         if order != rpc_pb2.RangeRequest.NONE:
             entries = sorted(entries, key=_SORT_KEYS[target],  # type: ignore[arg-type]
                              reverse=order == rpc_pb2.RangeRequest.DESCEND)
-        count = len(entries)
-        limit = request.limit if request.limit > 0 else count
-        response = rpc_pb2.RangeResponse(count=count, more=count > limit)
+        limit = request.limit if request.limit > 0 else len(entries)
+        response = rpc_pb2.RangeResponse(count=count, more=len(entries) > limit)
         if header is not None:
             response.header.CopyFrom(header)
         if not request.count_only:

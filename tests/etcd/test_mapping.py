@@ -54,6 +54,23 @@ async def test_range_limit_sort_count_and_keys_only(etcd: Stubs) -> None:
     assert [(kv.key, kv.value) for kv in keys.kvs] == [(b"k1", b""), (b"k2", b""), (b"k3", b"")]
 
 
+async def test_revision_bounds_prune_kvs_but_not_the_count(etcd: Stubs) -> None:
+    """As etcd (apply.go Range): count is the range's keys before min/max_mod_revision and
+    min/max_create_revision prune them; more says whether the pruned list passed the limit.
+    Checked against etcd 3.4 by hand."""
+    first = (await put(etcd, b"m/a", b"1")).header.revision
+    await put(etcd, b"m/b", b"2")
+    await put(etcd, b"m/a", b"3")
+    await put(etcd, b"m/c", b"4")
+    prefix = {"key": b"m/", "range_end": prefix_end(b"m/")}
+    recent = await etcd.kv.Range(R(**prefix, min_mod_revision=first + 2))
+    assert [kv.key for kv in recent.kvs] == [b"m/a", b"m/c"] and recent.count == 3 and not recent.more
+    old = await etcd.kv.Range(R(**prefix, max_create_revision=first))
+    assert [kv.key for kv in old.kvs] == [b"m/a"] and old.count == 3
+    limited = await etcd.kv.Range(R(**prefix, min_create_revision=first + 1, limit=1))
+    assert [kv.key for kv in limited.kvs] == [b"m/b"] and limited.count == 3 and limited.more
+
+
 async def test_range_at_a_revision_and_the_compacted_and_future_errors(etcd: Stubs, service: InProcessService) -> None:
     old = await put(etcd, b"k", b"old")
     await put(etcd, b"k", b"new")
