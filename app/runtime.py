@@ -807,7 +807,8 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
             "ready": self.is_ready(),
             "advertise_http": self.config.advertise_http,
             # what etcd's MemberList on any member lists for this one (docs/etcd.md)
-            "etcd_client_url": None if self.config.listen_etcd is None else f"http://{self.config.listen_etcd}",
+            "etcd_client_url": None if self.config.listen_etcd is None else
+            f"{'https' if self.config.http_tls else 'http'}://{self.config.listen_etcd}",
         }
 
     def quorum(self) -> QuorumView:

@@ -1,7 +1,7 @@
 """One port for etcd's gRPC API and its JSON gateway, as etcd serves both on :2379 (cmux).
 
 Each accepted connection is sniffed: over TLS the ALPN protocol decides (``h2`` = gRPC,
-``http/1.1`` = gateway); otherwise its first bytes do (HTTP/2's client preface ``PRI *
+``http/1.1`` = gateway, chosen whenever the client offers it); otherwise its first bytes do (HTTP/2's client preface ``PRI *
 HTTP/2.0`` = gRPC, anything else = the gateway's HTTP/1.1). A gateway connection is handed to
 the gateway's HTTP protocol in this process, so it costs nothing extra. grpcio cannot adopt a
 socket, so a gRPC connection is relayed, byte for byte with flow control, to the gRPC server
@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from app.tls import certificate_names
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-ALPN_PROTOCOLS = ["h2", "http/1.1"]
+# The server's preference order (OpenSSL picks the first of these the client offers): gRPC
+# clients offer h2 alone, curl and browsers h2 and http/1.1 and mean the gateway.
+ALPN_PROTOCOLS = ["http/1.1", "h2"]
 SNIFF_TIMEOUT_S = 10.0  # as the HTTP API's header timeout: a silent connection goes then
 LISTEN_BACKLOG = 1024
 

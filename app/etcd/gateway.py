@@ -9,16 +9,19 @@ one port as etcd does, or, with --listen-etcd-gateway, a port of its own.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import contextlib
 import json
 import socket
 import ssl
+import string
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from typing import Any
 
 import grpc
 import uvicorn
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -53,6 +56,7 @@ HTTP_STATUS = {
     grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.UNAUTHENTICATED: 401,
 }
 STOP_TIMEOUT_S = 2.0
+BASE64_ALPHABET = frozenset(string.ascii_letters + string.digits + "+/=")
 LISTEN_BACKLOG = 1024
 
 
@@ -66,10 +70,47 @@ def _error(exc: EtcdError) -> JSONResponse:
                         status_code=HTTP_STATUS.get(exc.code, 500))
 
 
+def _base64_error(text: str) -> str | None:
+    """Go's error for ``text`` as standard, padded base64 (what etcd's gateway takes), or
+    None: protobuf's parser drops what is not base64 and would store what is left."""
+    for index, char in enumerate(text):
+        if char not in BASE64_ALPHABET:
+            return f"illegal base64 data at input byte {index}"
+    try:
+        binascii.a2b_base64(text, strict_mode=True)
+    except binascii.Error:
+        pass
+    else:
+        if len(text) % 4 == 0:
+            return None
+    return f"illegal base64 data at input byte {len(text) - (len(text) % 4 or 4)}"  # its last quantum
+
+
+def _check_base64(descriptor: Descriptor, data: Any) -> None:
+    """Every bytes field of ``data`` (the JSON of a ``descriptor`` message, nested ones
+    too) is base64, as etcd's gateway requires."""
+    if not isinstance(data, dict):
+        return  # not an object: ParseDict says so
+    for name, value in data.items():
+        field = descriptor.fields_by_name.get(name) or descriptor.fields_by_camelcase_name.get(name)
+        if field is None:
+            continue  # ignored, as etcd's gateway ignores unknown fields
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if field.type == FieldDescriptor.TYPE_BYTES and isinstance(item, str):
+                error = _base64_error(item)
+                if error is not None:
+                    raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, error)
+            elif field.type == FieldDescriptor.TYPE_MESSAGE:
+                _check_base64(field.message_type, item)
+
+
 async def _body(request: Request, message: Message) -> Message:
     raw = await request.body()
     try:
-        json_format.ParseDict(json.loads(raw or b"{}"), message, ignore_unknown_fields=True)
+        data = json.loads(raw or b"{}")
+        _check_base64(message.DESCRIPTOR, data)
+        json_format.ParseDict(data, message, ignore_unknown_fields=True)
     except (ValueError, json_format.ParseError) as exc:
         raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, f"metakv: the body is not the call's JSON: {exc}") from None
     return message

@@ -1,7 +1,8 @@
 """etcd's v3 gRPC services on the node's event loop (grpc.aio), each call handed to the
 mapping (app/etcd/mapping.py) or the watch streams (app/etcd/watch.py), after the caller's
 check and, with a token file, its token's (app/etcd/access.py). Of the Auth service only
-Authenticate is served; grpc answers the rest UNIMPLEMENTED."""
+Authenticate is served; the rest, and every other call metakv does not serve, answer
+UNIMPLEMENTED with a message starting ``metakv:``."""
 
 from __future__ import annotations
 
@@ -235,6 +236,25 @@ class _Auth(rpc_pb2_grpc.AuthServicer):
             raise
 
 
+Servicer = TypeVar("Servicer")
+
+
+def _not_served_answered(servicer: Servicer) -> Servicer:
+    """Every call of etcd's service that metakv does not serve (its generated base's
+    method) answers UNIMPLEMENTED with metakv's message, not grpc's "Unexpected
+    NotImplementedError" (docs/etcd.md, Compatibility)."""
+    base = type(servicer).__mro__[1]  # the generated rpc_pb2_grpc servicer
+    service = base.__name__.removesuffix("Servicer")
+    for name, method in vars(base).items():
+        if name.startswith("_") or not callable(method) or getattr(type(servicer), name) is not method:
+            continue
+
+        async def not_served(request: object, context: grpc.aio.ServicerContext, name: str = name) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"metakv: {service}.{name} is not served (docs/etcd.md)")
+        setattr(servicer, name, not_served)
+    return servicer
+
+
 class EtcdGrpcServer:
     """The etcd gRPC listener of one node: ``start`` binds ``host:port`` (0: any free port,
     see ``port``) or, given ``unix_path``, that unix socket; ``stop`` ends open streams after
@@ -252,12 +272,12 @@ class EtcdGrpcServer:
 
     async def start(self) -> None:
         server = grpc.aio.server()
-        rpc_pb2_grpc.add_KVServicer_to_server(_KV(self.calls), server)
-        rpc_pb2_grpc.add_WatchServicer_to_server(_Watch(self.calls), server)
-        rpc_pb2_grpc.add_MaintenanceServicer_to_server(_Maintenance(self.calls), server)
-        rpc_pb2_grpc.add_ClusterServicer_to_server(_Cluster(self.calls), server)
-        rpc_pb2_grpc.add_LeaseServicer_to_server(_Lease(self.calls), server)
-        rpc_pb2_grpc.add_AuthServicer_to_server(_Auth(self.calls), server)
+        rpc_pb2_grpc.add_KVServicer_to_server(_not_served_answered(_KV(self.calls)), server)
+        rpc_pb2_grpc.add_WatchServicer_to_server(_not_served_answered(_Watch(self.calls)), server)
+        rpc_pb2_grpc.add_MaintenanceServicer_to_server(_not_served_answered(_Maintenance(self.calls)), server)
+        rpc_pb2_grpc.add_ClusterServicer_to_server(_not_served_answered(_Cluster(self.calls)), server)
+        rpc_pb2_grpc.add_LeaseServicer_to_server(_not_served_answered(_Lease(self.calls)), server)
+        rpc_pb2_grpc.add_AuthServicer_to_server(_not_served_answered(_Auth(self.calls)), server)
         if self.unix_path is not None:
             address = f"unix:{self.unix_path}"
         else:

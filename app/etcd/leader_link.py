@@ -29,8 +29,10 @@ from app.etcd.errors import (
     LEASE_NOT_FOUND,
     LEASE_TTL_TOO_LARGE,
     NO_LEADER,
+    NO_SPACE,
     PERMISSION_DENIED,
     TIMEOUT,
+    TOO_LARGE,
     EtcdError,
     etcd_error,
     from_service_error,
@@ -58,7 +60,14 @@ from app.service import (
 )
 from metakv import AsyncClient
 from metakv.core import Plan
-from metakv.errors import Forbidden, Indeterminate, LeaseNotFound, MetakvError, Unauthorized
+from metakv.errors import (
+    Forbidden,
+    Indeterminate,
+    InvalidRequest,
+    LeaseNotFound,
+    MetakvError,
+    Unauthorized,
+)
 from metakv.leases import (
     grant_request,
     info_request,
@@ -273,6 +282,12 @@ def _forward_error(exc: MetakvError) -> EtcdError:
         return etcd_error(LEASE_TTL_TOO_LARGE)
     if isinstance(exc, Unauthorized | Forbidden):  # the leader's token rules (app/etcd/access.py)
         return etcd_error(PERMISSION_DENIED)
+    if exc.slug == "quota-exceeded":
+        return etcd_error(NO_SPACE)
+    if exc.status == 413:  # a value, key or body over the leader's bounds
+        return etcd_error(TOO_LARGE)
+    if isinstance(exc, InvalidRequest):  # a refusal, not an absent leader: retrying cannot help
+        return invalid(f"the leader refused the forwarded call: {exc}")
     return etcd_error(NO_LEADER)
 
 

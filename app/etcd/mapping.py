@@ -32,6 +32,7 @@ from app.etcd.errors import (
     KEY_NOT_FOUND,
     LEASE_NOT_FOUND,
     LEASE_PROVIDED,
+    TOO_LARGE,
     EtcdError,
     compacted,
     etcd_error,
@@ -41,6 +42,7 @@ from app.etcd.errors import (
 )
 from app.etcd.leader_link import LeaderLink
 from app.etcd.protos import kv_pb2, rpc_pb2
+from app.http.settings import KEY_MAX_BYTES
 from app.service import (
     DEFAULT_CONTENT_TYPE,
     MAX_LEASE_ID,
@@ -126,6 +128,12 @@ class KeyRange:
 
 
 def text_key(key: bytes) -> str:
+    """The metakv key for etcd's: the HTTP API's key rules hold on every member (a follower
+    forwards through that API, so the leader must not take what a follower cannot pass on)."""
+    if len(key) > KEY_MAX_BYTES:
+        raise invalid(f"a key is at most {KEY_MAX_BYTES} bytes (this one is {len(key)})")
+    if b"\0" in key:
+        raise invalid("a key may not contain a zero byte")
     try:
         return key.decode("utf-8")
     except UnicodeDecodeError:
@@ -231,6 +239,7 @@ class EtcdMapping:
     @staticmethod
     def _range_response(request: rpc_pb2.RangeRequest, entries: list[Entry],
                         header: rpc_pb2.ResponseHeader | None) -> rpc_pb2.RangeResponse:
+        count = len(entries)  # as etcd: the range's keys, before the revision bounds prune them
         bounds = ((request.min_mod_revision, request.max_mod_revision, lambda entry: entry.mod_version),
                   (request.min_create_revision, request.max_create_revision, lambda entry: entry.create_version))
         for low, high, revision_of in bounds:
@@ -243,9 +252,8 @@ class EtcdMapping:
         if order != rpc_pb2.RangeRequest.NONE:
             entries = sorted(entries, key=_SORT_KEYS[target],  # type: ignore[arg-type]
                              reverse=order == rpc_pb2.RangeRequest.DESCEND)
-        count = len(entries)
-        limit = request.limit if request.limit > 0 else count
-        response = rpc_pb2.RangeResponse(count=count, more=count > limit)
+        limit = request.limit if request.limit > 0 else len(entries)
+        response = rpc_pb2.RangeResponse(count=count, more=len(entries) > limit)
         if header is not None:
             response.header.CopyFrom(header)
         if not request.count_only:
@@ -414,6 +422,9 @@ def _check_ops(request: rpc_pb2.TxnRequest, max_ops: int) -> None:
         raise etcd_error(TOO_MANY_OPS)
     if any(not compare.key for compare in request.compare):
         raise etcd_error(EMPTY_KEY)
+    for compare in request.compare:  # etcd ignores an unknown one; metakv says so rather than guess
+        if compare.target not in _COMPARE_TARGETS or compare.result not in rpc_pb2.Compare.CompareResult.values():
+            raise invalid(f"unknown compare target {compare.target} or result {compare.result}")
     for op in (*request.success, *request.failure):
         kind = op.WhichOneof("request")
         if kind is None:
@@ -586,6 +597,8 @@ class _Plan:
                 raise etcd_error(KEY_NOT_FOUND)
             value = found[0].value if put.ignore_value else value
             lease = found[0].lease if put.ignore_lease else lease
+        if len(value) > self.reads.mapping.service.max_value_bytes:  # the HTTP API's bound, as for keys
+            raise etcd_error(TOO_LARGE)
         ops = ([Op(OpKind.GET, key)] if put.prev_kv else []) + [Op(OpKind.PUT, key, value, DEFAULT_CONTENT_TYPE,
                                                                    lease=lease)]
 

@@ -26,6 +26,8 @@ from app.service import Entry, Event, HistoryCompactedError, ServiceError
 PROGRESS_INTERVAL_S = 5.0
 WATCH_PAGE_EVENTS = 1000
 PROGRESS_WATCH_ID = -1  # etcd answers a WatchProgressRequest with this watch id
+NO_WATCH_ID = -1  # etcd's watch id for a create it refused
+DUPLICATE_WATCH_ID = "mvcc: duplicate watch ID provided on the WatchStream"  # etcd's mvcc.ErrWatcherDuplicateID
 COMPACTED_REASON = "etcdserver: mvcc: required revision has been compacted"
 _END = object()
 
@@ -83,8 +85,9 @@ class WatchStream:
     def _create(self, create: rpc_pb2.WatchCreateRequest) -> None:
         watch_id = create.watch_id if create.watch_id > 0 else self._next_id
         if watch_id in self._watches:
-            self._send(rpc_pb2.WatchResponse(header=self.mapping.header(), watch_id=watch_id, created=True,
-                                             canceled=True, cancel_reason="etcdserver: duplicate watch ID"))
+            # as etcd: watch_id -1, so the client does not take its live watch for canceled
+            self._send(rpc_pb2.WatchResponse(header=self.mapping.header(), watch_id=NO_WATCH_ID, created=True,
+                                             canceled=True, cancel_reason=DUPLICATE_WATCH_ID))
             return
         self._next_id = max(self._next_id, watch_id) + 1
         if self.permitted is not None and not self.permitted(create):

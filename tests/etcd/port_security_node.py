@@ -128,3 +128,5 @@ def test_member_list_names_every_members_client_url_with_tls_and_auth_on(node: S
     members = json.loads(listed.stdout)["members"]
     assert len(members) == 3, listed.stderr
     assert all(member.get("clientURLs") for member in members), members
+    # every member speaks TLS on its etcd port (the others' URLs said http:// before)
+    assert all(url.startswith("https://") for member in members for url in member["clientURLs"]), members

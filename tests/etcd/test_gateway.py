@@ -94,3 +94,18 @@ async def test_watch_streams_json_lines(gateway: httpx.AsyncClient) -> None:
         assert created["created"] is True
         events = json.loads(await anext(lines))["result"]["events"]
         assert [base64.b64decode(event["kv"]["value"]) for event in events] == [b"a", b"b"]
+
+
+async def test_a_value_that_is_not_base64_is_refused_not_stored_mangled(gateway: httpx.AsyncClient) -> None:
+    """protobuf's JSON parser drops the characters that are not base64: "hello world!" was
+    stored as the bytes of "helloworlQ==" and answered 200. etcd's gateway refuses it."""
+    bodies = [("/v3/kv/put", {"key": b64(b"k"), "value": "hello world!"}, 5),
+              ("/v3/kv/range", {"key": "!!!"}, 0),
+              ("/v3/kv/txn", {"success": [{"request_put": {"key": b64(b"k"), "value": "abcde"}}]}, 4),
+              # as etcd's: the standard alphabet, padded
+              ("/v3/kv/put", {"key": "a-_", "value": b64(b"v")}, 1), ("/v3/kv/put", {"key": "YQ"}, 0)]
+    for path, body, byte in bodies:
+        refused = await gateway.post(path, json=body)
+        message = f"illegal base64 data at input byte {byte}"
+        assert (refused.status_code, refused.json()) == (400, {"error": message, "code": 3, "message": message})
+    assert not (await gateway.post("/v3/kv/range", json={"key": b64(b"k")})).json().get("kvs")

@@ -19,6 +19,7 @@ from app.etcd import leader_link
 from app.etcd.errors import EtcdError
 from app.etcd.leader_link import LeaderLink
 from app.service import NotLeaderError, Op, OpKind
+from metakv.errors import PROBLEM_TYPE_PREFIX, InvalidRequest, MetakvError, ServerError
 from tests.http.conftest import anyio_backend  # noqa: F401  (asyncio)
 
 pytestmark = pytest.mark.anyio
@@ -84,3 +85,37 @@ async def test_a_txn_too_large_to_forward_is_refused_with_etcds_invalid_argument
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.message.startswith("metakv: a follower forwards a txn of at most 128 metakv ops")
     await link.close()
+
+
+@pytest.mark.parametrize(("refusal", "answer"), [
+    (InvalidRequest("Value too large", status=413), (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large")),
+    (InvalidRequest("Unprocessable", "success.0.put.key: bad", status=422),
+     (grpc.StatusCode.INVALID_ARGUMENT, "metakv: the leader refused the forwarded call: Unprocessable: "
+                                        "success.0.put.key: bad")),
+    (ServerError("Storage quota exceeded", status=507, problem={"type": PROBLEM_TYPE_PREFIX + "quota-exceeded"}),
+     (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")),
+])
+async def test_a_leaders_refusal_of_a_forwarded_txn_is_not_answered_no_leader(
+        monkeypatch: pytest.MonkeyPatch, refusal: MetakvError, answer: tuple[grpc.StatusCode, str]) -> None:
+    """Before, every refusal came back as etcd's "no leader" (UNAVAILABLE), which clients
+    retry for ever, and a follower failed what the leader itself answered at once."""
+    class RefusingClient:
+        def __init__(self, url: str, **options: Any) -> None:
+            pass
+
+        def txn(self) -> Any:
+            async def commit() -> None:
+                raise refusal
+            ignore = {name: lambda *args, **options: None for name in (
+                "then_put", "then_delete", "then_get", "else_put", "else_delete", "else_get")}
+            return SimpleNamespace(**ignore, commit=commit)
+
+        async def aclose(self) -> None:
+            pass
+
+    monkeypatch.setattr(leader_link, "AsyncClient", RefusingClient)
+    link = LeaderLink(Follower())  # type: ignore[arg-type]
+    with pytest.raises(EtcdError) as refused:
+        await link.txn((), (Op(OpKind.PUT, "k", b"v"),))
+    await link.close()
+    assert (refused.value.code, refused.value.message) == answer

@@ -54,6 +54,23 @@ async def test_range_limit_sort_count_and_keys_only(etcd: Stubs) -> None:
     assert [(kv.key, kv.value) for kv in keys.kvs] == [(b"k1", b""), (b"k2", b""), (b"k3", b"")]
 
 
+async def test_revision_bounds_prune_kvs_but_not_the_count(etcd: Stubs) -> None:
+    """As etcd (apply.go Range): count is the range's keys before min/max_mod_revision and
+    min/max_create_revision prune them; more says whether the pruned list passed the limit.
+    Checked against etcd 3.4 by hand."""
+    first = (await put(etcd, b"m/a", b"1")).header.revision
+    await put(etcd, b"m/b", b"2")
+    await put(etcd, b"m/a", b"3")
+    await put(etcd, b"m/c", b"4")
+    prefix = {"key": b"m/", "range_end": prefix_end(b"m/")}
+    recent = await etcd.kv.Range(R(**prefix, min_mod_revision=first + 2))
+    assert [kv.key for kv in recent.kvs] == [b"m/a", b"m/c"] and recent.count == 3 and not recent.more
+    old = await etcd.kv.Range(R(**prefix, max_create_revision=first))
+    assert [kv.key for kv in old.kvs] == [b"m/a"] and old.count == 3
+    limited = await etcd.kv.Range(R(**prefix, min_create_revision=first + 1, limit=1))
+    assert [kv.key for kv in limited.kvs] == [b"m/b"] and limited.count == 3 and limited.more
+
+
 async def test_range_at_a_revision_and_the_compacted_and_future_errors(etcd: Stubs, service: InProcessService) -> None:
     old = await put(etcd, b"k", b"old")
     await put(etcd, b"k", b"new")
@@ -133,6 +150,23 @@ async def test_bad_input_gets_etcds_errors(etcd: Stubs) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as binary:
         await put(etcd, b"\xff", b"v")
     assert binary.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in binary.value.details()
+
+
+async def test_keys_and_values_the_http_api_refuses_are_refused_on_every_member(
+        etcd: Stubs, service: InProcessService) -> None:
+    """A follower forwards through the HTTP API, which refuses these: the leader took them
+    and a follower answered "no leader" for the same put."""
+    refusals = [
+        (b"k" * 1025, b"v", (grpc.StatusCode.INVALID_ARGUMENT, "metakv: a key is at most 1024 bytes (this one is 1025)")),
+        (b"a\0b", b"v", (grpc.StatusCode.INVALID_ARGUMENT, "metakv: a key may not contain a zero byte")),
+        (b"k", b"x" * (service.max_value_bytes + 1), (grpc.StatusCode.INVALID_ARGUMENT,
+                                                      "etcdserver: request is too large")),
+    ]
+    for key, value, answer in refusals:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await put(etcd, key, value)
+        assert (refused.value.code(), refused.value.details()) == answer
+    await put(etcd, b"k" * 1024, b"x" * service.max_value_bytes)  # the bounds themselves are fine
 
 
 async def test_status_member_list_and_alarm(etcd: Stubs) -> None:
@@ -233,9 +267,27 @@ async def test_a_txn_tree_gets_etcds_request_checks(etcd: Stubs) -> None:
         (rpc_pb2.TxnRequest(success=[*(put_op(b"o%d" % n) for n in range(100)),
                                      nested([], [put_op(b"i%d" % n) for n in range(28)])]),
          "etcdserver: too many operations in txn request"),
+        # an enum value etcd's .proto does not define (before: UNKNOWN, a KeyError)
+        (rpc_pb2.TxnRequest(compare=[rpc_pb2.Compare(key=b"k", target=9)]),  # type: ignore[arg-type]
+         "metakv: unknown compare target 9 or result 0"),
+        (rpc_pb2.TxnRequest(success=[nested([rpc_pb2.Compare(key=b"k", result=7)], [])]),  # type: ignore[arg-type]
+         "metakv: unknown compare target 0 or result 7"),
     ]
     for request, message in checks:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await etcd.kv.Txn(request)
         assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
 
+
+
+async def test_calls_metakv_does_not_serve_answer_unimplemented_with_metakvs_message(etcd: Stubs) -> None:
+    """docs/etcd.md promises a message starting "metakv:"; grpc said "Unexpected <class
+    'NotImplementedError'>: Method not implemented!" (etcdctl defrag, member add, snapshot)."""
+    calls = [("Maintenance.Defragment", etcd.maintenance.Defragment(rpc_pb2.DefragmentRequest())),
+             ("Cluster.MemberAdd", etcd.cluster.MemberAdd(rpc_pb2.MemberAddRequest(peerURLs=["http://h:1"]))),
+             ("Maintenance.Snapshot", etcd.maintenance.Snapshot(rpc_pb2.SnapshotRequest()).read())]
+    for name, call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call
+        assert (refused.value.code(), refused.value.details()) == (
+            grpc.StatusCode.UNIMPLEMENTED, f"metakv: {name} is not served (docs/etcd.md)")

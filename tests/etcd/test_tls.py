@@ -5,6 +5,7 @@ clients. (port_security_node.py runs etcdctl against a node.)"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import ssl
@@ -88,3 +89,20 @@ async def test_plaintext_and_certificate_less_clients_are_refused(api: EtcdApi, 
     async with httpx.AsyncClient(verify=https(certs, client=False), timeout=WAIT_S) as client:
         with pytest.raises(httpx.TransportError):
             await client.post(gateway_url(api), json={"key": base64.b64encode(b"tls/a").decode()})
+
+
+async def test_a_client_offering_h2_and_http_1_1_reaches_the_gateway(api: EtcdApi, certs: CertSet) -> None:
+    """curl and browsers offer both by ALPN; gRPC clients offer h2 alone. The front chose h2
+    for curl, so `curl https://...:2379/v3/kv/range` reached gRPC and failed."""
+    context = https(certs)
+    context.set_alpn_protocols(["h2", "http/1.1"])  # what curl offers (httpx would set its own)
+    port = api.port if api.front is not None else api.gateway.port
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=context), WAIT_S)
+    body = b'{"key": "dGxzL25vbmU="}'
+    writer.write(b"POST /v3/kv/range HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        answer = await asyncio.wait_for(reader.read(), WAIT_S)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and b'"header"' in answer, answer[:200]

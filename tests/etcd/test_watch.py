@@ -90,3 +90,21 @@ async def test_a_start_revision_below_the_horizon_answers_compacted(etcd: Stubs,
         assert canceled.cancel_reason == "etcdserver: mvcc: required revision has been compacted"
     finally:
         stream.close()
+
+
+async def test_a_taken_watch_id_is_refused_without_naming_the_live_watch(etcd: Stubs) -> None:
+    """As etcd: the refusal carries watch_id -1. It carried the taken id, so a client read
+    its live watch as canceled, though that watch kept sending events."""
+    stream = Stream(etcd)
+    try:
+        stream.create(key=b"dup", watch_id=7)
+        assert (await stream.next()).created
+        stream.create(key=b"dup", watch_id=7)
+        refused = await stream.next()
+        assert (refused.watch_id, refused.created, refused.canceled, refused.cancel_reason) == (
+            -1, True, True, "mvcc: duplicate watch ID provided on the WatchStream")
+        revision = await put(etcd, b"dup", b"1")
+        event = await stream.next()
+        assert (event.watch_id, [e.kv.mod_revision for e in event.events]) == (7, [revision])
+    finally:
+        stream.close()
