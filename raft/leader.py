@@ -471,6 +471,8 @@ class LeaderHandlers(NodeBase):
                 if progress is not None:
                     state.observers[replica_id] = progress
                 progress = ReplicaProgress(replica_id, self.peer_endpoints.get(replica_id, ""))
+            # Observers' Fetches were no sign of life for check-quorum; from now on they are.
+            progress.last_heard_ms = max(progress.last_heard_ms, progress.last_fetch_ms)
             state.voters[replica_id] = progress
 
     # ------------------------------------------------------------------ quorum epoch, snapshots

@@ -604,8 +604,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
                 or (request.pre_vote and request.last_offset_epoch >= request.epoch)):
             self._send(src, VoteResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id, False, request.pre_vote))
             return
-        if (not self._voter_set.contains(request.candidate_id, request.candidate_directory_id)
-                or not self._is_voter or request.voter_directory_id not in ("", self.config.directory_id)):
+        if not self._may_vote_for(request):
             self._send(src, VoteResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id, False, request.pre_vote))
             return
         if request.pre_vote:
@@ -631,6 +630,16 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             # A vote resets the election timer (and ends a pre-vote round of our own).
             self._become_unattached(now_ms, state.epoch, request.candidate_id)
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, False))
+
+    def _may_vote_for(self, request: VoteRequest) -> bool:
+        """Statically: the candidate and this node are voters. With voters records (rule 13,
+        as Kafka): the candidate named this replica by (id, directory id), whatever this
+        log's set says; a voter just added may not hold its own record yet and must vote, or
+        no majority of the new set forms. The candidate counts only votes of its set."""
+        if not self._history.dynamic:
+            return request.candidate_id in self._voters and self._is_voter
+        named = request.voter_directory_id
+        return named == self.config.directory_id or (named == "" and self._is_voter)
 
     def _on_pre_vote(self, now_ms: int, src: int, request: VoteRequest) -> None:
         """Rule 3: a pre-vote for epoch e never moves this node to e.

@@ -238,9 +238,6 @@ def test_a_replica_with_another_directory_neither_counts_nor_votes() -> None:
     log2 = MemoryLog()
     other = RaftNode(config(2, voters(1, 2, 3)), log2, None, random.Random(2), MemorySnapshotStore(), 0)
     messages(other)
-    other.handle(10_000, Envelope(3, 2, VoteRequest(5, 3, 0, 2, False, NEW_DIR, DIRS[2])))
-    answer = messages(other)[0].message
-    assert isinstance(answer, VoteResponse) and answer.error == ErrorCode.INCONSISTENT_VOTER_SET
     other.handle(10_000, Envelope(3, 2, VoteRequest(5, 3, 0, 2, False, DIRS[3], NEW_DIR)))  # meant for another 2
     answer = messages(other)[0].message
     assert isinstance(answer, VoteResponse) and answer.error == ErrorCode.INCONSISTENT_VOTER_SET
@@ -267,6 +264,19 @@ def test_a_candidate_counts_the_votes_of_the_set_at_its_log_end() -> None:
     assert node.role == Role.PROSPECTIVE
     node.handle(10_002, Envelope(4, 1, VoteResponse(ErrorCode.NONE, 1, -1, True, True)))
     assert node.role == Role.CANDIDATE
+
+
+def test_a_voter_named_by_the_candidate_votes_before_its_log_holds_its_own_record() -> None:
+    log = MemoryLog()
+    added = RaftNode(config(4, voters(1, 2, 3)), log, None, random.Random(4), MemorySnapshotStore(), 0)
+    assert not added.is_voter  # its log holds only the initial set
+    messages(added)
+    added.handle(10_000, Envelope(2, 4, VoteRequest(2, 2, 1, 5, False, DIRS[2], DIRS[4])))
+    answer = messages(added)[0].message
+    assert isinstance(answer, VoteResponse) and answer.vote_granted  # else {1,2,3,4} with 1 down could not elect
+    added.handle(10_000, Envelope(3, 4, VoteRequest(3, 3, 1, 5, False, DIRS[3], NEW_DIR)))  # another replica 4
+    answer = messages(added)[0].message
+    assert isinstance(answer, VoteResponse) and answer.error == ErrorCode.INCONSISTENT_VOTER_SET
 
 
 def test_truncation_undoes_an_uncommitted_voters_record() -> None:
