@@ -38,7 +38,8 @@ class LeaderHandlers(NodeBase):
             return DescribeQuorumResponse(
                 ErrorCode.NOT_LEADER_OR_FOLLOWER, self.epoch, self.leader_id, self.high_watermark, (), ()
             )
-        me = [ReplicaState(self._id, self.config.endpoint, self._log.end_offset(), now_ms, now_ms)]
+        me = [ReplicaState(self._id, self.config.endpoint, self._log.end_offset(), now_ms, now_ms,
+                            self.config.directory_id)]
         voters = [_replica_state(p) for p in sorted(state.voters.values(), key=lambda p: p.replica_id)]
         observers = [_replica_state(p) for p in sorted(state.observers.values(), key=lambda p: p.replica_id)]
         if self._is_voter:  # a leader whose removal is not committed yet still leads (rule 13)
@@ -536,5 +537,5 @@ def _record_caught_up(progress: ReplicaProgress, fetch_offset: int, leader_end: 
 def _replica_state(progress: ReplicaProgress) -> ReplicaState:
     return ReplicaState(
         progress.replica_id, progress.endpoint, max(progress.end_offset, 0),
-        progress.last_fetch_ms, progress.last_caught_up_ms,
+        progress.last_fetch_ms, progress.last_caught_up_ms, progress.directory_id,
     )

@@ -156,6 +156,7 @@ class ReplicaState:
     log_end_offset: int
     last_fetch_timestamp_ms: int
     last_caught_up_timestamp_ms: int
+    directory_id: str = ""  # KIP-853: as the replica's latest Fetch named it
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,10 +300,10 @@ def _batch(value: Any, name: str) -> Batch:
 
 
 def _replica_state(value: Any, name: str) -> ReplicaState:
-    replica_id, endpoint, end_offset, last_fetch, last_caught_up = _list(value, name, 5)
+    replica_id, endpoint, end_offset, last_fetch, last_caught_up, directory_id = _list(value, name, 6)
     return ReplicaState(
         _int(replica_id, name), _str(endpoint, name), _int(end_offset, name),
-        _int(last_fetch, name), _int(last_caught_up, name),
+        _int(last_fetch, name), _int(last_caught_up, name), _str(directory_id, name),
     )
 
 
