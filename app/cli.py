@@ -97,6 +97,10 @@ SERVE_HELP = {
     "voters": "the voters' raft addresses: ID@HOST:PORT,ID@HOST:PORT,...",
     "advertise_http": "this node's HTTP URL as clients reach it (default http://LISTEN-HTTP)",
     "observer": "run as a non-voting observer (its id must not be in --voters)",
+    "standalone": "format an empty data directory with this node as the only voter (a cluster whose voters "
+                  "`metakv voters add` / `remove` change; instead of --voters)",
+    "bootstrap_servers": "join as an observer of the voters these nodes' /v1/status names: URL,URL,... "
+                         "(instead of --voters; then `metakv voters add` it)",
     "cluster_id": "cluster id checked in the raft handshake",
     "cluster_secret": "shared secret proving raft peers belong to the cluster (use the env var)",
     "auth_file": "TOML token file: require Authorization: Bearer tokens on the HTTP API (docs/http.md, Auth)",
@@ -122,7 +126,7 @@ def _build_parser() -> _Parser:
     for setting in SERVE_SETTINGS:
         help_text = SERVE_HELP.get(setting, setting.replace("_", " "))
         help_text += f" [env {env_name(setting)}]"
-        if setting in ("observer", "insecure"):
+        if setting in ("observer", "insecure", "standalone"):
             serve.add_argument(flag_name(setting), dest=setting, action="store_const", const=True,
                                default=None, help=help_text)
         else:

@@ -37,14 +37,21 @@ from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import LoopLagProbe, StateCollector
 from app.runtime_voters import (
     VoterChangeIndeterminateError,
+    add_voter_fields,
     initial_voters_for,
     learn_voter_addresses,
+    raft_endpoint,
+    refuse_standalone_on_static_log,
+    refused,
+    resolve_voter,
+    voter_set_view,
 )
 from app.service import (
     ApplyResult,
     CompactReport,
     Consistency,
     IndeterminateError,
+    NewVoter,
     NodeHeaders,
     NodeStatus,
     NotLeaderError,
@@ -55,6 +62,7 @@ from app.service import (
     SnapshotReport,
     SnapshotStorageError,
     VersionWaitTimeoutError,
+    VoterSetView,
     WriteRejectedError,
     WriteTooLargeError,
 )
@@ -70,7 +78,7 @@ from raft.types import (
     ProtocolInvariantError,
     SnapshotId,
 )
-from raft.voters import Voter, VoterSet
+from raft.voters import VoterChangeError, VoterSet
 from storage.commands import Command, encode_command
 from storage.compaction_policy import (
     Recovery,
@@ -135,6 +143,8 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         self.data_dir = Path(config.data_dir)
         self.directory_id = ""  # identity.json's, read at start (KIP-853: which replica this is)
         self._known_voters: VoterSet | None = None  # the set whose addresses the transport has
+        # Raft endpoints of every voter any set named (and --voters): a voter added back needs its own.
+        self._raft_endpoints = {node_id: str(address) for node_id, address in config.voters.items()}
         self.snapshots_dir = self.data_dir / "snapshots"
         self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         self._on_fatal = on_fatal or _exit_on_fatal
@@ -226,6 +236,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
                 self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
             )
             self._check_log_lost()
+            refuse_standalone_on_static_log(cfg, self.node.voter_set)
             # Snapshots and cleaning (docs/compaction.md), on threads of their own.
             self.maintenance = Maintenance(
                 cfg, runtime=self, node=self.node, log=self.log, state=self.state, snapshots=self.snapshots,
@@ -438,7 +449,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
                 self._on_role_changed()
             if self.node.voter_set is not self._known_voters:  # a voters record: dial new voters
                 self._known_voters = self.node.voter_set
-                learn_voter_addresses(self.transport, self._known_voters)
+                learn_voter_addresses(self.transport, self._known_voters, self._raft_endpoints)
             self.maintenance.maybe_snapshot()
             if self.node.refused_leader_reason != self._refusal_logged:
                 self._refusal_logged = self.node.refused_leader_reason
@@ -819,6 +830,9 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
             "last_contact_ms": node.last_contact_ms(monotonic_ms()),
             "ready": self.is_ready(),
             "advertise_http": self.config.advertise_http,
+            "directory_id": self.directory_id,
+            "raft_endpoint": raft_endpoint(self.config),
+            "voter_set": voter_set_view(node),
         }
 
     def quorum(self) -> QuorumView:
@@ -827,24 +841,25 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         wall_ms = int(time.time() * 1000)
         described = self.node.describe_quorum(now_ms)
 
-        def replica(state: Any) -> ReplicaView:
+        def replica(state: Any, observer: bool) -> ReplicaView:
             def wall(monotonic: int) -> int | None:
                 return None if monotonic <= 0 else wall_ms - (now_ms - monotonic)
-            return {
+            return add_voter_fields({
                 "node_id": state.replica_id,
                 "endpoint": state.endpoint or self.node.peer_endpoints.get(state.replica_id, ""),
                 "log_end_offset": state.log_end_offset,
                 "lag": max(0, described.high_watermark - state.log_end_offset),
                 "last_fetch_timestamp_ms": wall(state.last_fetch_timestamp_ms),
                 "last_caught_up_timestamp_ms": wall(state.last_caught_up_timestamp_ms),
-            }
+            }, state, observer, described.high_watermark, now_ms, self.config.fetch_timeout_ms)
 
         return {
             "epoch": described.epoch,
             "leader_id": described.leader_id,
             "high_watermark": described.high_watermark,
-            "voters": [replica(state) for state in described.voters],
-            "observers": [replica(state) for state in described.observers],
+            "voters": [replica(state, False) for state in described.voters],
+            "observers": [replica(state, True) for state in described.observers],
+            "voter_set": voter_set_view(self.node),
         }
 
     async def take_snapshot(self) -> SnapshotReport:
@@ -864,27 +879,42 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         self._require_leader()
         return await self.maintenance.clean(force=True)
 
-    async def add_voter(self, voter: Voter) -> int:
-        """Leader only (app/runtime_voters.py): add an observer that caught up; answers the
-        voters record's offset once it is committed. Refusals raise ``VoterChangeError``."""
-        expected = self.node.voter_set.with_voter(voter)
-        return await self._voters_committed(expected, self.node.add_voter(voter, monotonic_ms()))
+    async def add_voter(self, voter: NewVoter) -> VoterSetView:
+        """POST /v1/admin/voters (app/runtime_voters.py): add an observer that caught up;
+        answers the set once the voters record is committed."""
+        self._require_leader()
+        now_ms = monotonic_ms()
+        resolved = resolve_voter(voter, self.node.describe_quorum(now_ms).observers, self._raft_endpoints)
+        expected = self.node.voter_set.with_voter(resolved)
+        return await self._voters_committed(expected, lambda: self.node.add_voter(resolved, now_ms))
 
-    async def remove_voter(self, replica_id: int, directory_id: str = "") -> int:
-        """Leader only: remove a voter (this node too: it resigns once that is committed)."""
-        expected = self.node.voter_set.without(replica_id)
-        return await self._voters_committed(expected, self.node.remove_voter(replica_id, directory_id, monotonic_ms()))
+    async def remove_voter(self, node_id: int, directory_id: str | None = None) -> VoterSetView:
+        """DELETE /v1/admin/voters/{id}: remove a voter (this node too: it resigns once that
+        is committed)."""
+        self._require_leader()
+        expected = self.node.voter_set.without(node_id)
+        return await self._voters_committed(
+            expected, lambda: self.node.remove_voter(node_id, directory_id or "", monotonic_ms()))
 
-    async def _voters_committed(self, expected: VoterSet, offset: int) -> int:
+    async def _voters_committed(self, expected: VoterSet, append: Callable[[], int]) -> VoterSetView:
+        try:
+            offset = append()
+        except VoterChangeError as exc:
+            if exc.code == "not-leader":
+                raise self._not_leader() from None
+            raise refused(exc) from None
         self._kick()
         try:
             await self._wait_applied(offset + 1, time.monotonic() + self.config.commit_timeout_ms / 1000)
         except VersionWaitTimeoutError:
             raise VoterChangeIndeterminateError(
-                f"the voters record at {offset} was not committed within {self.config.commit_timeout_ms} ms") from None
+                f"the voters record at {offset} was not committed within {self.config.commit_timeout_ms} ms; "
+                "look at the voter set (GET /v1/quorum) before retrying") from None
         if self.node.voter_set_at(offset + 1) != expected:
-            raise VoterChangeIndeterminateError(f"the voters record at {offset} was replaced by another leader's")
-        return offset
+            raise VoterChangeIndeterminateError(
+                f"the voters record at {offset} was replaced by another leader's; look at the voter set "
+                "(GET /v1/quorum) before retrying")
+        return voter_set_view(self.node)
 
     async def resign(self) -> ResignReport:
         self._require_leader()

@@ -13,8 +13,8 @@ import pytest
 from app.config import HostPort, NodeConfig
 from app.runtime import NodeRuntime
 from app.runtime_voters import raft_endpoint
+from app.service import NewVoter, NotLeaderError, VoterChangeRefusedError
 from raft.node import Role
-from raft.voters import Voter, VoterChangeError
 from storage.commands import Command, Op, OpKind
 from tests.cluster import free_ports
 
@@ -40,12 +40,14 @@ async def _until(predicate: Callable[[], bool], what: str, limit_s: float = 15.0
 
 async def _add_when_caught_up(leader: NodeRuntime, runtime: NodeRuntime) -> None:
     """What an operator does: ask, and ask again while the leader says it is not caught up."""
-    voter = Voter(runtime.node_id, runtime.directory_id, raft_endpoint(runtime.config), runtime.config.advertise_http)
+    voter = NewVoter(runtime.node_id, raft_endpoint=raft_endpoint(runtime.config))  # the rest from its Fetches
     for _ in range(100):  # bounded: an observer on loopback catches up within a few fetches
         try:
-            await leader.add_voter(voter)
+            added = await leader.add_voter(voter)
+            assert {"node_id": runtime.node_id, "directory_id": runtime.directory_id, "http_url":
+                    runtime.config.advertise_http, "raft_endpoint": raft_endpoint(runtime.config)} in added["voters"]
             return
-        except VoterChangeError as exc:
+        except VoterChangeRefusedError as exc:
             if exc.code != "not-caught-up":
                 raise
         await asyncio.sleep(0.05)
@@ -74,12 +76,17 @@ def test_a_standalone_node_grows_to_three_voters_and_hands_over_by_removing_itse
             second, third = runtimes[1], runtimes[2]
             assert not second.node.is_voter and second.directory_id != first.directory_id
 
-            with pytest.raises(VoterChangeError) as refused:  # only the leader changes voters
-                await second.add_voter(Voter(3, third.directory_id, raft_endpoint(third.config)))
-            assert refused.value.code == "not-leader"
-            with pytest.raises(VoterChangeError) as refused:  # a replica that never fetched
-                await first.add_voter(Voter(4, "0" * 32, "127.0.0.1:1"))
+            with pytest.raises(NotLeaderError):  # only the leader changes voters
+                await second.add_voter(NewVoter(3, third.directory_id, raft_endpoint(third.config)))
+            with pytest.raises(VoterChangeRefusedError) as refused:  # a replica that never fetched
+                await first.add_voter(NewVoter(4, "0" * 32, "127.0.0.1:1"))
             assert refused.value.code == "not-caught-up"
+            await _until(lambda: {"node_id": 2, "directory_id": second.directory_id} in [
+                {"node_id": o["node_id"], "directory_id": o.get("directory_id")} for o in first.quorum()["observers"]],
+                "/v1/quorum names node 2's directory")
+            with pytest.raises(VoterChangeRefusedError) as refused:  # nobody named its raft address
+                await first.add_voter(NewVoter(2))
+            assert refused.value.code == "raft-endpoint-unknown"
 
             for runtime in (second, third):
                 await _add_when_caught_up(first, runtime)
