@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from app.auth import Access, AuthPolicy, AuthTokens, Token, hash_token
+from app.http import create_app
 from app.service import (
     NewVoter,
     NotLeaderError,
@@ -13,6 +15,7 @@ from app.service import (
     VoterChangeRefusedError,
     VoterSetView,
 )
+from tests.http.conftest import TEST_SETTINGS
 from tests.http.service_double import InProcessService
 
 pytestmark = pytest.mark.anyio
@@ -101,3 +104,13 @@ async def test_a_follower_redirects_and_an_unknown_outcome_is_504(
     response = await client.delete("/v1/admin/voters/3")
     assert response.status_code == 504
     assert response.json()["indeterminate"] is True and "voter set" in response.json()["detail"]
+
+
+async def test_with_auth_on_only_an_admin_token_changes_voters(service: InProcessService) -> None:
+    service.auth_tokens = AuthTokens(AuthPolicy("inline", (
+        Token("writer", hash_token("w"), (("", Access.WRITE),)), Token("admin", hash_token("a"), (("", Access.ADMIN),)))))
+    transport = httpx.ASGITransport(app=create_app(service, TEST_SETTINGS))
+    async with httpx.AsyncClient(transport=transport, base_url="http://node1") as http:
+        for headers, status in (({}, 401), ({"Authorization": "Bearer w"}, 403), ({"Authorization": "Bearer a"}, 409)):
+            assert (await http.post("/v1/admin/voters", json={"id": 2}, headers=headers)).status_code == status
+            assert (await http.delete("/v1/admin/voters/2", headers=headers)).status_code == status
