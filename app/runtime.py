@@ -884,7 +884,8 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         answers the set once the voters record is committed."""
         self._require_leader()
         now_ms = monotonic_ms()
-        resolved = resolve_voter(voter, self.node.describe_quorum(now_ms).observers, self._raft_endpoints)
+        resolved = resolve_voter(voter, self.node.voter_set, self.node.describe_quorum(now_ms).observers,
+                                 self._raft_endpoints)
         expected = self.node.voter_set.with_voter(resolved)
         return await self._voters_committed(expected, lambda: self.node.add_voter(resolved, now_ms))
 

@@ -105,10 +105,17 @@ def add_voter_fields(view: ReplicaView, replica: ReplicaState, observer: bool, h
     return view
 
 
-def resolve_voter(request: NewVoter, observers: tuple[ReplicaState, ...], known_endpoints: dict[int, str]) -> Voter:
+def resolve_voter(request: NewVoter, voters: VoterSet, observers: tuple[ReplicaState, ...],
+                  known_endpoints: dict[int, str]) -> Voter:
     """The voter a request names, its missing fields from what the leader knows: the
     directory id and HTTP URL of the observer's Fetches, a raft endpoint some voters record or
-    --voters named. Refusals raise ``VoterChangeRefusedError``."""
+    --voters named. Refusals raise ``VoterChangeRefusedError``; those the core would give
+    first (a static set, a voter already) are given here before a missing field's."""
+    if kraft_version(voters) == 0:
+        raise VoterChangeRefusedError("kraft-version-0", "the voter set is static (--voters): a cluster formatted "
+                                      "with --standalone can change its voters")
+    if request.node_id in voters.ids:
+        raise VoterChangeRefusedError("already-voter", f"replica {request.node_id} is a voter already")
     fetched = next((replica for replica in observers if replica.replica_id == request.node_id), None)
     directory_id = request.directory_id or (fetched.directory_id if fetched is not None else "")
     if not directory_id:

@@ -55,7 +55,7 @@ def test_a_standalone_node_refuses_bad_changes_adds_an_observer_and_hands_over(
                 f"127.0.0.1:{second.raft_port}", "http_url": second.url} in added["voters"]
         wait_every_node_sees(cluster, {1, 2}, [first, second])
         assert main(["voters", "add", "2", "--endpoints", second.url]) == 1  # already a voter
-        assert "Voter change refused" in capsys.readouterr().err
+        assert "Voter change refused: nothing changed: replica 2 is a voter already" in capsys.readouterr().err
 
         response = request_change(cluster, "DELETE", "/v1/admin/voters/1", via=second)  # the leader removes itself
         assert response.status_code == 200, response.text
