@@ -3,7 +3,8 @@
 A --standalone node grows to 3 then 5 voters while chaos clients (tests/chaos/history.py)
 read and write, shrinks back to 3 removing the leader among others, then a SIGKILLed voter
 is replaced by a node with a new data directory that joins with --bootstrap-servers: added,
-and the dead one removed. A change while another is pending (a majority paused, so the
+and the dead one removed; its id then comes back on an empty disk, an observer (new
+directory id) until added again. A change while another is pending (a majority paused, so the
 record cannot commit) is refused with 409 change-pending; the first one answers 504 or
 200 and the set is whatever the log says. Afterwards every acknowledged write is checked by
 the linearizability checker (tests/chaos/checker.py), with final reads from every node.
@@ -84,6 +85,19 @@ def test_voters_grow_shrink_and_replace_a_dead_disk_under_load(tmp_path: Path) -
             survivors = voter_ids(new_set) - {dead.node_id}
             wait_every_node_sees(cluster, survivors, list(cluster.nodes.values()))
             time.sleep(LOAD_BETWEEN_STEPS_S)
+
+            # The dead node's id comes back on an empty disk: a new directory id, so an
+            # observer (never a voter by its old entry) until added again.
+            shutil.rmtree(dead.data_dir)
+            joining_by_bootstrap(dead, [replacement])
+            dead.start()
+            cluster.nodes[dead.node_id] = dead
+            cluster.wait_until(lambda: (cluster.status(dead) or {}).get("leader_id", -1) >= 0, what="it follows")
+            reborn = cluster.status(dead) or {}
+            assert reborn["voter"] is False and reborn["directory_id"] != dead_directory
+            survivors = voter_ids(add(cluster, dead))
+            assert survivors == {2, 3, 4, 7}
+            wait_every_node_sees(cluster, survivors, list(cluster.nodes.values()))
 
             _second_change_while_one_is_pending(cluster, survivors)
             time.sleep(LOAD_BETWEEN_STEPS_S)
