@@ -74,7 +74,7 @@ bench-etcd-api: $(STAMP) system-etcd system-wrk
 
 # Dynamic voters with real processes (docs/http.md, Voters): 1 -> 3 -> 5 voters and back to 3
 # under chaos clients, a dead voter's disk replaced, a change while one is pending; the history
-# checked for linearizability (~25 s; make test runs tests/app/test_voters_processes.py).
+# checked for linearizability; cluster up --dynamic (~30 s; make test runs test_voters_processes.py).
 .PHONY: test-voters
 test-voters: $(STAMP)
 	$(PY) -m pytest -q -s tests/app/voters_proof.py

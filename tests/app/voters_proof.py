@@ -12,15 +12,18 @@ the linearizability checker (tests/chaos/checker.py), with final reads from ever
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 
+from tests.app.test_cli import _port_ranges, cluster_up  # (test_cli_cluster.py imports them too)
 from tests.app.voters_cluster import (
     FAST,
     add,
@@ -155,3 +158,18 @@ def _second_change_while_one_is_pending(cluster: Cluster, voters: set[int]) -> N
         pending_any = any(s["voter_set"]["pending_change"] for s in (cluster.status(n) for n in cluster.nodes.values()) if s)
         return len(set(sets)) == 1 and not pending_any and sets[0] in (frozenset(voters), frozenset(voters | {6}))
     cluster.wait_until(one_set, timeout_s=30.0, what="every node agrees on one voter set")
+
+
+def test_cluster_up_dynamic_adds_its_voters_one_at_a_time(tmp_path: Path) -> None:
+    """`cluster up --dynamic --voters 3 --observers 1`: node 1 standalone, nodes 2 and 3 added
+    before the leader line; every node shows the set {1, 2, 3} and node 4 observes."""
+    http_base, raft_base = _port_ranges(4)
+    with cluster_up(["--dynamic", "--voters", "3", "--observers", "1", "--base-http-port", str(http_base),
+                     "--base-raft-port", str(raft_base), "--data-dir", str(tmp_path / "data")],
+                    {**os.environ, "METAKV_CLUSTER_ID": f"dynamic-{uuid.uuid4().hex[:12]}"}) as (_process, text, _run):
+        assert "voters: added node 2" in text and "voters: added node 3" in text, text
+        with httpx.Client(timeout=5.0) as http:
+            statuses = [http.get(f"http://127.0.0.1:{http_base + index}/v1/status").json() for index in range(4)]
+        for status in statuses:
+            assert voter_ids(status["voter_set"]) == {1, 2, 3} and status["voter_set"]["kraft_version"] == 1
+        assert [status["voter"] for status in statuses] == [True, True, True, False]
