@@ -36,7 +36,6 @@ from app.quorum_outbox import QuorumStateOutbox
 from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import LoopLagProbe, StateCollector
 from app.runtime_voters import (
-    VoterChangeIndeterminateError,
     add_voter_fields,
     initial_voters_for,
     learn_voter_addresses,
@@ -62,6 +61,7 @@ from app.service import (
     SnapshotReport,
     SnapshotStorageError,
     VersionWaitTimeoutError,
+    VoterChangeIndeterminateError,
     VoterSetView,
     WriteRejectedError,
     WriteTooLargeError,

@@ -18,7 +18,6 @@ from app.service import (
     NewVoter,
     PendingVoterChange,
     ReplicaView,
-    VoterChangeIndeterminateError,
     VoterChangeRefusedError,
     VoterSetView,
 )
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     from app.config import NodeConfig
     from app.transport import RaftTransport
     from raft.node import RaftNode
-
-__all__ = ["VoterChangeIndeterminateError"]  # raised by NodeRuntime's changes, defined by the service
 
 
 def raft_endpoint(config: NodeConfig) -> str:
