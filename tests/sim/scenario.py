@@ -25,13 +25,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from raft.node import NotLeaderError, ProposalRejectedError, Role
+from raft.node import NotLeaderError, ProposalRejectedError, RaftNode, Role
 from raft.types import ProtocolInvariantError, SnapshotId
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode, sim_config
 from tests.sim.commit_faults import plan_disk_loss, plan_figure_8
 from tests.sim.election_checks import ElectionChecks
 from tests.sim.election_scenarios import run_election_scenario
 from tests.sim.reads import plan_stale_leader_reads
+
+# The core on main has no dynamic voters yet: seeds change the voter set only on one that
+# has (this detection goes once s14-voters is merged).
+DYNAMIC_VOTERS = hasattr(RaftNode, "voter_set")
+if DYNAMIC_VOTERS:
+    from tests.sim.membership import MembershipPlan, has_membership, spares_for
+    from tests.sim.membership_checks import MembershipChecks
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
@@ -133,8 +140,16 @@ class _Scenario:
             overrides["snapshot_chunk_bytes"] = max(64, self.snapshot_bytes // chunks)
         self.liveness_kind = rng.choice(LIVENESS_KINDS) if voters >= 3 else "heal_all"
         self.plan: list[str] = []
-        self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None)
+        # Seeds that change the voter set hold spare replicas that may be added.
+        self.membership = DYNAMIC_VOTERS and has_membership(seed)
+        if self.membership:
+            self.observers += spares_for(seed)
+        self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None,
+                               directory_ids=self.membership)
         ElectionChecks(self.cluster)
+        if self.membership:
+            MembershipChecks(self.cluster)
+        self.membership_plan: MembershipPlan | None = None
         self.all_ids = sorted(self.cluster.nodes)
         self.fault_phase_ms = rng.randint(1_500, 3_000)
         self.load = _Load(self.cluster, rng)
@@ -159,12 +174,16 @@ class _Scenario:
         self.schedule_load(0, self.fault_phase_ms)
         for _ in range(self.rng.randint(2, MAX_FAULT_ACTIONS)):
             self._schedule_fault()
-        if plan_disk_loss(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log):
+        disk_loss = plan_disk_loss(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log)
+        if disk_loss:
             # A lost voter votes for nobody until it caught up: with another voter down for
             # good, no majority could elect a leader, so every node comes back.
             self.liveness_kind = "heal_all"
         plan_stale_leader_reads(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log, self.load.read)
         self._hostile_elections()
+        if self.membership:
+            self.membership_plan = MembershipPlan(self.cluster, self.seed, self.log, self.fault_phase_ms, disk_loss)
+            self.membership_plan.schedule()
         plan_figure_8(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log)
         self.cluster.run_for(self.fault_phase_ms)
 
@@ -258,8 +277,10 @@ class _Scenario:
         cluster = self.cluster
         cluster.on_elected = None
         cluster.cancel_scheduled_actions()  # the fault phase's late heals and restarts
-        cluster.stats[f"liveness_{self.liveness_kind}"] += 1
         self._heal_everything()
+        if self.membership_plan is not None:
+            self._settle_voters(self.membership_plan)
+        cluster.stats[f"liveness_{self.liveness_kind}"] += 1
         if self.liveness_kind == "heal_all":
             self._await_commit("healing everything")
             target = self._await_catch_up(set(self.all_ids))
@@ -277,7 +298,7 @@ class _Scenario:
             self.log(f"minority {sorted(down)} back")
             self._heal_everything()
             target = self._await_catch_up(set(self.all_ids))
-        if self.voters >= 3:
+        if len(cluster.voter_ids) >= 3:
             self._rejoin_window()
             self._graceful_failover()
             name = run_election_scenario(cluster, self.seed, self.log)
@@ -288,6 +309,16 @@ class _Scenario:
         _check_identical_committed_logs(cluster, target)
         if self.verbose:
             print(f"liveness ok; slowest {self.liveness_ms} ms; committed offsets {len(cluster.committed)}")
+
+    def _settle_voters(self, plan: MembershipPlan) -> None:
+        """The pending change commits and replacements complete; from now on the final set's
+        members are the voters (a smaller set than three keeps every node up)."""
+        final = plan.settle(self._await_commit)
+        cluster = self.cluster
+        cluster.voter_ids = frozenset(final.ids)
+        cluster.majority = final.majority
+        if len(final.ids) < 3:
+            self.liveness_kind = "heal_all"
 
     def _heal_everything(self) -> None:
         self.log("heal, restart all, lossless network")

@@ -1,0 +1,160 @@
+"""Invariants of dynamic voters (KIP-853), checked on every performed Ready of the seeds that
+change the voter set (tests/sim/membership.py). A replica is a (node id, directory id)
+pair: a node whose disk was replaced is a new replica, and only the one named in a set is
+that set's member.
+
+- One change at a time: no log holds more than one voters record that is not committed.
+- Consecutive committed voters records differ by exactly one replica.
+- Elections: a new leader is in its set in force at its log end, and the votes granted to
+  it in its epoch by members of that set are a majority of it. A replica outside the set
+  (removed, or a replaced disk's new replica) never counts.
+- Commits: when the high watermark rises, a majority of the committing leader's set in
+  force durably holds it (a replica outside the set never counts; a replaced disk counts
+  for what it held when it was replaced). Afterwards no majority of that set may be
+  formed of live members lacking it (the static seeds check a plain majority instead).
+- Check-quorum counts the leader's set in force (``voters_counted``).
+The high watermark never decreasing and every committed record being the same everywhere
+are the cluster's own checks (tests/sim/cluster.py), which keep running.
+"""
+
+from __future__ import annotations
+
+from raft.messages import VoteResponse
+from raft.node import Ready, Role
+from raft.types import CONTROL_VOTERS, decode_control_record
+from raft.voters import VoterSet
+from tests.sim.cluster import Cluster, InvariantViolation, SimNode
+
+
+class MembershipChecks:
+    """The checks above for one cluster; a broken one raises ``InvariantViolation``."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        # (candidate, epoch) -> the replicas that granted it their vote in that epoch.
+        self.grants: dict[tuple[int, int], set[tuple[int, str]]] = {}
+        self.commit_set: VoterSet | None = None  # the committing leader's set in force at the last commit
+        self.committed_set: VoterSet | None = None  # the latest committed voters record's
+        self.tails: dict[int, tuple[int, int, int]] = {}  # node -> (start, end, max HW) at its last tail scan
+        cluster.ready_checks.append(self.check)
+        cluster.holders_check = self.check_holders
+        cluster.voters_counted = self.voters_counted
+
+    def current(self, voter_set: VoterSet) -> list[tuple[int, str]]:
+        """The members whose replica still runs (not replaced since)."""
+        nodes = self.cluster.nodes
+        return [(v.replica_id, v.directory_id) for v in voter_set.voters
+                if v.replica_id in nodes and v.directory_id in ("", nodes[v.replica_id].directory_id)]
+
+    def voters_counted(self, leader: SimNode) -> tuple[frozenset[int], int]:
+        assert leader.core is not None
+        voter_set = leader.core.voter_set
+        return frozenset(node_id for node_id, _ in self.current(voter_set)), voter_set.majority
+
+    # ------------------------------------------------------------------ per Ready
+
+    def check(self, node: SimNode, ready: Ready) -> None:
+        core = node.core
+        if core is None:
+            return
+        for envelope in ready.messages:
+            message = envelope.message
+            if isinstance(message, VoteResponse) and message.vote_granted and not message.pre_vote:
+                self.grants.setdefault((envelope.dst, message.epoch), set()).add((node.node_id, node.directory_id))
+        if ready.role_changed and core.role == Role.LEADER:
+            self._check_election(node)
+        if core.high_watermark > self.cluster.max_high_watermark:
+            self._check_commit(node, core.high_watermark)
+        tail = (node.log.start_offset(), node.log.end_offset(), max(self.cluster.max_high_watermark, core.high_watermark))
+        if self.tails.get(node.node_id) != tail:
+            self.tails[node.node_id] = tail
+            self._check_one_uncommitted(node, tail[2])
+
+    def _check_election(self, node: SimNode) -> None:
+        core = node.core
+        assert core is not None
+        voter_set = core.voter_set
+        now = self.cluster.now_ms
+        if not voter_set.contains(node.node_id, node.directory_id):
+            raise InvariantViolation(f"t={now} node {node.node_id} leads epoch {core.epoch} but is not in its "
+                                     f"set in force {_text(voter_set)}")
+        votes = self.grants.pop((node.node_id, core.epoch), set()) | {(node.node_id, node.directory_id)}
+        counted = sorted(vote for vote in votes if voter_set.contains(*vote))
+        if len(counted) < voter_set.majority:
+            raise InvariantViolation(f"t={now} node {node.node_id} leads epoch {core.epoch} with votes of "
+                                     f"{[n for n, _ in counted]} only, no majority of its set in force "
+                                     f"{_text(voter_set)} (granted by {sorted(n for n, _ in votes)})")
+
+    def _check_commit(self, node: SimNode, target: int) -> None:
+        """``node`` raises the highest high watermark to ``target``: a majority of its set in
+        force holds it; the voters records it commits follow one another one change at a time."""
+        core = node.core
+        assert core is not None
+        voter_set = core.voter_set
+        holders = [n for n, d in self.current(voter_set) if self.cluster.held_durably(n, target)]
+        holders += [n for n, d in _members(voter_set) if self.cluster.vanished.get((n, d), -1) >= target]
+        if len(holders) < voter_set.majority:
+            raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id} committed up to {target} held "
+                                     f"durably by {sorted(holders)} only, no majority of its set in force "
+                                     f"{_text(voter_set)}")
+        self.commit_set = voter_set
+        for offset, _, record in _voters_records(node, self.cluster.max_high_watermark, target):
+            committed = VoterSet.decode(record)
+            previous = self.committed_set
+            if previous is not None and len(_members(previous) ^ _members(committed)) != 1:
+                raise InvariantViolation(f"t={self.cluster.now_ms} voters record at {offset} changes "
+                                         f"{_text(previous)} to {_text(committed)}: not exactly one replica")
+            self.committed_set = committed
+            self.cluster.former_voters |= committed.ids
+            self.cluster.voter_ids = frozenset(committed.ids)
+            self.cluster.majority = committed.majority
+            self.cluster.stats["voter_changes_committed"] += 1
+
+    def _check_one_uncommitted(self, node: SimNode, committed_end: int) -> None:
+        """At most one voters record past what is committed (or differing from it) in the log."""
+        committed = self.cluster.committed
+        uncommitted = [offset for offset, epoch, record in _voters_records(node, node.checked_offset, node.log.end_offset())
+                       if offset >= committed_end or committed.get(offset, (epoch, True, record)) != (epoch, True, record)]
+        if len(uncommitted) > 1:
+            raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id} holds voters records at "
+                                     f"{uncommitted}, more than one not committed")
+
+    # ------------------------------------------------------------------ after every event
+
+    def check_holders(self, target: int) -> None:
+        """No majority of the set in force at the last commit may be formed of live members
+        lacking ``target`` (a replaced disk's old replica can never vote again)."""
+        voter_set = self.commit_set
+        if voter_set is None:
+            return
+        lacking = [n for n, _ in self.current(voter_set) if not self.cluster.held_durably(n, target)]
+        if len(lacking) >= voter_set.majority:
+            raise InvariantViolation(f"t={self.cluster.now_ms} voters {lacking}, a majority of the set in force "
+                                     f"{_text(voter_set)}, lack offset {target - 1} below the high watermark")
+
+
+def _members(voter_set: VoterSet) -> set[tuple[int, str]]:
+    return {(voter.replica_id, voter.directory_id) for voter in voter_set.voters}
+
+
+def _text(voter_set: VoterSet) -> str:
+    return "{" + ", ".join(f"{v.replica_id}:{v.directory_id[:6]}" for v in voter_set.voters) + "}"
+
+
+def _voters_records(node: SimNode, start: int, end: int) -> list[tuple[int, int, bytes]]:
+    """(offset, epoch, record) of every voters record the node's log holds in [start, end)."""
+    found: list[tuple[int, int, bytes]] = []
+    log = node.log
+    start = max(start, log.start_offset())
+    if start >= end:
+        return found
+    for batch in log.read(start, 1 << 30):
+        if batch.base_offset >= end:
+            break
+        if not batch.control:
+            continue
+        for index, record in enumerate(batch.records):
+            offset = batch.base_offset + index
+            if start <= offset < end and decode_control_record(record).get("type") == CONTROL_VOTERS:
+                found.append((offset, batch.epoch, record))
+    return found
