@@ -719,7 +719,7 @@ class Cluster:
         """A change of the leader's set in force restarts the period: a voter just added
         has had no time to fetch as a voter."""
         members, majority = self._counted_voters(leader)
-        if members != watch.members:
+        if (members, majority) != (watch.members, watch.majority):
             watch.members, watch.majority, watch.since_ms = members, majority, self.now_ms
             watch.heard_ms = {voter: ms for voter, ms in watch.heard_ms.items() if voter in members}
 

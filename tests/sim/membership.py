@@ -78,8 +78,10 @@ class MembershipPlan:
         self.rng = membership_rng(seed)
         self.rng.random()
         self.rng.randint(1, MAX_SPARES)  # the draws of has_membership and spares_for
-        # A replaced disk and a lost one in the same run may leave no majority that can vote.
+        # A replaced disk and a lost one in the same run may leave no majority that can vote;
+        # so may a lost disk in a set of two (its voter votes for nobody until it caught up).
         self.replace_allowed = not disk_loss_planned
+        self.min_voters = 3 if disk_loss_planned else 1  # removals keep at least this many
         self.replaced: set[int] = set()  # nodes whose disk was replaced: their old replica goes, the new one comes
         self.after_election = self.rng.random() < AFTER_ELECTION_PROBABILITY
         self.next_repair_ms = 0  # the liveness phase's repair acts at most every RETRY_MS
@@ -114,22 +116,30 @@ class MembershipPlan:
         elif is_member(self.cluster, leader.core.voter_set, node_id):
             return
         else:
-            core, voter = leader.core, voter_of(self.cluster.nodes[node_id])
-            code = self.issue(leader, f"add voter {node_id} ({voter.directory_id[:6]})",
-                              lambda: core.add_voter(voter, self.cluster.now_ms))
+            code = self.add_on(leader, node_id)
         if code and tries > 1 and code not in ("already-voter", "kraft-version-0"):
             self.cluster.at(self.cluster.now_ms + RETRY_MS, lambda: self.add(node_id, tries - 1))
+
+    def add_on(self, leader: SimNode, node_id: int, what: str = "") -> str:
+        core, voter = leader.core, voter_of(self.cluster.nodes[node_id])
+        assert core is not None
+        return self.issue(leader, f"add voter {node_id} ({voter.directory_id[:6]}){what}",
+                          lambda: core.add_voter(voter, self.cluster.now_ms))
 
     def remove(self, node_id: int, directory_id: str | None = None) -> str:
         leader = self.leader()
         if leader is None or leader.core is None:
             self.cluster.stats["voter_change_no_leader"] += 1
             return "no-leader"
+        return self.remove_on(leader, node_id, directory_id)
+
+    def remove_on(self, leader: SimNode, node_id: int, directory_id: str | None = None, what: str = "") -> str:
+        assert leader.core is not None
         if directory_id is None:
             found = [v for v in leader.core.voter_set.voters if v.replica_id == node_id]
             directory_id = found[0].directory_id if found else self.cluster.nodes[node_id].directory_id
         core, directory = leader.core, directory_id
-        return self.issue(leader, f"remove voter {node_id} ({directory[:6]})",
+        return self.issue(leader, f"remove voter {node_id} ({directory[:6]}){what}",
                           lambda: core.remove_voter(node_id, directory, self.cluster.now_ms))
 
     # ------------------------------------------------------------------ the fault phase
@@ -161,7 +171,9 @@ class MembershipPlan:
         inside = sorted(v.replica_id for v in voter_set.voters)
         outside = [n for n in sorted(cluster.nodes) if n not in voter_set.ids and n not in self.replaced]
         followers = [n for n in inside if n != leader.node_id]
-        if kind == "add" and outside:
+        if kind.startswith("remove") and len(inside) <= self.min_voters:
+            cluster.stats["voter_change_skipped"] += 1
+        elif kind == "add" and outside:
             self.add(outside[int(pick * len(outside))])
         elif kind == "remove" and followers:
             self.remove(followers[int(pick * len(followers))])
@@ -217,16 +229,11 @@ class MembershipPlan:
             return
         voter_set = core.voter_set
         outside = [n for n in sorted(self.cluster.nodes) if n not in voter_set.ids and n not in self.replaced]
-        followers = sorted(voter_set.ids - {leader.node_id})
+        followers = sorted(voter_set.ids - {leader.node_id}) if len(voter_set.ids) > self.min_voters else []
         if outside and (pick < 0.5 or not followers):
-            node = self.cluster.nodes[outside[int(pick * len(outside))]]
-            code = self.issue(leader, f"add voter {node.node_id} right after the election",
-                              lambda: core.add_voter(voter_of(node), self.cluster.now_ms))
+            code = self.add_on(leader, outside[int(pick * len(outside))], " right after the election")
         elif followers:
-            victim = followers[int(pick * len(followers))]
-            directory_id = next(v.directory_id for v in voter_set.voters if v.replica_id == victim)
-            code = self.issue(leader, f"remove voter {victim} right after the election",
-                              lambda: core.remove_voter(victim, directory_id, self.cluster.now_ms))
+            code = self.remove_on(leader, followers[int(pick * len(followers))], what=" right after the election")
         else:
             return
         if code == "leader-not-ready":

@@ -5,7 +5,9 @@ that set's member.
 
 - One change at a time: no log holds more than one voters record that is not committed.
 - Consecutive committed voters records differ by exactly one replica.
-- Elections: a new leader is in its set in force at its log end, and the votes granted to
+- Elections: a new leader is in its set in force at its log end, that set is at most one
+  change from the committed set (else two majorities need not intersect: two sets drawn
+  by two leaders, each one change from the last committed one), and the votes granted to
   it in its epoch by members of that set are a majority of it. A replica outside the set
   (removed, or a replaced disk's new replica) never counts.
 - Commits: when the high watermark rises, a majority of the committing leader's set in
@@ -36,6 +38,10 @@ class MembershipChecks:
         self.commit_set: VoterSet | None = None  # the committing leader's set in force at the last commit
         self.committed_set: VoterSet | None = None  # the latest committed voters record's
         self.tails: dict[int, tuple[int, int, int]] = {}  # node -> (start, end, max HW) at its last tail scan
+        # Node -> the voters records its log holds, (offset, epoch, record) by offset, as of
+        # ``tails``: kept by reading only what was appended since.
+        self.logged: dict[int, list[tuple[int, int, bytes]]] = {}
+        self.scanned: dict[int, int] = {}  # node -> the log end when ``logged`` was last brought up to date
         cluster.ready_checks.append(self.check)
         cluster.holders_check = self.check_holders
         cluster.voters_counted = self.voters_counted
@@ -66,9 +72,12 @@ class MembershipChecks:
         if core.high_watermark > self.cluster.max_high_watermark:
             self._check_commit(node, core.high_watermark)
         tail = (node.log.start_offset(), node.log.end_offset(), max(self.cluster.max_high_watermark, core.high_watermark))
-        if self.tails.get(node.node_id) != tail:
+        before = self.tails.get(node.node_id)
+        if before != tail:
             self.tails[node.node_id] = tail
-            self._check_one_uncommitted(node, tail[2])
+            logged = self._follow_log(node)
+            self._check_set_in_force(node, logged)
+            self._check_one_uncommitted(node, logged, tail[2])
 
     def _check_election(self, node: SimNode) -> None:
         core = node.core
@@ -78,6 +87,10 @@ class MembershipChecks:
         if not voter_set.contains(node.node_id, node.directory_id):
             raise InvariantViolation(f"t={now} node {node.node_id} leads epoch {core.epoch} but is not in its "
                                      f"set in force {_text(voter_set)}")
+        committed = self.committed_set
+        if committed is not None and len(_members(committed) ^ _members(voter_set)) > 1:
+            raise InvariantViolation(f"t={now} node {node.node_id} leads epoch {core.epoch} under {_text(voter_set)}, "
+                                     f"more than one change from the committed set {_text(committed)}")
         votes = self.grants.pop((node.node_id, core.epoch), set()) | {(node.node_id, node.directory_id)}
         counted = sorted(vote for vote in votes if voter_set.contains(*vote))
         if len(counted) < voter_set.majority:
@@ -110,11 +123,39 @@ class MembershipChecks:
             self.cluster.majority = committed.majority
             self.cluster.stats["voter_changes_committed"] += 1
 
-    def _check_one_uncommitted(self, node: SimNode, committed_end: int) -> None:
+    def _follow_log(self, node: SimNode) -> list[tuple[int, int, bytes]]:
+        """The voters records the node's log holds now: those held before that are still
+        there (a truncation, a crash or a snapshot drops some), and any appended since."""
+        log = node.log
+        start, end = log.start_offset(), log.end_offset()
+        logged = self.logged.setdefault(node.node_id, [])
+        scanned = min(self.scanned.get(node.node_id, 0), end)
+        while logged and not (start <= logged[-1][0] < end and _holds(node, logged[-1])):
+            scanned = min(scanned, logged.pop()[0])  # the log was cut below it, or is another log now
+        while logged and logged[0][0] < start:
+            logged.pop(0)
+        logged.extend(_voters_records(node, max(scanned, start), end))
+        self.scanned[node.node_id] = end
+        return logged
+
+    def _check_set_in_force(self, node: SimNode, logged: list[tuple[int, int, bytes]]) -> None:
+        """The node's set in force is that of the latest voters record its log holds
+        (appending one changes the set at once, truncating it undoes the change)."""
+        core = node.core
+        if not logged or core is None:
+            return  # a snapshot covers the latest record: its set is the snapshot's
+        offset, _, record = logged[-1]
+        expected = VoterSet.decode(record)
+        if _members(core.voter_set) != _members(expected):
+            raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id}'s set in force "
+                                     f"{_text(core.voter_set)} is not that of the latest voters record in its "
+                                     f"log (offset {offset}: {_text(expected)}; log end {node.log.end_offset()})")
+
+    def _check_one_uncommitted(self, node: SimNode, logged: list[tuple[int, int, bytes]], committed_end: int) -> None:
         """At most one voters record past what is committed (or differing from it) in the log."""
         committed = self.cluster.committed
-        uncommitted = [offset for offset, epoch, record in _voters_records(node, node.checked_offset, node.log.end_offset())
-                       if offset >= committed_end or committed.get(offset, (epoch, True, record)) != (epoch, True, record)]
+        uncommitted = [offset for offset, epoch, record in logged if offset >= node.checked_offset and (
+            offset >= committed_end or committed.get(offset, (epoch, True, record)) != (epoch, True, record))]
         if len(uncommitted) > 1:
             raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id} holds voters records at "
                                      f"{uncommitted}, more than one not committed")
@@ -139,6 +180,15 @@ def _members(voter_set: VoterSet) -> set[tuple[int, str]]:
 
 def _text(voter_set: VoterSet) -> str:
     return "{" + ", ".join(f"{v.replica_id}:{v.directory_id[:6]}" for v in voter_set.voters) + "}"
+
+
+def _holds(node: SimNode, entry: tuple[int, int, bytes]) -> bool:
+    """The node's log still holds this voters record (same offset, epoch and bytes)."""
+    offset, epoch, record = entry
+    for batch in node.log.read(offset, 1):
+        return (batch.base_offset <= offset < batch.next_offset and batch.epoch == epoch
+                and batch.records[offset - batch.base_offset] == record)
+    return False
 
 
 def _voters_records(node: SimNode, start: int, end: int) -> list[tuple[int, int, bytes]]:

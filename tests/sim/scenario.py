@@ -39,6 +39,7 @@ DYNAMIC_VOTERS = hasattr(RaftNode, "voter_set")
 if DYNAMIC_VOTERS:
     from tests.sim.membership import MembershipPlan, has_membership, spares_for
     from tests.sim.membership_checks import MembershipChecks
+    from tests.sim.split_change import run_split_change
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
@@ -304,6 +305,11 @@ class _Scenario:
             name = run_election_scenario(cluster, self.seed, self.log)
             self._heal_everything()
             self._await_commit(f"healing everything after election scenario {name}")
+            target = self._await_catch_up(set(self.all_ids))
+        plan = self.membership_plan
+        if plan is not None and run_split_change(cluster, plan, plan.rng, self.log):
+            self._heal_everything()
+            self._await_commit("healing everything after the split change")
             target = self._await_catch_up(set(self.all_ids))
         cluster.check_replicas_agree()
         _check_identical_committed_logs(cluster, target)
