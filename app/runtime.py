@@ -127,6 +127,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         # Read by app.http.create_app (None: auth off); SIGHUP reloads it (app/cli.py).
         self.auth_tokens = AuthTokens(config.auth_policy) if config.auth_policy is not None else None
         self.data_dir = Path(config.data_dir)
+        self.directory_id = ""  # identity.json's, read at start (KIP-853: which replica this is)
         self.snapshots_dir = self.data_dir / "snapshots"
         self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         self._on_fatal = on_fatal or _exit_on_fatal
@@ -186,7 +187,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         # Before anything is opened: log recovery may cut a tail and delete files.
         self._data_dir_lock = DataDirLock(self.data_dir)
         try:
-            check_identity(self.data_dir, self.config.cluster_id, self.node_id)
+            self.directory_id = check_identity(self.data_dir, self.config.cluster_id, self.node_id)
             (self.data_dir / "log").mkdir(exist_ok=True)
             self.snapshots_dir.mkdir(parents=True, exist_ok=True)
             self.log = SegmentLog(self.data_dir / "log", segment_bytes=self.config.segment_bytes)
@@ -212,6 +213,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
                     max_batch_bytes=cfg.max_batch_bytes,
                     max_pending_records=cfg.max_pending_records,
                     tombstone_retention_records=cfg.tombstone_retention_records,
+                    directory_id=self.directory_id,
                 ),
                 self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
             )

@@ -56,6 +56,14 @@ from raft.types import (
     check,
     encode_control_record,
 )
+from raft.voters import (
+    Voter,
+    VoterChangeError,
+    VoterHistory,
+    VoterSet,
+    bootstrap_batch,
+    voters_records,
+)
 
 __all__ = [
     "NotLeaderError",
@@ -65,7 +73,13 @@ __all__ = [
     "RaftNode",
     "Ready",
     "Role",
+    "Voter",
+    "VoterChangeError",
+    "VoterSet",
 ]
+
+# Batches of this many bytes at most per read when a restart looks for voters records.
+_VOTERS_SCAN_BYTES = 4 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
@@ -88,6 +102,11 @@ class RaftConfig:
     # The cleaners keep tombstones this many offsets below their cleaned end (equal on every
     # node); the re-bootstrap rule needs it to know below which offset they may be gone.
     tombstone_retention_records: int = 0
+    # KIP-853 (rule 13): this node's data directory id (identity.json; "" when it has none),
+    # and the set a new (empty) log is formatted with: a voters record at offset 0. Without
+    # it, and until the log holds a voters record, ``voters`` is the set (no changes).
+    directory_id: str = ""
+    initial_voters: VoterSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +164,6 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         check(config.max_pending_records > 0 and config.max_batch_bytes > 0, "bounds must be positive")
         self.config = config
         self._id = config.node_id
-        self._voters = config.voters
-        self._majority = len(config.voters) // 2 + 1
         self._log = log
         self._rng = rng
         self._snapshots = snapshots
@@ -175,6 +192,13 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         # so word that it leads it (a peer that has not seen the resignation yet) is stale.
         self._resigned_leader: tuple[int, int] = (-1, NO_LEADER)
         self._persisted = persisted or QuorumStateRecord(0, -1, -1)
+        # Rule 12 looks at the log as found, before a format below writes to it.
+        self._log_empty_at_start = log.end_offset() == 0
+        if config.initial_voters is not None and self._log_empty_at_start and log.latest_snapshot_id() is None:
+            log.append(bootstrap_batch(config.initial_voters))
+            self._request_flush()
+        self._history = VoterHistory(VoterSet.static(config.voters))
+        self._load_voters()
         # Rule 12: (epoch, high watermark) of the last Fetch answer accepted from a leader.
         self._leader_high_watermark: tuple[int, int] = (-1, 0)
         self._state: RoleState
@@ -192,6 +216,12 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def log_lost(self) -> bool:
         """Rule 12: this voter's log was lost and it has not caught up yet (no votes)."""
         return self._persisted.log_lost
+
+    @property
+    def pending_voter_change(self) -> int | None:
+        """The offset of an uncommitted voters record (at most one: rule 13), or None."""
+        latest = self._history.latest_offset()
+        return latest if latest >= self.high_watermark else None
 
     def last_contact_ms(self, now_ms: int) -> int:
         """Milliseconds since the leader last answered a Fetch (0 on the leader)."""
@@ -235,6 +265,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     # ------------------------------------------------------------------ inputs
 
     def take_ready(self) -> Ready:
+        self._track_voters()
         self._track_log_loss()
         ready = self._ready
         ready.high_watermark = self.high_watermark
@@ -266,6 +297,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             self._follower_tick(now_ms, state)
         else:
             self._leader_tick(now_ms, state)
+            self._resign_if_removed(now_ms)
 
     def handle(self, now_ms: int, envelope: Envelope) -> None:
         """A message arrived. Malformed or out-of-range input is answered or dropped."""
@@ -276,6 +308,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if handler is None:
             return
         handler(self, now_ms, envelope.src, message)
+        self._resign_if_removed(now_ms)
 
     def propose(self, now_ms: int, records: list[bytes] | tuple[bytes, ...]) -> Proposal:
         state = self._state
@@ -306,6 +339,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if isinstance(state, LeaderState):
             self._leader_drain(now_ms, state)
             self._leader_update_high_watermark(now_ms, state)
+            self._resign_if_removed(now_ms)
         elif isinstance(state, FollowerState):
             self._follower_on_flushed(now_ms, state)
         if log.flushed_offset() < log.end_offset():
@@ -323,6 +357,24 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         token = self._read_token
         self._leader_add_read(now_ms, state, token)
         return token
+
+    def add_voter(self, voter: Voter, now_ms: int) -> int:
+        """Rule 13, leader only: append a voters record adding ``voter`` (an observer that
+        has caught up) and return its offset; the change is done once the high watermark
+        passes it. Refusals raise ``VoterChangeError``."""
+        return self._leader_add_voter(now_ms, self._voter_change_leader(), voter)
+
+    def remove_voter(self, replica_id: int, directory_id: str, now_ms: int) -> int:
+        """Rule 13, leader only: append a voters record without ``replica_id`` (directory ""
+        matches any) and return its offset. A leader that removes itself resigns once the
+        record is committed."""
+        return self._leader_remove_voter(now_ms, self._voter_change_leader(), replica_id, directory_id)
+
+    def _voter_change_leader(self) -> LeaderState:
+        state = self._state
+        if not isinstance(state, LeaderState):
+            raise VoterChangeError("not-leader", f"not the leader; leader is {self.leader_id}")
+        return state
 
     def resign(self, now_ms: int) -> None:
         """A leader steps down (admin resign): hand over with EndQuorumEpoch. It may lead
@@ -373,7 +425,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def _restart(self, now_ms: int) -> None:
         """Rule 10: choose the starting role from the persisted state and the log."""
         persisted = self._persisted
-        if persisted.log_acknowledged and self._log.end_offset() == 0 and self.is_voter:
+        if persisted.log_acknowledged and self._log_empty_at_start and self.is_voter:
             self._persist_log_flags(log_lost=True)  # rule 12: persisted before any message
         persisted = self._persisted
         log_epoch = self._log.last_epoch()
@@ -439,6 +491,9 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if self._shutting_down:
             state.election_deadline_ms = now_ms + self._random_election_timeout_ms()
             return
+        if not self._is_voter:  # rule 13: a leader whose removal committed is an observer now
+            self._become_unattached(now_ms, state.epoch, self._persisted.voted_id, 0)
+            return
         self._become_prospective(now_ms)
 
     def _become_prospective(self, now_ms: int) -> None:
@@ -455,10 +510,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         )
         state.granted.add(self._id)
         self._state = state
-        request = VoteRequest(state.epoch + 1, self._id, self._log.last_epoch(), self._log.end_offset(), True)
-        for voter in sorted(self._voters):
-            if voter != self._id:
-                self._send(voter, request)
+        self._request_votes(state.epoch + 1, True)
         self._prospective_maybe_done(now_ms, state)
 
     def _become_candidate(self, now_ms: int) -> None:
@@ -471,12 +523,18 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         state = CandidateState(epoch, now_ms + self._random_election_timeout_ms())
         state.granted.add(self._id)
         self._state = state
-        request = VoteRequest(epoch, self._id, self._log.last_epoch(), self._log.end_offset(), False)
-        for voter in sorted(self._voters):
-            if voter != self._id:
-                self._send(voter, request)
+        self._request_votes(epoch, False)
         if len(state.granted) >= self._majority:
             self._become_leader(now_ms)
+
+    def _request_votes(self, epoch: int, pre_vote: bool) -> None:
+        """Ask every other voter of the set in force at this log's end (rules 3, 4, 13)."""
+        log = self._log
+        for voter in self._voter_set.voters:
+            if voter.replica_id != self._id:
+                self._send(voter.replica_id, VoteRequest(
+                    epoch, self._id, log.last_epoch(), log.end_offset(), pre_vote,
+                    self.config.directory_id, voter.directory_id))
 
     def _become_leader(self, now_ms: int) -> None:
         """Rule 6: append LeaderChange, announce with BeginQuorumEpoch."""
@@ -520,8 +578,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         Returns False when the message is from an older epoch (the caller answers FENCED).
         """
         state = self._state
-        if leader_id != NO_LEADER and (leader_id not in self._voters or leader_id == self._id):
-            leader_id = NO_LEADER  # only voters lead; never "learn" that we lead
+        if leader_id != NO_LEADER and (not self._may_lead(leader_id) or leader_id == self._id):
+            leader_id = NO_LEADER  # only voters lead (rule 13); never "learn" that we lead
         if (epoch, leader_id) == self._resigned_leader:
             leader_id = NO_LEADER  # it resigned this epoch: following it again would only time out
         if epoch < state.epoch:
@@ -546,7 +604,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
                 or (request.pre_vote and request.last_offset_epoch >= request.epoch)):
             self._send(src, VoteResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id, False, request.pre_vote))
             return
-        if request.candidate_id not in self._voters or not self.is_voter:
+        if not self._may_vote_for(request):
             self._send(src, VoteResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id, False, request.pre_vote))
             return
         if request.pre_vote:
@@ -572,6 +630,16 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             # A vote resets the election timer (and ends a pre-vote round of our own).
             self._become_unattached(now_ms, state.epoch, request.candidate_id)
         self._send(src, VoteResponse(ErrorCode.NONE, self.epoch, self.leader_id, granted, False))
+
+    def _may_vote_for(self, request: VoteRequest) -> bool:
+        """Statically: the candidate and this node are voters. With voters records (rule 13,
+        as Kafka): the candidate named this replica by (id, directory id), whatever this
+        log's set says; a voter just added may not hold its own record yet and must vote, or
+        no majority of the new set forms. The candidate counts only votes of its set."""
+        if not self._history.dynamic:
+            return request.candidate_id in self._voters and self._is_voter
+        named = request.voter_directory_id
+        return named == self.config.directory_id or (named == "" and self._is_voter)
 
     def _on_pre_vote(self, now_ms: int, src: int, request: VoteRequest) -> None:
         """Rule 3: a pre-vote for epoch e never moves this node to e.
@@ -606,13 +674,14 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             self._prospective_maybe_done(now_ms, state)
         elif isinstance(state, CandidateState) and not response.pre_vote and response.epoch == state.epoch:
             (state.granted if response.vote_granted else state.rejected).add(src)
-            if len(state.granted) >= self._majority:
+            if len(state.granted & self._voters) >= self._majority:
                 self._become_leader(now_ms)
 
     def _prospective_maybe_done(self, now_ms: int, state: ProspectiveState) -> None:
         # Rule 11: a pre-vote round that was running when shutdown began never becomes a vote.
         # Rule 12: a voter whose log was lost asks only to learn the leader; it never stands.
-        if len(state.granted) >= self._majority and not self._shutting_down and not self._persisted.log_lost:
+        if (len(state.granted & self._voters) >= self._majority and not self._shutting_down
+                and not self._persisted.log_lost):
             self._become_candidate(now_ms)
 
     # ------------------------------------------------------------------ a lost log (rule 12)
@@ -659,13 +728,69 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         epoch_start = log.end_offset_for_epoch(epoch - 1)[1]
         return log.last_epoch() == epoch and epoch_start < leader_high_watermark <= log.flushed_offset()
 
+    # ------------------------------------------------------------------ the voter set (rule 13)
+
+    def _load_voters(self) -> None:
+        """At construction: the voters records of the log, and the committed ones from the
+        quorum state (a prefix replaced by a snapshot may have held the latest one)."""
+        log = self._log
+        offset, end = log.start_offset(), log.end_offset()
+        while offset < end:
+            batches = log.read(offset, _VOTERS_SCAN_BYTES)
+            if not batches:
+                break
+            for batch in batches:
+                if batch.control:
+                    for record_offset, voters in voters_records(batch):
+                        self._history.add(record_offset, voters)
+            offset = batches[-1].next_offset
+        for record_offset, record in self._persisted.voters:
+            try:
+                self._history.add(record_offset, VoterSet.decode(record))
+            except ValueError as exc:
+                check(False, f"quorum state holds a bad voters record at {record_offset}: {exc}")
+        self._refresh_voters()
+
+    def _track_voters(self) -> None:
+        """Before a Ready is handed out: note newly committed voters records in the quorum
+        state (written before they are applied, so before a snapshot can replace them)."""
+        history = self._history
+        if not history.dynamic:
+            return
+        entry = history.entry_at(self.high_watermark)
+        persisted = self._persisted
+        if entry is not None and (not persisted.voters or persisted.voters[-1][0] < entry[0]):
+            committed = {offset: record for offset, record in persisted.voters}
+            for offset, voters in history.entries():
+                if offset < self.high_watermark:
+                    committed[offset] = voters.encode()
+            self._persist_voters(committed)
+
+    def _resign_if_removed(self, now_ms: int) -> None:
+        """After an input that may move a leader's high watermark: a leader whose own
+        removal is committed resigns (then it is an observer)."""
+        state = self._state
+        if isinstance(state, LeaderState) and not self._is_voter and self.pending_voter_change is None:
+            self._become_resigned(now_ms, state)
+
+    def _persist_voters(self, committed: dict[int, bytes]) -> None:
+        """Persist these committed voters records, without those superseded below the log
+        start (no log end at or above the start needs them)."""
+        offsets = sorted(committed)
+        start = self._log.start_offset()
+        kept = [o for i, o in enumerate(offsets) if i + 1 == len(offsets) or offsets[i + 1] >= start]
+        record = replace(self._persisted, voters=tuple((o, committed[o]) for o in kept))
+        if record != self._persisted:
+            self._persisted = record
+            self._ready.quorum_state = record
+
     # ------------------------------------------------------------------ quorum epoch
 
     def _on_begin_quorum(self, now_ms: int, src: int, request: BeginQuorumEpochRequest) -> None:
         if request.leader_id != src or request.epoch < 0:
             self._send(src, BeginQuorumEpochResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id))
             return
-        if src not in self._voters:
+        if not self._may_lead(src) or request.voter_directory_id not in ("", self.config.directory_id):
             self._send(src, BeginQuorumEpochResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id))
             return
         if not self._observe_epoch(now_ms, request.epoch, request.leader_id, request.leader_endpoint, src):
@@ -678,14 +803,14 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         self._send(src, BeginQuorumEpochResponse(ErrorCode.NONE, self.epoch, self.leader_id))
 
     def _on_begin_quorum_response(self, now_ms: int, src: int, response: BeginQuorumEpochResponse) -> None:
-        if src in self._voters and response.epoch >= 0:
+        if self._may_lead(src) and response.epoch >= 0:
             self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
 
     def _on_end_quorum(self, now_ms: int, src: int, request: EndQuorumEpochRequest) -> None:
         if request.leader_id != src or request.epoch < 0:
             self._send(src, EndQuorumEpochResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id))
             return
-        if src not in self._voters:
+        if not self._may_lead(src):
             self._send(src, EndQuorumEpochResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id))
             return
         if request.epoch < self.epoch:
@@ -714,7 +839,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         return min(self.config.election_backoff_max_ms, position * step_ms + self._rng.randrange(step_ms + 1))
 
     def _on_end_quorum_response(self, now_ms: int, src: int, response: EndQuorumEpochResponse) -> None:
-        if src not in self._voters or response.epoch < 0:
+        if not self._may_lead(src) or response.epoch < 0:
             return
         state = self._state
         if isinstance(state, ResignedState) and response.epoch == state.epoch:
