@@ -35,6 +35,7 @@ from raft.node import (
 )
 from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch
+from raft.voters import Voter, VoterSet
 
 MAX_EVENTS_PER_RUN = 2_000_000  # a hard bound so a livelock cannot hang a test
 MAX_READS_KEPT = 10_000  # completed reads remembered for tests to look at
@@ -196,8 +197,6 @@ class Cluster:
         directories = {node_id: self.new_directory_id() for node_id in range(1, voters + observers + 1)}
         values: dict[str, object] = dict(config_overrides or {})
         if directory_ids:  # every replica is formatted with the first voters record (KIP-853)
-            # main's core has none yet: this import goes to the top once s14-voters is merged
-            from raft.voters import Voter, VoterSet
             values["initial_voters"] = VoterSet(tuple(Voter(n, directories[n], f"http://node{n}")
                                                       for n in sorted(self.voter_ids)))
         for node_id, directory_id in directories.items():

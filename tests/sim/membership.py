@@ -22,6 +22,7 @@ The invariants are in tests/sim/membership_checks.py.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -171,7 +172,7 @@ class MembershipPlan:
         inside = sorted(v.replica_id for v in voter_set.voters)
         outside = [n for n in sorted(cluster.nodes) if n not in voter_set.ids and n not in self.replaced]
         followers = [n for n in inside if n != leader.node_id]
-        if kind.startswith("remove") and len(inside) <= self.min_voters:
+        if kind.startswith("remove") and not self._may_remove(voter_set):
             cluster.stats["voter_change_skipped"] += 1
         elif kind == "add" and outside:
             self.add(outside[int(pick * len(outside))])
@@ -188,13 +189,24 @@ class MembershipPlan:
                        lambda: (self.log(f"restart {victim}"), cluster.restart(victim)))
         elif (kind == "replace" and self.replace_allowed and not self.replaced and len(inside) >= 3
               and all(v.directory_id for v in voter_set.voters)):  # a static set matches any directory
-            self._replace(inside[int(pick * len(inside))])
+            self._replace(inside[int(pick * len(inside))], voter_set)
 
-    def _replace(self, victim: int) -> None:
+    def _may_remove(self, voter_set: VoterSet) -> bool:
+        """Removals keep ``min_voters``, and wait while a replaced disk's old replica is in
+        the set: it never votes again, so a smaller set could be left without a majority
+        (removing the old replica itself is the repair's job)."""
+        return (len(voter_set.ids) > self.min_voters
+                and all(is_member(self.cluster, voter_set, n) for n in voter_set.ids))
+
+    def _replace(self, victim: int, voter_set: VoterSet) -> None:
+        """The new disk is not formatted: the node joins through the other voters (as with
+        ``--bootstrap-servers``), an observer until it is added."""
         cluster = self.cluster
-        old = cluster.nodes[victim].directory_id
+        node = cluster.nodes[victim]
+        old = node.directory_id
         self.log(f"replace disk of {victim}")
         cluster.replace_disk(victim)
+        node.config = dataclasses.replace(node.config, initial_voters=None, voters=voter_set.ids - {victim})
         self.replaced.add(victim)
         back_ms = cluster.now_ms + self.rng.randint(20, 400)
         cluster.at(back_ms, lambda: (self.log(f"restart {victim} on its new disk"), cluster.restart(victim)))
@@ -229,7 +241,7 @@ class MembershipPlan:
             return
         voter_set = core.voter_set
         outside = [n for n in sorted(self.cluster.nodes) if n not in voter_set.ids and n not in self.replaced]
-        followers = sorted(voter_set.ids - {leader.node_id}) if len(voter_set.ids) > self.min_voters else []
+        followers = sorted(voter_set.ids - {leader.node_id}) if self._may_remove(voter_set) else []
         if outside and (pick < 0.5 or not followers):
             code = self.add_on(leader, outside[int(pick * len(outside))], " right after the election")
         elif followers:

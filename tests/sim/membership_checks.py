@@ -5,11 +5,12 @@ that set's member.
 
 - One change at a time: no log holds more than one voters record that is not committed.
 - Consecutive committed voters records differ by exactly one replica.
-- Elections: a new leader is in its set in force at its log end, that set is at most one
-  change from the committed set (else two majorities need not intersect: two sets drawn
+- Elections: a new leader's set in force at its log end is at most one change from the
+  committed set (else two majorities need not intersect: two sets drawn
   by two leaders, each one change from the last committed one), and the votes granted to
   it in its epoch by members of that set are a majority of it. A replica outside the set
-  (removed, or a replaced disk's new replica) never counts.
+  (removed, or a replaced disk's new replica) never counts, the new leader included (a
+  replica whose removal is not committed may still be needed to lead: Raft thesis 4.2.2).
 - Commits: when the high watermark rises, a majority of the committing leader's set in
   force durably holds it (a replica outside the set never counts; a replaced disk counts
   for what it held when it was replaced). Afterwards no majority of that set may be
@@ -84,9 +85,6 @@ class MembershipChecks:
         assert core is not None
         voter_set = core.voter_set
         now = self.cluster.now_ms
-        if not voter_set.contains(node.node_id, node.directory_id):
-            raise InvariantViolation(f"t={now} node {node.node_id} leads epoch {core.epoch} but is not in its "
-                                     f"set in force {_text(voter_set)}")
         committed = self.committed_set
         if committed is not None and len(_members(committed) ^ _members(voter_set)) > 1:
             raise InvariantViolation(f"t={now} node {node.node_id} leads epoch {core.epoch} under {_text(voter_set)}, "

@@ -25,21 +25,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from raft.node import NotLeaderError, ProposalRejectedError, RaftNode, Role
+from raft.node import NotLeaderError, ProposalRejectedError, Role
 from raft.types import ProtocolInvariantError, SnapshotId
 from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNode, sim_config
 from tests.sim.commit_faults import plan_disk_loss, plan_figure_8
 from tests.sim.election_checks import ElectionChecks
 from tests.sim.election_scenarios import run_election_scenario
+from tests.sim.membership import MembershipPlan, has_membership, spares_for
+from tests.sim.membership_checks import MembershipChecks
 from tests.sim.reads import plan_stale_leader_reads
-
-# The core on main has no dynamic voters yet: seeds change the voter set only on one that
-# has (this detection goes once s14-voters is merged).
-DYNAMIC_VOTERS = hasattr(RaftNode, "voter_set")
-if DYNAMIC_VOTERS:
-    from tests.sim.membership import MembershipPlan, has_membership, spares_for
-    from tests.sim.membership_checks import MembershipChecks
-    from tests.sim.split_change import run_split_change
+from tests.sim.split_change import run_split_change
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
@@ -142,7 +137,7 @@ class _Scenario:
         self.liveness_kind = rng.choice(LIVENESS_KINDS) if voters >= 3 else "heal_all"
         self.plan: list[str] = []
         # Seeds that change the voter set hold spare replicas that may be added.
-        self.membership = DYNAMIC_VOTERS and has_membership(seed)
+        self.membership = has_membership(seed)
         if self.membership:
             self.observers += spares_for(seed)
         self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None,
