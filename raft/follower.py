@@ -45,7 +45,7 @@ class FollowerHandlers(NodeBase):
 
     def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
         if now_ms - state.last_contact_ms >= state.fetch_timeout_ms:
-            if not self.is_voter:
+            if not self._stands():
                 self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
             elif self._shutting_down:  # rule 11: no leader known any more, and no campaign
                 self._become_unattached(now_ms, state.epoch, state.voted_id)

@@ -249,7 +249,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         """The latest time by which ``tick`` must be called."""
         state = self._state
         if isinstance(state, UnattachedState):
-            if self.is_voter:
+            if self._stands():
                 return state.election_deadline_ms
             return state.probe_deadline_ms
         if isinstance(state, (ProspectiveState, CandidateState)):
@@ -275,9 +275,10 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def tick(self, now_ms: int) -> None:
         state = self._state
         if isinstance(state, UnattachedState):
-            if self.is_voter and now_ms >= state.election_deadline_ms:
+            stands = self._stands()
+            if stands and now_ms >= state.election_deadline_ms:
                 self._campaign(now_ms, state)
-            elif not self.is_voter and now_ms >= state.probe_deadline_ms:
+            elif not stands and now_ms >= state.probe_deadline_ms:
                 self._observer_probe(now_ms, state)
         elif isinstance(state, ProspectiveState):
             if now_ms >= state.election_deadline_ms:
@@ -491,14 +492,14 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if self._shutting_down:
             state.election_deadline_ms = now_ms + self._random_election_timeout_ms()
             return
-        if not self._is_voter:  # rule 13: a leader whose removal committed is an observer now
+        if not self._stands():  # rule 13: a leader whose removal committed is an observer now
             self._become_unattached(now_ms, state.epoch, self._persisted.voted_id, 0)
             return
         self._become_prospective(now_ms)
 
     def _become_prospective(self, now_ms: int) -> None:
         """Rule 3: pre-vote for epoch + 1; persists nothing."""
-        check(self.is_voter, "observers never campaign")
+        check(self._stands(), "observers never campaign")
         check(not self._shutting_down, "a node shutting down never campaigns")
         old = self._state
         self._check_transition(Role.PROSPECTIVE, old.epoch)
@@ -508,7 +509,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         state = ProspectiveState(
             old.epoch, self._persisted.voted_id, leader_id, now_ms + self._random_election_timeout_ms()
         )
-        state.granted.add(self._id)
+        if self._is_voter:  # a node standing only to commit its own removal has no vote (rule 13)
+            state.granted.add(self._id)
         self._state = state
         self._request_votes(state.epoch + 1, True)
         self._prospective_maybe_done(now_ms, state)
@@ -521,10 +523,11 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         self._leave_role(now_ms)
         self._persist(epoch, self._id, NO_LEADER)
         state = CandidateState(epoch, now_ms + self._random_election_timeout_ms())
-        state.granted.add(self._id)
+        if self._is_voter:  # a node standing only to commit its own removal has no vote (rule 13)
+            state.granted.add(self._id)
         self._state = state
         self._request_votes(epoch, False)
-        if len(state.granted) >= self._majority:
+        if len(state.granted & self._voters) >= self._majority:
             self._become_leader(now_ms)
 
     def _request_votes(self, epoch: int, pre_vote: bool) -> None:
@@ -821,7 +824,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             self._become_unattached(now_ms, request.epoch)
         state = self._state
         if isinstance(state, FollowerState) and state.leader_id == src:
-            if self.is_voter:
+            if self._stands():
                 self._become_unattached(now_ms, state.epoch, state.voted_id, self._successor_delay_ms(request))
             else:
                 self._become_unattached(now_ms, state.epoch, state.voted_id, self.config.retry_backoff_ms)

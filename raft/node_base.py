@@ -129,6 +129,18 @@ class NodeBase:
         only voters of the set in force win elections."""
         return replica_id in self._voters or (self._history.dynamic and replica_id >= 0)
 
+    def _stands(self) -> bool:
+        """May this node start elections (rule 13)? A voter may; so may a replica removed by
+        the latest voters record while that record is not known to be committed: it may be
+        needed to commit it (its own vote does not count). Raft's dissertation, 4.2.2."""
+        if self._is_voter:
+            return True
+        latest = self._history.latest_offset()
+        if latest < 0 or latest < self.high_watermark:
+            return False
+        previous = self._history.entry_at(latest)
+        return previous is not None and previous[1].contains(self._id, self.config.directory_id)
+
     def _refresh_voters(self) -> None:
         """The log end passed or lost a voters record: take the set in force again."""
         voters = self._history.at(self._log.end_offset())

@@ -95,7 +95,12 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
     its high watermark within fetch_timeout_ms. A leader outside the set (its removal
     pending) leads without counting itself and resigns once the removal is committed. With
     voters records any replica may speak for a leader (a voter just added may lead before
-    this log holds its record); only voters of the set in force stand for election.
+    this log holds its record), and a replica votes when the candidate names its (id,
+    directory id), even before its log holds the record adding it. Voters of the set in
+    force stand for election; so does a replica the latest voters record removed while that
+    record is not known to be committed (its vote does not count): else a leader that
+    crashed with its own removal uncommitted could leave no electable majority (Raft
+    dissertation 4.2.2).
 
 The transition table is ``TRANSITIONS`` right below (after ``Role``): every (from, to) pair
 with the rule that allows it and its trigger.

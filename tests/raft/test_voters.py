@@ -346,10 +346,19 @@ class Net:
         self.nodes: dict[int, RaftNode] = {}
         self.logs: dict[int, MemoryLog] = {}
         self.down: set[int] = set()
+        self.durable: dict[int, QuorumStateRecord] = {}
+        self.initial = initial
         for node_id in sorted(initial.ids) + list(spares):
             self.logs[node_id] = MemoryLog()
             self.nodes[node_id] = RaftNode(config(node_id, initial), self.logs[node_id], None,
                                            random.Random(node_id), MemorySnapshotStore(), 0)
+
+    def crash_and_restart(self, node_id: int) -> RaftNode:
+        """Power loss (what was flushed survives, with the quorum state), then a restart."""
+        self.logs[node_id] = self.logs[node_id].reopen()
+        self.nodes[node_id] = RaftNode(config(node_id, self.initial), self.logs[node_id], self.durable.get(node_id),
+                                       random.Random(node_id + 100), MemorySnapshotStore(), self.now_ms)
+        return self.nodes[node_id]
 
     def run(self, duration_ms: int) -> None:
         for _ in range(duration_ms):
@@ -366,6 +375,8 @@ class Net:
                 if node_id in self.down:
                     continue
                 ready = node.take_ready()
+                if ready.quorum_state is not None:
+                    self.durable[node_id] = ready.quorum_state
                 if ready.flush:
                     self.logs[node_id].flush()
                     node.on_flushed(self.now_ms)
@@ -423,3 +434,23 @@ def test_the_quorum_state_file_keeps_the_committed_voters_records(tmp_path: Path
     (tmp_path / "quorum-state").write_text('{"epoch": 3, "voted_id": 1, "leader_id": 1, "voters": [[1, 5]]}')
     with pytest.raises(CorruptQuorumStateError):
         QuorumStateFile(tmp_path).read()
+
+
+def test_a_leader_that_crashes_with_its_own_removal_uncommitted_stands_again_to_commit_it() -> None:
+    """{1, 2}: the leader appends its own removal and crashes before anyone fetched it. Its
+    log says it is no voter, the other's log needs its vote, which a shorter log never gets:
+    without rule 13's exception (Raft dissertation 4.2.2) no leader is ever elected."""
+    net = Net(voters(1, 2))
+    net.until(lambda: any(n.role == Role.LEADER for n in net.nodes.values()) and net.leader().high_watermark > 2)
+    net.run(50)
+    leader = net.leader()
+    other = net.nodes[3 - leader.node_id]
+    removal = leader.remove_voter(leader.node_id, "", net.now_ms)
+    net.logs[leader.node_id].flush()
+    restarted = net.crash_and_restart(leader.node_id)
+    assert not restarted.is_voter and restarted.pending_voter_change == removal
+    assert other.voter_set == voters(1, 2)
+    net.until(lambda: other.role == Role.LEADER and other.high_watermark > removal, 5_000)
+    net.run(300)
+    assert all(n.voter_set == voters(other.node_id) for n in net.nodes.values())
+    assert restarted.role == Role.FOLLOWER and not restarted.is_voter
