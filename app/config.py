@@ -73,6 +73,8 @@ class NodeConfig:
     voters: dict[int, HostPort]
     advertise_http: str
     observer: bool = False
+    # KIP-853: format an empty log with this node as the only voter (app/runtime_voters.py)
+    standalone: bool = False
     cluster_id: str = DEFAULT_CLUSTER_ID
     cluster_secret: str = DEFAULT_CLUSTER_SECRET
     # The core's settings default to the core's own defaults (one place to change them).

@@ -35,6 +35,11 @@ from app.peer_setup import raft_transport_for
 from app.quorum_outbox import QuorumStateOutbox
 from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import LoopLagProbe, StateCollector
+from app.runtime_voters import (
+    VoterChangeIndeterminateError,
+    initial_voters_for,
+    learn_voter_addresses,
+)
 from app.service import (
     ApplyResult,
     CompactReport,
@@ -65,6 +70,7 @@ from raft.types import (
     ProtocolInvariantError,
     SnapshotId,
 )
+from raft.voters import Voter, VoterSet
 from storage.commands import Command, encode_command
 from storage.compaction_policy import (
     Recovery,
@@ -128,6 +134,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         self.auth_tokens = AuthTokens(config.auth_policy) if config.auth_policy is not None else None
         self.data_dir = Path(config.data_dir)
         self.directory_id = ""  # identity.json's, read at start (KIP-853: which replica this is)
+        self._known_voters: VoterSet | None = None  # the set whose addresses the transport has
         self.snapshots_dir = self.data_dir / "snapshots"
         self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         self._on_fatal = on_fatal or _exit_on_fatal
@@ -214,6 +221,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
                     max_pending_records=cfg.max_pending_records,
                     tombstone_retention_records=cfg.tombstone_retention_records,
                     directory_id=self.directory_id,
+                    initial_voters=initial_voters_for(cfg, self.directory_id),
                 ),
                 self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
             )
@@ -222,7 +230,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
             self.maintenance = Maintenance(
                 cfg, runtime=self, node=self.node, log=self.log, state=self.state, snapshots=self.snapshots,
                 snapshots_dir=self.snapshots_dir, loop=asyncio.get_running_loop(), fatal=self._fatal, wake_waiters=self._wake_waiters)
-            # (The core's constructor only reads the log: its end is the one recovery left.)
+            # (The core's constructor reads the log, or formats an empty one: either way its end is recovery's.)
             self.maintenance.arrival_marks.restarted(max(self._applied_version, self.log.end_offset()), time.monotonic())
             self.transport = raft_transport_for(cfg, self._on_message)
             self._outbox = QuorumStateOutbox(lambda record: self.quorum_state_file.write(record),
@@ -428,6 +436,9 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
             self._complete_reads(ready.reads_done, ready.reads_failed)
             if ready.role_changed:
                 self._on_role_changed()
+            if self.node.voter_set is not self._known_voters:  # a voters record: dial new voters
+                self._known_voters = self.node.voter_set
+                learn_voter_addresses(self.transport, self._known_voters)
             self.maintenance.maybe_snapshot()
             if self.node.refused_leader_reason != self._refusal_logged:
                 self._refusal_logged = self.node.refused_leader_reason
@@ -852,6 +863,28 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         announces (followers clean to the same offset on their own schedule)."""
         self._require_leader()
         return await self.maintenance.clean(force=True)
+
+    async def add_voter(self, voter: Voter) -> int:
+        """Leader only (app/runtime_voters.py): add an observer that caught up; answers the
+        voters record's offset once it is committed. Refusals raise ``VoterChangeError``."""
+        expected = self.node.voter_set.with_voter(voter)
+        return await self._voters_committed(expected, self.node.add_voter(voter, monotonic_ms()))
+
+    async def remove_voter(self, replica_id: int, directory_id: str = "") -> int:
+        """Leader only: remove a voter (this node too: it resigns once that is committed)."""
+        expected = self.node.voter_set.without(replica_id)
+        return await self._voters_committed(expected, self.node.remove_voter(replica_id, directory_id, monotonic_ms()))
+
+    async def _voters_committed(self, expected: VoterSet, offset: int) -> int:
+        self._kick()
+        try:
+            await self._wait_applied(offset + 1, time.monotonic() + self.config.commit_timeout_ms / 1000)
+        except VersionWaitTimeoutError:
+            raise VoterChangeIndeterminateError(
+                f"the voters record at {offset} was not committed within {self.config.commit_timeout_ms} ms") from None
+        if self.node.voter_set_at(offset + 1) != expected:
+            raise VoterChangeIndeterminateError(f"the voters record at {offset} was replaced by another leader's")
+        return offset
 
     async def resign(self) -> ResignReport:
         self._require_leader()

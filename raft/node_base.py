@@ -15,7 +15,7 @@ from raft.messages import NO_LEADER, Envelope, Message
 from raft.roles import FollowerState, LeaderState, Role, RoleState
 from raft.snapshots import SnapshotStore
 from raft.types import Batch
-from raft.voters import VoterHistory, VoterSet, voters_records
+from raft.voters import Voter, VoterHistory, VoterSet, voters_records
 
 if TYPE_CHECKING:
     from raft.node import RaftConfig, Ready
@@ -176,3 +176,9 @@ class NodeBase:
         def _become_resigned(self, now_ms: int, leader: LeaderState) -> None: ...
 
         def _persist_voters(self, committed: dict[int, bytes]) -> None: ...
+
+        # Implemented by LeaderHandlers (raft/leader.py), called by MembershipHandlers.
+        def _leader_add_voter(self, now_ms: int, state: LeaderState, voter: Voter) -> int: ...
+
+        def _leader_remove_voter(self, now_ms: int, state: LeaderState, replica_id: int,
+                                 directory_id: str) -> int: ...

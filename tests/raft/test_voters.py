@@ -454,3 +454,22 @@ def test_a_leader_that_crashes_with_its_own_removal_uncommitted_stands_again_to_
     net.run(300)
     assert all(n.voter_set == voters(other.node_id) for n in net.nodes.values())
     assert restarted.role == Role.FOLLOWER and not restarted.is_voter
+
+
+def test_a_formatted_voter_whose_log_was_lost_still_knows_it_and_the_leader_asks_again() -> None:
+    """Rule 12 with formatting: the format writes two records into the empty log, which must
+    not hide the loss; and a Fetch from just past them is taken like one from an empty log."""
+    node = RaftNode(config(2, voters(1, 2, 3)), MemoryLog(), QuorumStateRecord(4, -1, 1, True, False),
+                    random.Random(2), MemorySnapshotStore(), 0)
+    assert node.log_lost and node.quorum_state.log_lost
+    leader, log = leader_of(voters(1, 2, 3), ready=False)
+    node_3_acks = fetch(leader, 10_020, 3, 3, 1)  # 3 holds the LeaderChange record: committed
+    leader.propose(10_030, [b"w"])
+    flush(leader, log, 10_031)
+    assert leader.high_watermark == 3
+    # 2 fetched nothing in this epoch yet; a Fetch it sent at 4 is delayed, its log is lost and
+    # formatted again, and its first Fetch now comes from just past the bootstrap batch.
+    fresh = fetch(leader, 10_040, 2, 2, 0)
+    assert fresh.read_nonce > node_3_acks.read_nonce  # it must echo a new nonce before it counts
+    fetch(leader, 10_050, 2, 4, 1)  # the Fetch from before the loss arrives: no acknowledgement
+    assert leader.high_watermark == 3
