@@ -30,7 +30,8 @@ from raft.node import Role
 from raft.voters import Voter, VoterChangeError, VoterSet
 from tests.sim.cluster import Cluster, InvariantViolation, SimNode
 
-MEMBERSHIP_PROBABILITY = 0.2
+MEMBERSHIP_PROBABILITY = 0.2  # make sim and make mutants
+QUICK_MEMBERSHIP_PROBABILITY = 0.1  # make test's share (tests/sim/test_sim.py): a subset of the above
 MAX_SPARES = 2
 RETRY_MS = 20  # how often a refused change is tried again
 ADD_TRIES = 10
@@ -45,9 +46,9 @@ def membership_rng(seed: int) -> random.Random:
     return random.Random(seed * 49_979_687 + 29)
 
 
-def has_membership(seed: int) -> bool:
+def has_membership(seed: int, probability: float = MEMBERSHIP_PROBABILITY) -> bool:
     """Whether this seed changes the voter set (the first draw of its own stream)."""
-    return membership_rng(seed).random() < MEMBERSHIP_PROBABILITY
+    return membership_rng(seed).random() < probability
 
 
 def spares_for(seed: int) -> int:

@@ -22,6 +22,7 @@ are the cluster's own checks (tests/sim/cluster.py), which keep running.
 
 from __future__ import annotations
 
+from raft.log import MemoryLog
 from raft.messages import VoteResponse
 from raft.node import Ready, Role
 from raft.types import CONTROL_VOTERS, decode_control_record
@@ -43,20 +44,39 @@ class MembershipChecks:
         # ``tails``: kept by reading only what was appended since.
         self.logged: dict[int, list[tuple[int, int, bytes]]] = {}
         self.scanned: dict[int, int] = {}  # node -> the log end when ``logged`` was last brought up to date
+        self.log_seen: dict[int, tuple[MemoryLog, int, int]] = {}  # node -> (log, start, end) then
+        # Caches: these run after every event. A set in force is the same object until it changes.
+        self.decoded: dict[bytes, VoterSet] = {}
+        self.current_of: dict[int, tuple[VoterSet, int, list[tuple[int, str]], frozenset[int]]] = {}
         cluster.ready_checks.append(self.check)
         cluster.holders_check = self.check_holders
         cluster.voters_counted = self.voters_counted
 
     def current(self, voter_set: VoterSet) -> list[tuple[int, str]]:
         """The members whose replica still runs (not replaced since)."""
+        return self._current(voter_set)[2]
+
+    def _current(self, voter_set: VoterSet) -> tuple[VoterSet, int, list[tuple[int, str]], frozenset[int]]:
+        replaced = len(self.cluster.vanished)
+        cached = self.current_of.get(id(voter_set))
+        if cached is not None and cached[0] is voter_set and cached[1] == replaced:
+            return cached
         nodes = self.cluster.nodes
-        return [(v.replica_id, v.directory_id) for v in voter_set.voters
-                if v.replica_id in nodes and v.directory_id in ("", nodes[v.replica_id].directory_id)]
+        found = [(v.replica_id, v.directory_id) for v in voter_set.voters
+                 if v.replica_id in nodes and v.directory_id in ("", nodes[v.replica_id].directory_id)]
+        entry = self.current_of[id(voter_set)] = (voter_set, replaced, found, frozenset(n for n, _ in found))
+        return entry
+
+    def decode(self, record: bytes) -> VoterSet:
+        voter_set = self.decoded.get(record)
+        if voter_set is None:
+            voter_set = self.decoded[record] = VoterSet.decode(record)
+        return voter_set
 
     def voters_counted(self, leader: SimNode) -> tuple[frozenset[int], int]:
         assert leader.core is not None
         voter_set = leader.core.voter_set
-        return frozenset(node_id for node_id, _ in self.current(voter_set)), voter_set.majority
+        return self._current(voter_set)[3], voter_set.majority
 
     # ------------------------------------------------------------------ per Ready
 
@@ -110,16 +130,17 @@ class MembershipChecks:
                                      f"{_text(voter_set)}")
         self.commit_set = voter_set
         for offset, _, record in _voters_records(node, self.cluster.max_high_watermark, target):
-            committed = VoterSet.decode(record)
+            committed = self.decode(record)
             previous = self.committed_set
-            if previous is not None and len(_members(previous) ^ _members(committed)) != 1:
-                raise InvariantViolation(f"t={self.cluster.now_ms} voters record at {offset} changes "
-                                         f"{_text(previous)} to {_text(committed)}: not exactly one replica")
+            if previous is not None:  # else the first record, written when the log was formatted
+                if len(_members(previous) ^ _members(committed)) != 1:
+                    raise InvariantViolation(f"t={self.cluster.now_ms} voters record at {offset} changes "
+                                             f"{_text(previous)} to {_text(committed)}: not exactly one replica")
+                self.cluster.stats["voter_changes_committed"] += 1
             self.committed_set = committed
             self.cluster.former_voters |= committed.ids
             self.cluster.voter_ids = frozenset(committed.ids)
             self.cluster.majority = committed.majority
-            self.cluster.stats["voter_changes_committed"] += 1
 
     def _follow_log(self, node: SimNode) -> list[tuple[int, int, bytes]]:
         """The voters records the node's log holds now: those held before that are still
@@ -127,6 +148,12 @@ class MembershipChecks:
         log = node.log
         start, end = log.start_offset(), log.end_offset()
         logged = self.logged.setdefault(node.node_id, [])
+        seen = self.log_seen.get(node.node_id)
+        self.log_seen[node.node_id] = (log, start, end)
+        if seen is not None and seen[0] is log and seen[1] == start and seen[2] <= end:  # only appended since
+            logged.extend(_voters_records(node, seen[2], end))
+            self.scanned[node.node_id] = end
+            return logged
         scanned = min(self.scanned.get(node.node_id, 0), end)
         while logged and not (start <= logged[-1][0] < end and _holds(node, logged[-1])):
             scanned = min(scanned, logged.pop()[0])  # the log was cut below it, or is another log now
@@ -143,7 +170,7 @@ class MembershipChecks:
         if not logged or core is None:
             return  # a snapshot covers the latest record: its set is the snapshot's
         offset, _, record = logged[-1]
-        expected = VoterSet.decode(record)
+        expected = self.decode(record)
         if _members(core.voter_set) != _members(expected):
             raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id}'s set in force "
                                      f"{_text(core.voter_set)} is not that of the latest voters record in its "

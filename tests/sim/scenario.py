@@ -61,13 +61,17 @@ class RunResult:
     stats: dict[str, int] = field(default_factory=dict)
     liveness_ms: int = 0  # heal → leader elected and a new proposal committed
     failover_ms: int = 0  # the leader shut down gracefully → a successor committed
+    membership: bool | None = None  # as run_seed was told (None: the seed's own draw)
 
     def replay_command(self) -> str:
-        return replay_command(self.seed, self.voters)
+        return replay_command(self.seed, self.voters, self.membership)
 
 
-def replay_command(seed: int, voters: int) -> str:
-    return f"python -m tests.sim.run --seed {seed} --voters {voters}"
+def replay_command(seed: int, voters: int, membership: bool | None = None) -> str:
+    """The command that replays a seed; it names the voter changes only when the run was told
+    otherwise than the seed draws (tests/sim/test_sim.py turns some off)."""
+    flag = "" if membership is None or membership == has_membership(seed) else f" --membership {'on' if membership else 'off'}"
+    return f"python -m tests.sim.run --seed {seed} --voters {voters}{flag}"
 
 
 class SimulationFailure(AssertionError):
@@ -78,29 +82,31 @@ def voters_for_seed(seed: int) -> int:
     return (1, 3, 5)[seed % 3]
 
 
-def run_seed(seed: int, voters: int | None = None, verbose: bool = False) -> RunResult:
-    """Run one seed; raise SimulationFailure naming the replay command on any violation."""
+def run_seed(seed: int, voters: int | None = None, verbose: bool = False, membership: bool | None = None) -> RunResult:
+    """Run one seed; raise SimulationFailure naming the replay command on any violation.
+    ``membership``: change the voter set or not (default: as the seed draws)."""
     voters = voters_for_seed(seed) if voters is None else voters
     try:
-        return _run(seed, voters, verbose)
+        return _run(seed, voters, verbose, membership)
     except (InvariantViolation, ProtocolInvariantError) as exc:  # the latter stops a real node
-        raise SimulationFailure(f"seed {seed} voters {voters}: {exc}\n  replay: {replay_command(seed, voters)}") from exc
+        replay = replay_command(seed, voters, membership)
+        raise SimulationFailure(f"seed {seed} voters {voters}: {exc}\n  replay: {replay}") from exc
 
 
-def _run(seed: int, voters: int, verbose: bool) -> RunResult:
-    scenario = _Scenario(seed, voters, verbose)
+def _run(seed: int, voters: int, verbose: bool, membership: bool | None) -> RunResult:
+    scenario = _Scenario(seed, voters, verbose, has_membership(seed) if membership is None else membership)
     scenario.fault_phase()
     scenario.liveness_phase()
     cluster = scenario.cluster
     return RunResult(seed, voters, scenario.observers, cluster.events_processed, cluster.now_ms,
                      len(cluster.committed), scenario.plan, dict(cluster.stats), scenario.liveness_ms,
-                     scenario.failover_ms)
+                     scenario.failover_ms, membership)
 
 
 class _Scenario:
     """One seed's run: the shape it picks, the fault phase and the liveness phase."""
 
-    def __init__(self, seed: int, voters: int, verbose: bool) -> None:
+    def __init__(self, seed: int, voters: int, verbose: bool, membership: bool) -> None:
         rng = self.rng = random.Random(seed * 7919 + voters)
         self.seed, self.voters = seed, voters
         self.verbose = verbose
@@ -137,7 +143,7 @@ class _Scenario:
         self.liveness_kind = rng.choice(LIVENESS_KINDS) if voters >= 3 else "heal_all"
         self.plan: list[str] = []
         # Seeds that change the voter set hold spare replicas that may be added.
-        self.membership = has_membership(seed)
+        self.membership = membership
         if self.membership:
             self.observers += spares_for(seed)
         self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None,

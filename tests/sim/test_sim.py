@@ -1,4 +1,5 @@
-"""The seeded simulator as a test: 1020 seeds over 1, 3 and 5 voters (with observers).
+"""The seeded simulator as a test: 1020 seeds over 1, 3 and 5 voters (with observers), a
+tenth of them changing the voter set (tests/sim/membership.py; make sim: a fifth).
 
 Each seed runs a fault phase with invariants checked after every event, then a liveness
 phase (see tests/sim/scenario.py). A failure message carries the replay command.
@@ -16,6 +17,7 @@ import pytest
 
 from raft.node import Role
 from tests.sim.cluster import Cluster
+from tests.sim.membership import QUICK_MEMBERSHIP_PROBABILITY, has_membership
 from tests.sim.scenario import LIVENESS_KINDS, SimulationFailure, run_seed
 
 SEEDS_PER_CHUNK = 51
@@ -27,7 +29,7 @@ def test_simulated_seeds(chunk: int) -> None:
     exercised: collections.Counter[str] = collections.Counter()
     for seed in range(chunk * SEEDS_PER_CHUNK, (chunk + 1) * SEEDS_PER_CHUNK):
         try:
-            result = run_seed(seed)
+            result = run_seed(seed, membership=has_membership(seed, QUICK_MEMBERSHIP_PROBABILITY))
         except SimulationFailure as exc:
             pytest.fail(str(exc), pytrace=False)
         exercised.update(result.stats)
@@ -35,6 +37,8 @@ def test_simulated_seeds(chunk: int) -> None:
     for what in ("crashes", "became_leader", "became_resigned", "truncations", "reads_done", "reads_failed",
                  "pauses", "long_delays", "slow_snapshot_chunks", "snapshot_installs", "handovers",
                  "shutdowns_in_pre_vote", "restarts_in_pre_vote", "stale_tail_pre_votes",
+                 "voter_changes_appended", "voter_changes_committed", "voter_change_refused_leader-not-ready",
+                 "voter_change_refused_not-caught-up", "split_changes",
                  *(f"liveness_{kind}" for kind in LIVENESS_KINDS)):
         assert exercised[what] > 0, f"chunk {chunk} never exercised {what}: {dict(exercised)}"
 
