@@ -40,8 +40,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "rule 1: epochs only grow; a message from an older epoch is fenced, never acted on"),
     # ------------------------------------------------------------------ rule 2: unattached
     Mutant("rule2_unattached_voter_never_campaigns", NODE,
-           "if self.is_voter and now_ms >= state.election_deadline_ms:\n                self._campaign(now_ms, state)",
-           "if self.is_voter and now_ms >= state.election_deadline_ms:\n"
+           "if stands and now_ms >= state.election_deadline_ms:\n                self._campaign(now_ms, state)",
+           "if stands and now_ms >= state.election_deadline_ms:\n"
            "                state.election_deadline_ms = now_ms + self._random_election_timeout_ms()",
            "rule 2: an unattached voter whose election timer fires goes Prospective"),
     Mutant("rule2_observer_never_probes", NODE,
@@ -182,7 +182,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "offsets.extend(max(p.end_offset, 0) for p in [*state.voters.values(), *state.observers.values()])",
            "rule 9: observers never count toward the high watermark"),
     Mutant("rule9_observer_campaigns", NODE,
-           "if self.is_voter and now_ms >= state.election_deadline_ms:",
+           "if stands and now_ms >= state.election_deadline_ms:",
            "if now_ms >= state.election_deadline_ms:",
            "rule 9: observers are only ever Unattached or Follower, never campaign"),
     # ------------------------------------------------------------------ rule 10: restart
