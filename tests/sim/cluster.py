@@ -1,10 +1,15 @@
 """A whole metakv quorum inside one process, driven by one seeded priority queue of events.
 
+(Over 800 lines: the network, the faults and the invariants all act on the one event queue.)
+
 Every node is a real ``RaftNode`` over a ``MemoryLog``; the simulated network drops,
 delays (a few messages past an election timeout, snapshot chunks slowly), duplicates and
 reorders messages and applies partitions; crashes lose whatever was not flushed
 (``MemoryLog.reopen``); a paused node handles its inputs late. After every event the cluster checks the safety
-invariants (``InvariantViolation`` names the first broken one).
+invariants (``InvariantViolation`` names the first broken one). With ``directory_ids`` every
+replica has a directory id and a replaced disk (``replace_disk``) makes a node a new replica;
+the voter-change seeds (tests/sim/membership.py) then supply the majority and check-quorum
+rules of the set in force through ``holders_check`` and ``voters_counted``.
 """
 
 from __future__ import annotations
