@@ -1,4 +1,5 @@
-"""Run the raft simulator over many seeds: ``python -m tests.sim.run --seeds N [--seed S] [--voters V]``.
+"""Run the raft simulator over many seeds:
+``python -m tests.sim.run --seeds N [--seed S] [--voters V] [--membership on|off]``.
 
 ``--seeds N`` runs seeds S .. S+N-1 (S defaults to 0); ``--seed S`` alone replays one seed
 with a trace of every delivered message. A failing seed prints the command that replays it

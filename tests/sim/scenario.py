@@ -18,6 +18,11 @@ Phases:
    election scenario (tests/sim/election_scenarios.py), and everything heals and catches up.
 4. End: every replica holds the same committed records (checked against the oracle of
    everything ever committed).
+
+In the seeds that change the voter set (tests/sim/membership.py) phase 1 mixes voter
+changes into the faults, phase 2 first lets the set settle (the later phases count the
+final set's members as the voters), and the split change (tests/sim/split_change.py) may
+run before the end.
 """
 
 from __future__ import annotations
