@@ -9,9 +9,10 @@ node leads at that moment, through ``RaftNode.add_voter`` / ``remove_voter``:
   (not caught up, a change pending, the leader not ready) are retried a few times.
 - ``remove``, ``remove_leader``, ``remove_crashed``: a follower, the leader itself, or a
   voter crashed just before.
-- ``replace``: a voter's disk is replaced (``Cluster.replace_disk``: an empty directory
-  with a new directory id, so a new replica under the same node id); once it runs, the old
-  replica is removed and the new one added, retried until both are committed.
+- ``replace``: a voter's disk is replaced (``Cluster.replace_disk``: an empty, unformatted
+  directory with a new directory id, so a new replica under the same node id, which joins
+  through the other voters); once it runs, the old replica is removed and the new one
+  added, retried until both are committed.
 - After an election, in some seeds, a change is tried at once and retried every
   millisecond, so it lands right when the new leader's gate opens.
 
