@@ -164,17 +164,20 @@ class MembershipChecks:
         return logged
 
     def _check_set_in_force(self, node: SimNode, logged: list[tuple[int, int, bytes]]) -> None:
-        """The node's set in force is that of the latest voters record its log holds
-        (appending one changes the set at once, truncating it undoes the change)."""
+        """The node's set in force, and the one it would use for a decision at its log end,
+        are that of the latest voters record its log holds (appending one changes the set at
+        once, truncating it undoes the change)."""
         core = node.core
         if not logged or core is None:
             return  # a snapshot covers the latest record: its set is the snapshot's
         offset, _, record = logged[-1]
-        expected = self.decode(record)
-        if _members(core.voter_set) != _members(expected):
-            raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id}'s set in force "
-                                     f"{_text(core.voter_set)} is not that of the latest voters record in its "
-                                     f"log (offset {offset}: {_text(expected)}; log end {node.log.end_offset()})")
+        expected = _members(self.decode(record))
+        end = node.log.end_offset()
+        for what, found in (("set in force", core.voter_set), (f"set at its log end {end}", core.voter_set_at(end))):
+            if _members(found) != expected:
+                raise InvariantViolation(f"t={self.cluster.now_ms} node {node.node_id}'s {what} {_text(found)} is "
+                                         f"not that of the latest voters record in its log (offset {offset}: "
+                                         f"{_text(self.decode(record))})")
 
     def _check_one_uncommitted(self, node: SimNode, logged: list[tuple[int, int, bytes]], committed_end: int) -> None:
         """At most one voters record past what is committed (or differing from it) in the log."""

@@ -12,6 +12,8 @@
    vote. C1 and C2 are two changes apart, their majorities need not intersect: a leader
    elected under C1 while C2 is committed breaks "a new leader's set is at most one change
    from the committed set" (tests/sim/membership_checks.py), and would drop C2's commits.
+5. Instead of 4, in some runs: the three others are put together and elect a leader under
+   C; once healed, L1 and b truncate C1 (the change must be undone).
 
 Every step waits at most ``STEP_BOUND_MS``; a step that cannot happen ends the scenario.
 """
@@ -28,6 +30,7 @@ from tests.sim.membership import MembershipPlan, is_member
 SPLIT_CHANGE_PROBABILITY = 0.5  # of the seeds that change the voter set, with five nodes or more
 STEP_BOUND_MS = 1_500
 ACT_EVERY_MS = 20  # how often step 1 tries a change
+OTHER_SIDE_PROBABILITY = 0.3  # step 5 instead of step 4
 
 
 def run_split_change(cluster: Cluster, plan: MembershipPlan, rng: random.Random, log: Callable[[str], None]) -> bool:
@@ -79,6 +82,8 @@ class _SplitChange:
             cluster.run_until(lambda: second.core is None or second.core.pending_voter_change is None, STEP_BOUND_MS // 3)
         cluster.stats["split_changes"] += 1
         side = {first.node_id, spare, cut}
+        if self.rng.random() < OTHER_SIDE_PROBABILITY:  # step 5 instead of 4
+            side = set(others)
         log(f"split change: {sorted(side)} together, the rest cut off")
         cluster.heal()
         cluster.partition(side, set(cluster.nodes) - side)
