@@ -32,7 +32,7 @@ from raft.voters import Voter, VoterChangeError, VoterSet
 from tests.sim.cluster import Cluster, InvariantViolation, SimNode
 
 MEMBERSHIP_PROBABILITY = 0.2  # make sim and make mutants
-QUICK_MEMBERSHIP_PROBABILITY = 0.08  # make test's share (tests/sim/test_sim.py): a subset of the above
+QUICK_MEMBERSHIP_PROBABILITY = 0.05  # make test's share (tests/sim/test_sim.py): a subset of the above
 MAX_SPARES = 2
 RETRY_MS = 20  # how often a refused change is tried again
 ADD_TRIES = 10

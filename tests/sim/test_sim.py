@@ -1,5 +1,5 @@
 """The seeded simulator as a test: 1020 seeds over 1, 3 and 5 voters (with observers),
-8 % of them changing the voter set (tests/sim/membership.py; make sim: 20 %).
+5 % of them changing the voter set (tests/sim/membership.py; make sim: 20 %).
 
 Each seed runs a fault phase with invariants checked after every event, then a liveness
 phase (see tests/sim/scenario.py). A failure message carries the replay command.
