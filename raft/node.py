@@ -400,7 +400,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers, MembershipHandlers):
     def _restart(self, now_ms: int) -> None:
         """Rule 10: choose the starting role from the persisted state and the log."""
         persisted = self._persisted
-        if persisted.log_acknowledged and self._log_empty_at_start and self.is_voter:
+        if persisted.log_acknowledged and self._log_empty_at_start and (
+                self.is_voter or self._named_by_persisted_voters()):
             self._persist_log_flags(log_lost=True)  # rule 12: persisted before any message
         persisted = self._persisted
         log_epoch = self._log.last_epoch()
