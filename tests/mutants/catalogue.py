@@ -329,6 +329,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "                self._history.truncate(offset)\n",
            "",
            "rule 13: a truncation below a voters record undoes the change"),
+    Mutant("rule12_ignores_persisted_voters", NODE,
+           "self.is_voter or self._named_by_persisted_voters()):",
+           "self.is_voter):",
+           "rule 12: a voter added by a record its lost log no longer holds grants no votes"),
 )
 
 # make test's subset (tests/mutants/test_mutants_quick.py): mutants the current simulators

@@ -464,8 +464,8 @@ class Cluster:
         node = self.nodes[node_id]
         self.crash(node_id)
         durable_end = node.log.end_offset()  # crash() left only the flushed prefix
-        if node_id in self.voter_ids:
-            self.lost_disk_held[node_id] = max(self.lost_disk_held.get(node_id, 0), durable_end)
+        # Any replica: a voter the log added is not in voter_ids but counts all the same.
+        self.lost_disk_held[node_id] = max(self.lost_disk_held.get(node_id, 0), durable_end)
         for observe in self.disk_loss_observers:
             observe(node)
         node.log = MemoryLog()

@@ -41,6 +41,7 @@ AFTER_ELECTION_TRIES = 100  # one per simulated ms
 REPAIR_BOUND_MS = 3_000  # liveness: a pending change commits and replacements complete
 MIN_CHANGES, MAX_CHANGES = 2, 6  # scheduled in the fault phase
 KINDS = ("add", "add", "remove", "remove_leader", "remove_crashed", "replace")
+LOSE_ADDED_PROBABILITY = 0.3  # of membership seeds without another disk loss planned
 
 
 def membership_rng(seed: int) -> random.Random:
@@ -88,6 +89,15 @@ class MembershipPlan:
         self.replaced: set[int] = set()  # nodes whose disk was replaced: their old replica goes, the new one comes
         self.after_election = self.rng.random() < AFTER_ELECTION_PROBABILITY
         self.next_repair_ms = 0  # the liveness phase's repair acts at most every RETRY_MS
+        # Rule 12 for a voter the log added (not in the bootstrap set): its log is lost, its
+        # quorum state kept. Its own stream, so the other draws stay as they were.
+        lose_rng = random.Random(seed * 15_485_863 + 31)
+        self.loses_added_disk = not disk_loss_planned and lose_rng.random() < LOSE_ADDED_PROBABILITY
+        self.lose_added_at_ms = lose_rng.randint(fault_phase_ms // 4, fault_phase_ms // 2)
+        self.lose_added_back_ms = lose_rng.randint(20, 800)
+        self.lose_added_pick = lose_rng.random()
+        if self.loses_added_disk:
+            self.replace_allowed = False  # as with any lost disk (above)
 
     # ------------------------------------------------------------------ issuing a change
 
@@ -154,6 +164,8 @@ class MembershipPlan:
             kind = self.rng.choice(KINDS)
             pick = self.rng.random()  # which replica, among those that fit when it runs
             cluster.at(at_ms, lambda k=kind, p=pick: self._run(k, p))
+        if self.loses_added_disk:
+            cluster.at(self.lose_added_at_ms, self._lose_added_disk)
         if self.after_election:
             previous = cluster.on_elected
 
@@ -190,8 +202,46 @@ class MembershipPlan:
             cluster.at(cluster.now_ms + self.rng.randint(100, 800),
                        lambda: (self.log(f"restart {victim}"), cluster.restart(victim)))
         elif (kind == "replace" and self.replace_allowed and not self.replaced and len(inside) >= 3
+              and leader.core.pending_voter_change is None  # else the committed set may be two: no majority left
               and all(v.directory_id for v in voter_set.voters)):  # a static set matches any directory
             self._replace(inside[int(pick * len(inside))], voter_set)
+
+    def _lose_added_disk(self) -> None:
+        """An added voter of a set of at least three loses its log (quorum state kept) and
+        comes back empty: it must grant no votes until caught up (rule 12), although its
+        re-formatted log's set no longer names it. Removals keep three voters from now on."""
+        cluster = self.cluster
+        if cluster.now_ms >= self.fault_phase_ms:
+            cluster.stats["voter_disk_loss_not_done"] += 1
+            return
+        leader = self.leader()
+        voter_set = leader.core.voter_set if leader is not None and leader.core is not None else None
+        added = [] if leader is None or voter_set is None else [
+            n for n in sorted(voter_set.ids) if n not in cluster.voter_ids and n != leader.node_id
+            and n not in self.replaced and cluster.nodes[n].core is not None]
+        if voter_set is None or len(voter_set.ids) < 3 or not added or leader is None:
+            cluster.at(cluster.now_ms + RETRY_MS, self._lose_added_disk)  # no leader, or none added yet
+            return
+        victim = added[int(self.lose_added_pick * len(added))]
+        self.min_voters = 3
+        self.log(f"lose disk of added voter {victim}")
+        cluster.lose_disk(victim)
+        cluster.stats["voter_disks_lost_after_add"] += 1
+        back_ms = cluster.now_ms + self.lose_added_back_ms
+        cluster.at(back_ms, lambda: (self.log(f"restart {victim}"), cluster.restart(victim)))
+        # An election while it catches up: the one moment its vote must be withheld.
+        crash_ms = back_ms + int(self.lose_added_pick * 50)
+        cluster.at(crash_ms, lambda: self._crash_leader_for(self.lose_added_back_ms // 2 + 100))
+
+    def _crash_leader_for(self, down_ms: int) -> None:
+        leader = self.leader()
+        if leader is None:
+            return
+        node_id = leader.node_id
+        self.log(f"crash leader {node_id} while a lost disk catches up")
+        self.cluster.crash(node_id)
+        self.cluster.at(self.cluster.now_ms + down_ms,
+                        lambda: (self.log(f"restart {node_id}"), self.cluster.restart(node_id)))
 
     def _may_remove(self, voter_set: VoterSet) -> bool:
         """Removals keep ``min_voters``, and wait while a replaced disk's old replica is in

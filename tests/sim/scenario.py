@@ -191,6 +191,8 @@ class _Scenario:
         if self.membership:
             self.membership_plan = MembershipPlan(self.cluster, self.seed, self.log, self.fault_phase_ms, disk_loss)
             self.membership_plan.schedule()
+            if self.membership_plan.loses_added_disk:
+                self.liveness_kind = "heal_all"  # as for any lost disk (above)
         plan_figure_8(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log)
         self.cluster.run_for(self.fault_phase_ms)
 
