@@ -85,6 +85,13 @@ bench-etcd-locust: $(STAMP) system-etcd
 bench-etcd-grpc: $(STAMP) system-etcd
 	$(PY) -m loadtest.bench_etcd_grpc --duration-s 5 --rounds 4 --out results/bench_etcd_grpc.json
 
+# Dynamic voters with real processes (docs/http.md, Voters): 1 -> 3 -> 5 voters and back to 3
+# under chaos clients, a dead voter's disk replaced, a change while one is pending; the history
+# checked for linearizability; cluster up --dynamic (~30 s; make test runs test_voters_processes.py).
+.PHONY: test-voters
+test-voters: $(STAMP)
+	$(PY) -m pytest -q -s tests/app/voters_proof.py
+
 # Storage crash test at length: 2000 SIGKILLs at random points (make test runs 100).
 .PHONY: test-storage-crash bench-storage
 test-storage-crash: $(STAMP)

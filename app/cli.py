@@ -5,6 +5,7 @@ the data commands are in app/cli_data.py.
         --listen-raft 127.0.0.1:9001 --voters 1@127.0.0.1:9001,2@127.0.0.1:9002,3@127.0.0.1:9003
     metakv cluster up [--voters 3] [--observers 1] [--base-http-port 8001] [--base-raft-port 9001]
     metakv status [--url http://127.0.0.1:8001]
+    metakv voters list | add ID | remove ID                      (app/cli_voters.py)
     metakv repair --data-dir ./data/1 (--verify | --truncate-at OFFSET) [--dry-run]
     metakv get | put | del | list | watch | txn | snapshot ...   (app/cli_data.py)
     metakv lock | elect | lease ...                              (app/cli_coord.py)
@@ -38,6 +39,14 @@ import uvicorn
 from app.auth import AuthFileError, load_auth_policy
 from app.cli_coord import COORDINATION_COMMANDS, add_coordination_commands, split_lock_command
 from app.cli_data import DATA_COMMANDS, add_data_commands, run_data_command
+from app.cli_voters import (
+    BootstrapError,
+    add_voters_commands,
+    dynamic_voter_flags,
+    grow_voters,
+    run_voters_command,
+    voters_from_bootstrap,
+)
 from app.config import (
     SERVE_SETTINGS,
     ConfigError,
@@ -99,6 +108,10 @@ SERVE_HELP = {
     "voters": "the voters' raft addresses: ID@HOST:PORT,ID@HOST:PORT,...",
     "advertise_http": "this node's HTTP URL as clients reach it (default http://LISTEN-HTTP)",
     "observer": "run as a non-voting observer (its id must not be in --voters)",
+    "standalone": "format an empty data directory with this node as the only voter (a cluster whose voters "
+                  "`metakv voters add` / `remove` change; instead of --voters)",
+    "bootstrap_servers": "join as an observer of the voters these nodes' /v1/status names: URL,URL,... "
+                         "(instead of --voters; then `metakv voters add` it)",
     "cluster_id": "cluster id checked in the raft handshake",
     "cluster_secret": "shared secret proving raft peers belong to the cluster (use the env var)",
     "auth_file": "TOML token file: require Authorization: Bearer tokens on the HTTP API (docs/http.md, Auth)",
@@ -124,7 +137,7 @@ def _build_parser() -> _Parser:
     for setting in SERVE_SETTINGS:
         help_text = SERVE_HELP.get(setting, setting.replace("_", " "))
         help_text += f" [env {env_name(setting)}]"
-        if setting in ("observer", "insecure"):
+        if setting in ("observer", "insecure", "standalone"):
             serve.add_argument(flag_name(setting), dest=setting, action="store_const", const=True,
                                default=None, help=help_text)
         else:
@@ -148,6 +161,9 @@ def _build_parser() -> _Parser:
                     help="token file every node enforces (docs/http.md, Auth; env METAKV_AUTH_FILE)")
     up.add_argument("--token", default=os.environ.get("METAKV_TOKEN"),
                     help="bearer token to find the leader with when auth is on (env METAKV_TOKEN)")
+    up.add_argument("--dynamic", action="store_true",
+                    help="node 1 starts --standalone, the others as its observers, then nodes 2..VOTERS are added "
+                         "as voters one at a time (metakv voters add/remove change them later)")
     up.add_argument("--tls", action="store_true",
                     help="HTTPS and peer mutual TLS, with certificates made in DATA-DIR/certs (metakv certs)")
     certs = commands.add_parser("certs", help="make a CA and node/client certificates for TLS (docs/security.md)")
@@ -178,6 +194,7 @@ def _build_parser() -> _Parser:
     repair.add_argument("--dry-run", action="store_true", help="say what --truncate-at would remove")
     add_data_commands(commands)
     add_coordination_commands(commands)
+    add_voters_commands(commands)
     return parser
 
 
@@ -189,6 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.cmd = lock_command
         if args.command == "serve":
             config = build_node_config(vars(args), config_path=args.config)
+            if config.bootstrap_servers:
+                try:
+                    config = voters_from_bootstrap(config)
+                except BootstrapError as exc:
+                    print(f"metakv: cannot start node {config.node_id}: {exc}", file=sys.stderr)
+                    return EXIT_FAILURE
             return serve(config)
         if args.command == "cluster":
             return cluster_up(args)
@@ -198,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return certs(args)
         if args.command in DATA_COMMANDS:
             return run_data_command(args)
+        if args.command == "voters":
+            return run_voters_command(args)
         if args.command in COORDINATION_COMMANDS:
             return run_data_command(args, COORDINATION_COMMANDS)
         return status(args)
@@ -437,15 +462,16 @@ def cluster_up(args: argparse.Namespace) -> int:
                 "--data-dir", str(data_dir / str(node_id)),
                 "--listen-http", str(http_address),
                 "--listen-raft", str(HostPort(host, base_raft + node_id - 1)),
-                "--voters", voter_spec,
+                *(dynamic_voter_flags(node_id, count, HostPort(host, base_raft)) if args.dynamic
+                  else ["--voters", voter_spec]),
             ]
             if base_etcd:
                 command += ["--listen-etcd", str(HostPort(host, base_etcd + node_id - 1))]
             if base_gateway:
                 command += ["--listen-etcd-gateway", str(HostPort(host, base_gateway + node_id - 1))]
-            if node_id > voters:
+            if node_id > voters and not args.dynamic:
                 command.append("--observer")
-            if observers:  # voters let only these observers connect
+            if observers and not args.dynamic:  # voters let only these observers connect
                 command += ["--allowed-observers", ",".join(str(i) for i in range(voters + 1, count + 1))]
             if args.auth_file:
                 command += ["--auth-file", str(Path(args.auth_file).resolve())]
@@ -473,6 +499,13 @@ def cluster_up(args: argparse.Namespace) -> int:
             return EXIT_FAILURE
         if stop_requested:
             return 0
+        if leader and args.dynamic:
+            grown = grow_voters(leader, [(node_id, str(HostPort(host, base_raft + node_id - 1)))
+                                         for node_id in range(2, voters + 1)],
+                                args.token, _trusting(certs_dir / "ca.crt") if args.tls else True,
+                                lambda: stop_requested or any(p.poll() is not None for _, _, p in children))
+            if not grown:
+                return EXIT_FAILURE
         if leader:
             print(f"leader: {leader}   (Ctrl-C stops the cluster)", flush=True)
         return _supervise(children, lambda: stop_requested)

@@ -73,6 +73,10 @@ class NodeConfig:
     voters: dict[int, HostPort]
     advertise_http: str
     observer: bool = False
+    # KIP-853: format an empty log with this node as the only voter (app/runtime_voters.py)
+    standalone: bool = False
+    # Join as an observer of the voters any of these nodes' /v1/status names (app/cli_voters.py)
+    bootstrap_servers: tuple[str, ...] = ()
     cluster_id: str = DEFAULT_CLUSTER_ID
     cluster_secret: str = DEFAULT_CLUSTER_SECRET
     # The core's settings default to the core's own defaults (one place to change them).
@@ -308,6 +312,8 @@ SERVE_SETTINGS: dict[str, Callable[[str, Any], Any]] = {
     "voters": parse_voters,
     "advertise_http": parse_url,
     "observer": parse_bool,
+    "standalone": parse_bool,
+    "bootstrap_servers": lambda name, raw: parse_url_list(name, raw),
     "cluster_id": lambda name, raw: _non_empty(name, raw),
     "cluster_secret": lambda name, raw: _non_empty(name, raw),
     "election_timeout_ms": _ms(10),
@@ -445,10 +451,38 @@ def build_node_config(
             raw, source = from_file[setting], f"{setting} (in {config_path})"
         if raw is not None:
             values[setting] = parse(source, raw)
+    _voters_elsewhere(values)
     for setting in REQUIRED:
         if setting not in values:
             raise ConfigError(f"{flag_name(setting)} (or {env_name(setting)}) is required")
     return _validate(values)
+
+
+def _voters_elsewhere(values: dict[str, Any]) -> None:
+    """--standalone (this node alone) and --bootstrap-servers (learned at start) stand in for
+    --voters; given with it, they are refused."""
+    chosen = [flag_name(name) for name in ("voters", "standalone", "bootstrap_servers") if values.get(name)]
+    if len(chosen) > 1:
+        raise ConfigError(f"{chosen[1]}: give one of --voters, --standalone and --bootstrap-servers, not {chosen[0]} too")
+    if values.get("standalone"):
+        if values.get("observer"):
+            raise ConfigError("--standalone: the node is the only voter, so it cannot be an --observer")
+        listen_raft = values.get("listen_raft")
+        if listen_raft is not None and "node_id" in values:
+            if listen_raft.port == 0:
+                raise ConfigError("--standalone: --listen-raft needs a port (the voters record names it)")
+            values["voters"] = {values["node_id"]: listen_raft}
+    elif values.get("bootstrap_servers"):
+        values["voters"] = {}  # app/cli_voters.py asks them before the node starts
+        values["observer"] = True
+
+
+def parse_url_list(name: str, raw: Any) -> tuple[str, ...]:
+    """``http://h:1,http://h:2`` -> each checked by ``parse_url``; at least one."""
+    urls = tuple(parse_url(name, item) for item in str(raw).split(",") if item.strip())
+    if not urls:
+        raise ConfigError(f"{name}: give at least one URL")
+    return urls
 
 
 def _validate(values: dict[str, Any]) -> NodeConfig:
@@ -457,7 +491,7 @@ def _validate(values: dict[str, Any]) -> NodeConfig:
     observer = values.get("observer", False)
     if observer and node_id in voters:
         raise ConfigError(f"--observer: node {node_id} is listed in --voters; an observer must not be")
-    if not observer and node_id not in voters:
+    if not observer and node_id not in voters and not values.get("bootstrap_servers"):
         raise ConfigError(f"--node-id: node {node_id} is not in --voters (pass --observer for a non-voter)")
     listen_http: HostPort = values["listen_http"]
     listen_raft: HostPort = values["listen_raft"]

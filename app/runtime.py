@@ -35,11 +35,22 @@ from app.peer_setup import raft_transport_for
 from app.quorum_outbox import QuorumStateOutbox
 from app.runtime_maintenance import Maintenance
 from app.runtime_metrics import LoopLagProbe, StateCollector
+from app.runtime_voters import (
+    add_voter_fields,
+    initial_voters_for,
+    learn_voter_addresses,
+    raft_endpoint,
+    refuse_standalone_on_static_log,
+    refused,
+    resolve_voter,
+    voter_set_view,
+)
 from app.service import (
     ApplyResult,
     CompactReport,
     Consistency,
     IndeterminateError,
+    NewVoter,
     NodeHeaders,
     NodeStatus,
     NotLeaderError,
@@ -50,6 +61,8 @@ from app.service import (
     SnapshotReport,
     SnapshotStorageError,
     VersionWaitTimeoutError,
+    VoterChangeIndeterminateError,
+    VoterSetView,
     WriteRejectedError,
     WriteTooLargeError,
 )
@@ -65,6 +78,7 @@ from raft.types import (
     ProtocolInvariantError,
     SnapshotId,
 )
+from raft.voters import VoterChangeError, VoterSet
 from storage.commands import Command, encode_command
 from storage.compaction_policy import (
     Recovery,
@@ -127,6 +141,10 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         # Read by app.http.create_app (None: auth off); SIGHUP reloads it (app/cli.py).
         self.auth_tokens = AuthTokens(config.auth_policy) if config.auth_policy is not None else None
         self.data_dir = Path(config.data_dir)
+        self.directory_id = ""  # identity.json's, read at start (KIP-853: which replica this is)
+        self._known_voters: VoterSet | None = None  # the set whose addresses the transport has
+        # Raft endpoints of every voter any set named (and --voters): a voter added back needs its own.
+        self._raft_endpoints = {node_id: str(address) for node_id, address in config.voters.items()}
         self.snapshots_dir = self.data_dir / "snapshots"
         self._seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         self._on_fatal = on_fatal or _exit_on_fatal
@@ -186,7 +204,7 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         # Before anything is opened: log recovery may cut a tail and delete files.
         self._data_dir_lock = DataDirLock(self.data_dir)
         try:
-            check_identity(self.data_dir, self.config.cluster_id, self.node_id)
+            self.directory_id = check_identity(self.data_dir, self.config.cluster_id, self.node_id)
             (self.data_dir / "log").mkdir(exist_ok=True)
             self.snapshots_dir.mkdir(parents=True, exist_ok=True)
             self.log = SegmentLog(self.data_dir / "log", segment_bytes=self.config.segment_bytes)
@@ -212,15 +230,18 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
                     max_batch_bytes=cfg.max_batch_bytes,
                     max_pending_records=cfg.max_pending_records,
                     tombstone_retention_records=cfg.tombstone_retention_records,
+                    directory_id=self.directory_id,
+                    initial_voters=initial_voters_for(cfg, self.directory_id),
                 ),
                 self.log, persisted, random.Random(self._seed), self.snapshots, monotonic_ms(),
             )
             self._check_log_lost()
+            refuse_standalone_on_static_log(cfg, self.node.voter_set)
             # Snapshots and cleaning (docs/compaction.md), on threads of their own.
             self.maintenance = Maintenance(
                 cfg, runtime=self, node=self.node, log=self.log, state=self.state, snapshots=self.snapshots,
                 snapshots_dir=self.snapshots_dir, loop=asyncio.get_running_loop(), fatal=self._fatal, wake_waiters=self._wake_waiters)
-            # (The core's constructor only reads the log: its end is the one recovery left.)
+            # (The core's constructor reads the log, or formats an empty one: either way its end is recovery's.)
             self.maintenance.arrival_marks.restarted(max(self._applied_version, self.log.end_offset()), time.monotonic())
             self.transport = raft_transport_for(cfg, self._on_message)
             self._outbox = QuorumStateOutbox(lambda record: self.quorum_state_file.write(record),
@@ -426,6 +447,9 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
             self._complete_reads(ready.reads_done, ready.reads_failed)
             if ready.role_changed:
                 self._on_role_changed()
+            if self.node.voter_set is not self._known_voters:  # a voters record: dial new voters
+                self._known_voters = self.node.voter_set
+                learn_voter_addresses(self.transport, self._known_voters, self._raft_endpoints)
             self.maintenance.maybe_snapshot()
             if self.node.refused_leader_reason != self._refusal_logged:
                 self._refusal_logged = self.node.refused_leader_reason
@@ -809,6 +833,9 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
             # what etcd's MemberList on any member lists for this one (docs/etcd.md)
             "etcd_client_url": None if self.config.listen_etcd is None else
             f"{'https' if self.config.http_tls else 'http'}://{self.config.listen_etcd}",
+            "directory_id": self.directory_id,
+            "raft_endpoint": raft_endpoint(self.config),
+            "voter_set": voter_set_view(node),
         }
 
     def quorum(self) -> QuorumView:
@@ -817,24 +844,25 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         wall_ms = int(time.time() * 1000)
         described = self.node.describe_quorum(now_ms)
 
-        def replica(state: Any) -> ReplicaView:
+        def replica(state: Any, observer: bool) -> ReplicaView:
             def wall(monotonic: int) -> int | None:
                 return None if monotonic <= 0 else wall_ms - (now_ms - monotonic)
-            return {
+            return add_voter_fields({
                 "node_id": state.replica_id,
                 "endpoint": state.endpoint or self.node.peer_endpoints.get(state.replica_id, ""),
                 "log_end_offset": state.log_end_offset,
                 "lag": max(0, described.high_watermark - state.log_end_offset),
                 "last_fetch_timestamp_ms": wall(state.last_fetch_timestamp_ms),
                 "last_caught_up_timestamp_ms": wall(state.last_caught_up_timestamp_ms),
-            }
+            }, state, observer, described.high_watermark, now_ms, self.config.fetch_timeout_ms)
 
         return {
             "epoch": described.epoch,
             "leader_id": described.leader_id,
             "high_watermark": described.high_watermark,
-            "voters": [replica(state) for state in described.voters],
-            "observers": [replica(state) for state in described.observers],
+            "voters": [replica(state, False) for state in described.voters],
+            "observers": [replica(state, True) for state in described.observers],
+            "voter_set": voter_set_view(self.node),
         }
 
     async def take_snapshot(self) -> SnapshotReport:
@@ -853,6 +881,44 @@ class NodeRuntime(NodeReads, NodeWrites, NodeLeases):
         announces (followers clean to the same offset on their own schedule)."""
         self._require_leader()
         return await self.maintenance.clean(force=True)
+
+    async def add_voter(self, voter: NewVoter) -> VoterSetView:
+        """POST /v1/admin/voters (app/runtime_voters.py): add an observer that caught up;
+        answers the set once the voters record is committed."""
+        self._require_leader()
+        now_ms = monotonic_ms()
+        resolved = resolve_voter(voter, self.node.voter_set, self.node.describe_quorum(now_ms).observers,
+                                 self._raft_endpoints)
+        expected = self.node.voter_set.with_voter(resolved)
+        return await self._voters_committed(expected, lambda: self.node.add_voter(resolved, now_ms))
+
+    async def remove_voter(self, node_id: int, directory_id: str | None = None) -> VoterSetView:
+        """DELETE /v1/admin/voters/{id}: remove a voter (this node too: it resigns once that
+        is committed)."""
+        self._require_leader()
+        expected = self.node.voter_set.without(node_id)
+        return await self._voters_committed(
+            expected, lambda: self.node.remove_voter(node_id, directory_id or "", monotonic_ms()))
+
+    async def _voters_committed(self, expected: VoterSet, append: Callable[[], int]) -> VoterSetView:
+        try:
+            offset = append()
+        except VoterChangeError as exc:
+            if exc.code == "not-leader":
+                raise self._not_leader() from None
+            raise refused(exc) from None
+        self._kick()
+        try:
+            await self._wait_applied(offset + 1, time.monotonic() + self.config.commit_timeout_ms / 1000)
+        except VersionWaitTimeoutError:
+            raise VoterChangeIndeterminateError(
+                f"the voters record at {offset} was not committed within {self.config.commit_timeout_ms} ms; "
+                "look at the voter set (GET /v1/quorum) before retrying") from None
+        if self.node.voter_set_at(offset + 1) != expected:
+            raise VoterChangeIndeterminateError(
+                f"the voters record at {offset} was replaced by another leader's; look at the voter set "
+                "(GET /v1/quorum) before retrying")
+        return voter_set_view(self.node)
 
     async def resign(self) -> ResignReport:
         self._require_leader()

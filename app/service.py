@@ -32,6 +32,7 @@ __all__ = [
     "NotLeaderError",
     "NotReadyError", "OpResult", "QuorumView", "ReplicaView", "ResignReport", "ServiceError", "SnapshotReport",
     "SnapshotStorageError", "VersionWaitTimeoutError", "WriteRejectedError", "WriteTooLargeError",
+    "NewVoter", "VoterChangeIndeterminateError", "VoterChangeRefusedError", "VoterSetView", "VoterView",
 ]
 # The conditions and operations a front end builds for a write are the log's own value types
 # (re-exported, like the result records): the service adds no second spelling of them.
@@ -107,6 +108,32 @@ class HistoryCompactedError(ServiceError):
         super().__init__(f"version {requested_version} is compacted; the oldest available is {oldest_version}")
         self.requested_version = requested_version
         self.oldest_version = oldest_version
+
+
+class VoterChangeRefusedError(ServiceError):
+    """The leader refused a voter change (nothing changed); ``code`` says why: one of
+    change-pending, already-voter, kraft-version-0, not-caught-up, unknown-voter,
+    last-voter, leader-not-ready (retry soon), raft-endpoint-unknown (docs/http.md, Voters)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class VoterChangeIndeterminateError(ServiceError):
+    """The voters record was appended but not seen committed in time (or a new leader's log
+    replaced it): the change may or may not take effect; look at the set, then retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewVoter:
+    """A replica to add as a voter; None: what the leader knows of it (its Fetches name its
+    directory id and HTTP URL; a raft endpoint only a voters record or --voters named)."""
+
+    node_id: int
+    directory_id: str | None = None
+    raft_endpoint: str | None = None
+    http_url: str | None = None
 
 
 # Lease ids are 1..MAX_LEASE_ID: the largest integer every JSON parser reads exactly.
@@ -234,6 +261,30 @@ class PrefixDigestView(TypedDict):
     sha256: str
 
 
+class VoterView(TypedDict):
+    """One voter of a voters record (KIP-853)."""
+
+    node_id: int
+    directory_id: str  # "" in a static (--voters) set
+    raft_endpoint: str
+    http_url: str
+
+
+class PendingVoterChange(TypedDict):
+    offset: int  # the uncommitted voters record
+    action: Literal["add", "remove"]
+    node_id: int
+
+
+class VoterSetView(TypedDict):
+    """The set in force on a node: kraft_version 0 is a static --voters set (no changes), 1 a
+    set from voters records; ``pending_change`` an uncommitted record, if any."""
+
+    kraft_version: int
+    voters: list[VoterView]
+    pending_change: PendingVoterChange | None
+
+
 class NodeStatus(TypedDict):
     """What this node reports of itself; the runtime adds the compaction fields of
     docs/compaction.md."""
@@ -262,6 +313,9 @@ class NodeStatus(TypedDict):
     log_size_bytes: NotRequired[int]
     last_clean: NotRequired[CompactReport | None]
     tombstones_dropped_total: NotRequired[int]
+    directory_id: NotRequired[str]  # this data directory's (identity.json)
+    raft_endpoint: NotRequired[str]  # HOST:PORT, as a voters record names this node
+    voter_set: NotRequired[VoterSetView]  # the set in force in this node's log
 
 
 class ReplicaView(TypedDict):
@@ -271,6 +325,8 @@ class ReplicaView(TypedDict):
     lag: int
     last_fetch_timestamp_ms: int | None  # wall clock, ms since the epoch
     last_caught_up_timestamp_ms: int | None
+    directory_id: NotRequired[str]  # as its Fetches name it ("" before its first)
+    caught_up: NotRequired[bool]  # observers: the leader would add it as a voter now
 
 
 class QuorumView(TypedDict):
@@ -281,6 +337,7 @@ class QuorumView(TypedDict):
     high_watermark: int
     voters: list[ReplicaView]
     observers: list[ReplicaView]
+    voter_set: NotRequired[VoterSetView]
 
 
 class SnapshotReport(TypedDict):
@@ -403,4 +460,15 @@ class KVService(Protocol):
 
     async def resign(self) -> ResignReport:
         """Leader only, else NotLeaderError."""
+        ...
+
+    # Voter changes (KIP-853), leader only, else NotLeaderError: each answers the new set
+    # once its voters record is committed; VoterChangeRefusedError (nothing changed) or
+    # VoterChangeIndeterminateError.
+    async def add_voter(self, voter: NewVoter) -> VoterSetView:
+        """Add an observer that has caught up."""
+        ...
+
+    async def remove_voter(self, node_id: int, directory_id: str | None = None) -> VoterSetView:
+        """Remove a voter (``directory_id``: only while it is that replica); the leader too."""
         ...

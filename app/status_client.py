@@ -120,8 +120,9 @@ def print_status(members: list[str], token: str | None, timeout_s: float,
         for kind in ("voters", "observers"):
             for replica in table.get(kind, []):
                 rows.append(_status_row(client, kind[:-1], replica, table))
-    print(f"epoch {table['epoch']}  leader {table['leader_id']}  high watermark {table['high_watermark']}")
-    header = ("NODE", "KIND", "ROLE", "URL", "LOG END", "LAG", "APPLIED", "READY", "LAST FETCH")
+    print(f"epoch {table['epoch']}  leader {table['leader_id']}  high watermark {table['high_watermark']}  "
+          f"{voter_set_line(table.get('voter_set'))}")
+    header = ("NODE", "KIND", "ROLE", "URL", "LOG END", "LAG", "APPLIED", "READY", "LAST FETCH", "DIRECTORY ID")
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
@@ -148,5 +149,19 @@ def _status_row(client: MemberClient, kind: str, replica: dict[str, Any], table:
         fetched = "never"
     else:
         fetched = f"{max(0, int(time.time() * 1000) - last_fetch)} ms ago"
+    directory = replica.get("directory_id") or "-"
+    if kind == "observer" and replica.get("caught_up"):
+        directory += " (caught up)"  # `metakv voters add` would take it now
     return (replica.get("node_id"), kind, role, endpoint or "-", replica.get("log_end_offset"),
-            replica.get("lag"), applied, ready, fetched)
+            replica.get("lag"), applied, ready, fetched, directory)
+
+
+def voter_set_line(voter_set: Any) -> str:
+    """The kraft version and any uncommitted voter change of /v1/quorum's voter_set."""
+    if not isinstance(voter_set, dict):
+        return "voters: static (kraft version 0)"
+    pending = voter_set.get("pending_change")
+    change = "none" if not isinstance(pending, dict) else (
+        f"{pending.get('action')} node {pending.get('node_id')} (record at {pending.get('offset')}, uncommitted)")
+    kind = "static --voters set" if voter_set.get("kraft_version") == 0 else "voters records"
+    return f"kraft version {voter_set.get('kraft_version')} ({kind})  pending voter change: {change}"

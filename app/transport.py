@@ -404,6 +404,13 @@ class RaftTransport:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
 
+    def add_peer(self, peer_id: int, host: str, port: int) -> None:
+        """A voter learned from the log (KIP-853): dial it, and let it connect, like a
+        configured one."""
+        if peer_id != self.node_id and self._peers.get(peer_id) != (host, port):
+            self._peers[peer_id] = (host, port)
+            self._voters = self._voters | {peer_id}
+
     # -- sending ------------------------------------------------------------
 
     def send(self, envelope: Envelope) -> None:

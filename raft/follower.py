@@ -18,6 +18,7 @@ from raft.node_base import NodeBase
 from raft.roles import FetchPhase, FollowerState, UnattachedState
 from raft.snapshots import CorruptSnapshotError, SnapshotNotFoundError
 from raft.types import Batch, ErrorCode, SnapshotId, check
+from raft.voters import VoterSet
 
 
 class FollowerHandlers(NodeBase):
@@ -44,7 +45,7 @@ class FollowerHandlers(NodeBase):
 
     def _follower_tick(self, now_ms: int, state: FollowerState) -> None:
         if now_ms - state.last_contact_ms >= state.fetch_timeout_ms:
-            if not self.is_voter:
+            if not self._stands():
                 self._become_unattached(now_ms, state.epoch, state.voted_id, 0)
             elif self._shutting_down:  # rule 11: no leader known any more, and no campaign
                 self._become_unattached(now_ms, state.epoch, state.voted_id)
@@ -84,19 +85,21 @@ class FollowerHandlers(NodeBase):
         self._send(dst, FetchRequest(
             epoch, self._id, log.end_offset(), log.last_epoch(), self.high_watermark,
             self.config.fetch_max_wait_ms, self.config.endpoint, read_nonce, log.cleaned_end(),
+            self.config.directory_id,
         ))
 
     def _observer_probe(self, now_ms: int, state: UnattachedState) -> None:
         """Rule 2: an observer asks a random voter who leads."""
-        voters = sorted(self._voters)
-        self._send_fetch(now_ms, voters[self._rng.randrange(len(voters))], state.epoch)
+        voters = sorted(self._voters - {self._id})  # rule 13: its id may be a voter's with another directory
+        if voters:
+            self._send_fetch(now_ms, voters[self._rng.randrange(len(voters))], state.epoch)
         state.probe_deadline_ms = now_ms + self.config.retry_backoff_ms + self._rng.randrange(
             self.config.retry_backoff_ms + 1)
 
     # ------------------------------------------------------------------ fetch responses
 
     def _on_fetch_response(self, now_ms: int, src: int, response: FetchResponse) -> None:
-        if (src not in self._voters or response.epoch < 0 or response.high_watermark < 0
+        if (not self._may_lead(src) or response.epoch < 0 or response.high_watermark < 0
                 or response.log_start_offset < 0 or response.fetch_offset < 0 or response.read_nonce < 0):
             return
         if response.error != ErrorCode.NONE:
@@ -132,6 +135,7 @@ class FollowerHandlers(NodeBase):
         self.tombstone_horizon = max(self.tombstone_horizon, response.tombstone_horizon)
         self.dirty_offset_known = True
         if response.snapshot_id is not None:
+            self._follower_note_snapshot_voters(response)
             self._follower_start_snapshot(now_ms, state, response.snapshot_id)
             return
         if response.diverging_epoch != NO_EPOCH:
@@ -171,6 +175,9 @@ class FollowerHandlers(NodeBase):
               f"below the high watermark {self.high_watermark}")
         if offset < log.end_offset():
             log.truncate_to(offset)
+            if self._history.latest_offset() >= offset:  # rule 13: truncation undoes a voters record
+                self._history.truncate(offset)
+                self._refresh_voters()
 
     def _follower_append(self, response: FetchResponse) -> None:
         log = self._log
@@ -205,6 +212,7 @@ class FollowerHandlers(NodeBase):
             if batch.base_offset < end:
                 batch = Batch(end, batch.epoch, batch.timestamp_ms, batch.control, batch.records[end - batch.base_offset:])
             log.append(batch)
+            self._add_voters_records(batch)
         self.high_watermark = max(self.high_watermark, min(log.end_offset(), response.high_watermark))
 
     # ------------------------------------------------------------------ snapshot download
@@ -225,7 +233,8 @@ class FollowerHandlers(NodeBase):
         state.phase = FetchPhase.SNAPSHOT
         state.fetch_sent_ms = now_ms
         self._send(state.leader_id, FetchSnapshotRequest(
-            state.epoch, self._id, state.snapshot_id, state.snapshot_position, self.config.snapshot_chunk_bytes
+            state.epoch, self._id, state.snapshot_id, state.snapshot_position, self.config.snapshot_chunk_bytes,
+            self.config.directory_id,
         ))
 
     def _on_fetch_snapshot_response(self, now_ms: int, src: int, response: FetchSnapshotResponse) -> None:
@@ -258,11 +267,36 @@ class FollowerHandlers(NodeBase):
             self._follower_abandon_snapshot(now_ms, state)
             return
         self._log.reset_to_snapshot(snapshot_id)
+        self._follower_voters_after_snapshot()
         self.high_watermark = max(self.high_watermark, snapshot_id.end_offset)
         self._ready.snapshot_to_install = snapshot_id
         state.snapshot_id = None
         state.phase = FetchPhase.IDLE
         self._follower_fetch_if_ready(now_ms, state)
+
+    def _follower_note_snapshot_voters(self, response: FetchResponse) -> None:
+        """Rule 13: the leader names the latest voters record below the snapshot's end. It is
+        committed; persisting it now (this Ready's quorum state is written before the first
+        FetchSnapshot leaves) means a restart after the log was reset still knows the set."""
+        if response.snapshot_voters_offset < 0 or not response.snapshot_voters:
+            return
+        if response.snapshot_id is None or response.snapshot_voters_offset >= response.snapshot_id.end_offset:
+            return
+        try:
+            VoterSet.decode(response.snapshot_voters)
+        except ValueError:
+            return
+        committed = dict(self._persisted.voters)
+        committed[response.snapshot_voters_offset] = response.snapshot_voters
+        self._persist_voters(committed)
+
+    def _follower_voters_after_snapshot(self) -> None:
+        """The log now starts at a snapshot: the set in force comes from the committed voters
+        records persisted (the leader's for this snapshot among them), else the static set."""
+        self._history.truncate(0)
+        for offset, record in self._persisted.voters:
+            self._history.add(offset, VoterSet.decode(record))
+        self._refresh_voters()
 
     def _follower_abandon_snapshot(self, now_ms: int, state: FollowerState) -> None:
         state.snapshot_id = None

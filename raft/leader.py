@@ -24,6 +24,7 @@ from raft.node_base import NodeBase
 from raft.roles import LeaderState, ParkedFetch, PendingBatch, PendingRead, ReplicaProgress
 from raft.snapshots import SnapshotNotFoundError
 from raft.types import Batch, ErrorCode, SnapshotId
+from raft.voters import BOOTSTRAP_RECORDS, Voter, VoterChangeError, VoterSet, is_directory_id
 
 
 class LeaderHandlers(NodeBase):
@@ -37,9 +38,14 @@ class LeaderHandlers(NodeBase):
             return DescribeQuorumResponse(
                 ErrorCode.NOT_LEADER_OR_FOLLOWER, self.epoch, self.leader_id, self.high_watermark, (), ()
             )
-        me = ReplicaState(self._id, self.config.endpoint, self._log.end_offset(), now_ms, now_ms)
-        voters = [me] + [_replica_state(p) for p in sorted(state.voters.values(), key=lambda p: p.replica_id)]
+        me = [ReplicaState(self._id, self.config.endpoint, self._log.end_offset(), now_ms, now_ms,
+                            self.config.directory_id)]
+        voters = [_replica_state(p) for p in sorted(state.voters.values(), key=lambda p: p.replica_id)]
         observers = [_replica_state(p) for p in sorted(state.observers.values(), key=lambda p: p.replica_id)]
+        if self._is_voter:  # a leader whose removal is not committed yet still leads (rule 13)
+            voters = me + voters
+        else:
+            observers = sorted(me + observers, key=lambda r: r.replica_id)
         return DescribeQuorumResponse(
             ErrorCode.NONE, state.epoch, self._id, self.high_watermark, tuple(voters), tuple(observers)
         )
@@ -101,7 +107,7 @@ class LeaderHandlers(NodeBase):
             self._leader_answer_fetch(parked.src, parked.request, state)
         if state.begin_quorum_pending and now_ms >= state.begin_quorum_next_ms:
             self._send_begin_quorum(now_ms, state)
-        if len(self._voters) > 1 and now_ms >= state.elected_ms + self._check_quorum_ms():
+        if not self._sole_voter() and now_ms >= state.elected_ms + self._check_quorum_ms():
             if now_ms - self._last_quorum_fetch_ms(state) >= self._check_quorum_ms():
                 self._become_resigned(now_ms, state)
 
@@ -109,16 +115,30 @@ class LeaderHandlers(NodeBase):
         """The latest time by which a majority of voters (the leader counts) had sent a Fetch
         or a FetchSnapshot in this epoch (Kafka counts both: a voter downloading a snapshot
         follows this leader, and a download may outlast the check-quorum period)."""
-        if len(self._voters) == 1:
+        if self._sole_voter():
             return 1 << 62
         times = sorted((p.last_heard_ms for p in state.voters.values()), reverse=True)
-        return times[self._majority - 2]
+        others_needed = self._majority - (1 if self._is_voter else 0)
+        return times[others_needed - 1]
 
-    def _leader_heard_from(self, now_ms: int, state: LeaderState, src: int, replica_id: int) -> None:
+    def _sole_voter(self) -> bool:
+        return self._is_voter and len(self._voters) == 1
+
+    def _leader_heard_from(self, now_ms: int, state: LeaderState, src: int, replica_id: int,
+                           directory_id: str) -> None:
         """A valid Fetch or FetchSnapshot of this epoch from a voter: check-quorum's sign of life."""
-        progress = state.voters.get(replica_id)
-        if progress is not None and replica_id == src:
+        progress = self._voter_progress(state, src, replica_id, directory_id)
+        if progress is not None:
             progress.last_heard_ms = now_ms
+
+    def _voter_progress(self, state: LeaderState, src: int, replica_id: int,
+                        directory_id: str) -> ReplicaProgress | None:
+        """The progress of a voter of the set in force sending as itself, by (id, directory
+        id) (rule 13: the same id with another directory is an observer)."""
+        progress = state.voters.get(replica_id)
+        if progress is None or replica_id != src or not self._voter_set.contains(replica_id, directory_id):
+            return None
+        return progress
 
     def _leader_drain(self, now_ms: int, state: LeaderState) -> None:
         """Group commit: turn accumulated proposals into log batches.
@@ -184,7 +204,7 @@ class LeaderHandlers(NodeBase):
             if request.replica_id in self._voters or len(self.peer_endpoints) < len(self._voters) + self.config.max_observers:
                 self.peer_endpoints[request.replica_id] = request.replica_endpoint
         state.parked.pop(src, None)
-        self._leader_heard_from(now_ms, state, src, request.replica_id)
+        self._leader_heard_from(now_ms, state, src, request.replica_id, request.replica_directory_id)
         acknowledges = self._leader_takes_ack(state, src, request)
         if request.fetch_offset < log.start_offset():
             self._send(src, self._fetch_response(request, state, snapshot_id=log.latest_snapshot_id()))
@@ -226,7 +246,8 @@ class LeaderHandlers(NodeBase):
             _record_caught_up(progress, request.fetch_offset, log.end_offset(), now_ms)
             if request.replica_endpoint:
                 progress.endpoint = request.replica_endpoint
-        is_voter = request.replica_id in state.voters and request.replica_id == src
+            progress.directory_id = request.replica_directory_id
+        is_voter = self._voter_progress(state, src, request.replica_id, request.replica_directory_id) is not None
         if is_voter:
             state.begin_quorum_pending.discard(src)
             for read in state.reads.values():
@@ -247,21 +268,23 @@ class LeaderHandlers(NodeBase):
         the leader raises the read nonce and takes its later Fetches as acknowledgements
         only once they echo it (sent after it heard from this leader since). A lower
         acknowledgement is always taken: a restarted voter echoes no nonce yet."""
-        progress = state.voters.get(request.replica_id) if request.replica_id == src else None
+        progress = self._voter_progress(state, src, request.replica_id, request.replica_directory_id)
         if progress is None:
             return True
         falls = request.fetch_offset < progress.end_offset
         acknowledges = falls or request.read_nonce >= progress.ack_nonce
-        if falls or request.fetch_offset == 0:
+        # A formatted log (rule 13) is never empty: its first batch is the bootstrap one.
+        empty_at = BOOTSTRAP_RECORDS if self._history.dynamic else 0
+        if falls or request.fetch_offset <= empty_at:
             state.read_nonce += 1
             progress.ack_nonce = state.read_nonce
         return acknowledges
 
     def _leader_progress(self, state: LeaderState, request: FetchRequest) -> ReplicaProgress | None:
         replica_id = request.replica_id
-        if replica_id in state.voters:
+        if replica_id in state.voters and self._voter_set.contains(replica_id, request.replica_directory_id):
             return state.voters[replica_id]
-        if replica_id == ANONYMOUS_REPLICA or replica_id == self._id or replica_id in self._voters:
+        if replica_id == ANONYMOUS_REPLICA or replica_id == self._id:
             return None
         progress = state.observers.get(replica_id)
         if progress is None and len(state.observers) < self.config.max_observers:
@@ -296,11 +319,14 @@ class LeaderHandlers(NodeBase):
     ) -> FetchResponse:
         self._leader_update_compaction_offsets(state)
         diverging_epoch, diverging_end = diverging if diverging is not None else (NO_EPOCH, -1)
+        voters_entry = self._history.entry_at(snapshot_id.end_offset) if snapshot_id is not None else None
+        voters_offset, voters = (-1, b"") if voters_entry is None else (voters_entry[0], voters_entry[1].encode())
         return FetchResponse(
             ErrorCode.NONE, state.epoch, self._id, self.config.endpoint, request.fetch_offset,
             self.high_watermark, self._log.start_offset(), self.dirty_offset, self.tombstone_horizon,
             records, diverging_epoch, diverging_end, snapshot_id, state.read_nonce,
             self._log.cleaned_end(), self.config.tombstone_retention_records, request.last_fetched_epoch,
+            voters_offset, voters,
         )
 
     def _error_fetch_response(
@@ -334,7 +360,8 @@ class LeaderHandlers(NodeBase):
 
     def _leader_update_high_watermark(self, now_ms: int, state: LeaderState) -> None:
         """Rule 6: majority of durable offsets, only past the epoch start, never back."""
-        offsets = [self._log.flushed_offset()]
+        # A leader outside the set in force (its removal pending) does not count itself.
+        offsets = [self._log.flushed_offset()] if self._is_voter else []
         offsets.extend(max(p.end_offset, 0) for p in state.voters.values())
         offsets.sort(reverse=True)
         candidate = offsets[self._majority - 1]
@@ -359,17 +386,102 @@ class LeaderHandlers(NodeBase):
     def _leader_complete_reads(self, state: LeaderState) -> None:
         if not state.reads or self.high_watermark <= state.epoch_start_offset:
             return
-        done = [t for t, r in state.reads.items() if len(r.confirmed) + 1 >= self._majority]
+        done = [t for t, r in state.reads.items()
+                if len(r.confirmed & state.voters.keys()) + self._is_voter >= self._majority]
         for token in done:
             del state.reads[token]
             self._ready.reads_done.append((token, self.high_watermark))
 
+    # ------------------------------------------------------------------ voter changes (rule 13)
+
+    def _leader_add_voter(self, now_ms: int, state: LeaderState, voter: Voter) -> int:
+        if not is_directory_id(voter.directory_id) or voter.replica_id < 0:
+            raise ValueError(f"a voter needs an id >= 0 and a 32-hex-digit directory id, not {voter!r}")
+        self._leader_check_change(state)
+        if voter.replica_id in self._voters:
+            raise VoterChangeError("already-voter", f"replica {voter.replica_id} is a voter already")
+        progress = state.observers.get(voter.replica_id)
+        fetch_timeout_ms = self.config.fetch_timeout_ms
+        caught_up = (
+            progress is not None and progress.directory_id == voter.directory_id
+            and 0 <= progress.last_fetch_ms and now_ms - progress.last_fetch_ms < fetch_timeout_ms
+            and (progress.end_offset >= self.high_watermark
+                 or (progress.last_caught_up_ms >= 0 and now_ms - progress.last_caught_up_ms < fetch_timeout_ms)))
+        if not caught_up:
+            raise VoterChangeError(
+                "not-caught-up", f"replica {voter.replica_id} (directory {voter.directory_id}) is not an observer "
+                f"that fetched at the high watermark {self.high_watermark} within the last {fetch_timeout_ms} ms")
+        return self._leader_append_voters(now_ms, state, self._voter_set.with_voter(voter))
+
+    def _leader_remove_voter(self, now_ms: int, state: LeaderState, replica_id: int, directory_id: str) -> int:
+        self._leader_check_change(state)
+        voter = self._voter_set.get(replica_id)
+        if voter is None or directory_id not in ("", voter.directory_id):
+            raise VoterChangeError(
+                "unknown-voter", f"no voter {replica_id}{f' with directory {directory_id}' if directory_id else ''}")
+        if len(self._voters) == 1:
+            raise VoterChangeError("last-voter", f"replica {replica_id} is the last voter")
+        return self._leader_append_voters(now_ms, state, self._voter_set.without(replica_id))
+
+    def _leader_check_change(self, state: LeaderState) -> None:
+        """KIP-853's gates shared by every change: voters records exist, an entry of this
+        leader's epoch is committed, and no voters record is uncommitted."""
+        if not self._history.dynamic:
+            raise VoterChangeError(
+                "kraft-version-0", "the voter set is static (--voters): the log holds no voters record; "
+                "a cluster formatted with initial voters can change its voters")
+        if self.high_watermark <= state.epoch_start_offset:
+            raise VoterChangeError("leader-not-ready", f"leader of epoch {state.epoch} has not committed an "
+                                   "entry of its epoch yet")
+        pending = self._history.latest_offset()
+        if pending >= self.high_watermark:
+            raise VoterChangeError("change-pending", f"the voters record at {pending} is not committed yet")
+
+    def _leader_append_voters(self, now_ms: int, state: LeaderState, voters: VoterSet) -> int:
+        """Append the voters record; the set is in force at once. Accumulated proposals were
+        given their offsets already, so they go to the log first."""
+        log = self._log
+        while state.pending_batches:
+            pending = state.pending_batches.pop(0)
+            log.append(Batch(log.end_offset(), state.epoch, now_ms, False, tuple(pending.records)))
+            state.pending_records -= len(pending.records)
+        state.linger_deadline_ms = -1
+        offset = log.end_offset()
+        log.append(Batch(offset, state.epoch, now_ms, True, (voters.encode(),)))
+        self._history.add(offset, voters)
+        self._refresh_voters()
+        self._leader_sync_voters(state)
+        self._request_flush()
+        self._leader_wake_parked(now_ms, state)
+        self._leader_update_high_watermark(now_ms, state)
+        return offset
+
+    def _leader_sync_voters(self, state: LeaderState) -> None:
+        """The set in force changed: removed voters' progress moves to the observers, added
+        voters take theirs (a replica that was not heard yet starts unknown)."""
+        others = self._voters - {self._id}
+        for replica_id in [r for r in state.voters if r not in others]:
+            progress = state.voters.pop(replica_id)
+            state.begin_quorum_pending.discard(replica_id)
+            state.observers[replica_id] = progress
+            for read in state.reads.values():
+                read.confirmed.discard(replica_id)
+        for replica_id in sorted(others - state.voters.keys()):
+            progress = state.observers.pop(replica_id, None)
+            if progress is None or not self._voter_set.contains(replica_id, progress.directory_id):
+                if progress is not None:
+                    state.observers[replica_id] = progress
+                progress = ReplicaProgress(replica_id, self.peer_endpoints.get(replica_id, ""))
+            # Observers' Fetches were no sign of life for check-quorum; from now on they are.
+            progress.last_heard_ms = max(progress.last_heard_ms, progress.last_fetch_ms)
+            state.voters[replica_id] = progress
+
     # ------------------------------------------------------------------ quorum epoch, snapshots
 
     def _send_begin_quorum(self, now_ms: int, state: LeaderState) -> None:
-        request = BeginQuorumEpochRequest(state.epoch, self._id, self.config.endpoint)
         for voter in sorted(state.begin_quorum_pending):
-            self._send(voter, request)
+            self._send(voter, BeginQuorumEpochRequest(
+                state.epoch, self._id, self.config.endpoint, self._voter_set.directory_of(voter)))
         state.begin_quorum_next_ms = now_ms + self.config.request_timeout_ms
 
     def _on_fetch_snapshot(self, now_ms: int, src: int, request: FetchSnapshotRequest) -> None:
@@ -392,7 +504,7 @@ class LeaderHandlers(NodeBase):
         if not isinstance(state, LeaderState):
             answer(ErrorCode.NOT_LEADER_OR_FOLLOWER)
             return
-        self._leader_heard_from(now_ms, state, src, request.replica_id)
+        self._leader_heard_from(now_ms, state, src, request.replica_id, request.replica_directory_id)
         try:
             size = self._snapshots.size_bytes(snapshot_id)
             if request.position > size:
@@ -425,5 +537,5 @@ def _record_caught_up(progress: ReplicaProgress, fetch_offset: int, leader_end: 
 def _replica_state(progress: ReplicaProgress) -> ReplicaState:
     return ReplicaState(
         progress.replica_id, progress.endpoint, max(progress.end_offset, 0),
-        progress.last_fetch_ms, progress.last_caught_up_ms,
+        progress.last_fetch_ms, progress.last_caught_up_ms, progress.directory_id,
     )

@@ -28,6 +28,9 @@ class QuorumStateRecord:
     log_acknowledged: bool = False
     # Its log was lost: no (pre-)votes, no campaign until it caught up (roles.py rule 12).
     log_lost: bool = False
+    # Committed voters records (offset, record), so the set in force survives a prefix that
+    # was replaced by a snapshot (raft/voters.py); empty while the log holds none.
+    voters: tuple[tuple[int, bytes], ...] = ()
 
 
 class RaftLog(Protocol):

@@ -33,6 +33,8 @@ class VoteRequest:
     last_offset_epoch: int  # epoch of the candidate's last log entry
     last_offset: int  # the candidate's log end offset
     pre_vote: bool
+    candidate_directory_id: str = ""  # KIP-853: (id, directory id) must be a voter
+    voter_directory_id: str = ""  # the receiver as the candidate knows it ("" any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,7 @@ class BeginQuorumEpochRequest:
     epoch: int
     leader_id: int
     leader_endpoint: str  # the leader's advertised HTTP URL
+    voter_directory_id: str = ""  # the receiver as the leader knows it ("" any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,7 @@ class FetchRequest:
     # The fetcher's log cleaned_end: above its log end when it holds part of a copy of a
     # leader's cleaned prefix (relative to that end); a leader cleaned less sends a snapshot.
     cleaned_end: int = 0
+    replica_directory_id: str = ""  # KIP-853: only (id, directory id) of a voter counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,10 @@ class FetchResponse:
     # Echoes the request's last_fetched_epoch: a delayed request at the same offset but from
     # before a truncation gets an answer (e.g. a divergence) that the fetcher's log no longer fits.
     fetch_epoch: int = NO_EPOCH
+    # With snapshot_id: the latest voters record below the snapshot's end (offset, record),
+    # so the fetcher knows the set in force there once its log starts at that end.
+    snapshot_voters_offset: int = -1
+    snapshot_voters: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,7 @@ class FetchSnapshotRequest:
     snapshot_id: SnapshotId
     position: int
     max_bytes: int
+    replica_directory_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +156,7 @@ class ReplicaState:
     log_end_offset: int
     last_fetch_timestamp_ms: int
     last_caught_up_timestamp_ms: int
+    directory_id: str = ""  # KIP-853: as the replica's latest Fetch named it
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,10 +300,10 @@ def _batch(value: Any, name: str) -> Batch:
 
 
 def _replica_state(value: Any, name: str) -> ReplicaState:
-    replica_id, endpoint, end_offset, last_fetch, last_caught_up = _list(value, name, 5)
+    replica_id, endpoint, end_offset, last_fetch, last_caught_up, directory_id = _list(value, name, 6)
     return ReplicaState(
         _int(replica_id, name), _str(endpoint, name), _int(end_offset, name),
-        _int(last_fetch, name), _int(last_caught_up, name),
+        _int(last_fetch, name), _int(last_caught_up, name), _str(directory_id, name),
     )
 
 

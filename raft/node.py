@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from raft.follower import FollowerHandlers
 from raft.leader import LeaderHandlers
 from raft.log import QuorumStateRecord, RaftLog
+from raft.membership import MembershipHandlers
 from raft.messages import (
     NO_LEADER,
     BeginQuorumEpochRequest,
@@ -56,6 +57,13 @@ from raft.types import (
     check,
     encode_control_record,
 )
+from raft.voters import (
+    Voter,
+    VoterChangeError,
+    VoterHistory,
+    VoterSet,
+    bootstrap_batch,
+)
 
 __all__ = [
     "NotLeaderError",
@@ -65,7 +73,11 @@ __all__ = [
     "RaftNode",
     "Ready",
     "Role",
+    "Voter",
+    "VoterChangeError",
+    "VoterSet",
 ]
+
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
@@ -88,6 +100,11 @@ class RaftConfig:
     # The cleaners keep tombstones this many offsets below their cleaned end (equal on every
     # node); the re-bootstrap rule needs it to know below which offset they may be gone.
     tombstone_retention_records: int = 0
+    # KIP-853 (rule 13): this node's data directory id (identity.json; "" when it has none),
+    # and the set a new (empty) log is formatted with: a voters record at offset 0. Without
+    # it, and until the log holds a voters record, ``voters`` is the set (no changes).
+    directory_id: str = ""
+    initial_voters: VoterSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +146,7 @@ class Ready:
     snapshot_to_install: SnapshotId | None = None
 
 
-class RaftNode(LeaderHandlers, FollowerHandlers):
+class RaftNode(LeaderHandlers, FollowerHandlers, MembershipHandlers):
     """One metakv replica's consensus state; see the module docstring and raft/roles.py."""
 
     def __init__(
@@ -145,8 +162,6 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         check(config.max_pending_records > 0 and config.max_batch_bytes > 0, "bounds must be positive")
         self.config = config
         self._id = config.node_id
-        self._voters = config.voters
-        self._majority = len(config.voters) // 2 + 1
         self._log = log
         self._rng = rng
         self._snapshots = snapshots
@@ -175,6 +190,13 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         # so word that it leads it (a peer that has not seen the resignation yet) is stale.
         self._resigned_leader: tuple[int, int] = (-1, NO_LEADER)
         self._persisted = persisted or QuorumStateRecord(0, -1, -1)
+        # Rule 12 looks at the log as found, before a format below writes to it.
+        self._log_empty_at_start = log.end_offset() == 0
+        if config.initial_voters is not None and self._log_empty_at_start and log.latest_snapshot_id() is None:
+            log.append(bootstrap_batch(config.initial_voters))
+            self._request_flush()
+        self._history = VoterHistory(VoterSet.static(config.voters))
+        self._load_voters()
         # Rule 12: (epoch, high watermark) of the last Fetch answer accepted from a leader.
         self._leader_high_watermark: tuple[int, int] = (-1, 0)
         self._state: RoleState
@@ -219,7 +241,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         """The latest time by which ``tick`` must be called."""
         state = self._state
         if isinstance(state, UnattachedState):
-            if self.is_voter:
+            if self._stands():
                 return state.election_deadline_ms
             return state.probe_deadline_ms
         if isinstance(state, (ProspectiveState, CandidateState)):
@@ -235,6 +257,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     # ------------------------------------------------------------------ inputs
 
     def take_ready(self) -> Ready:
+        self._track_voters()
         self._track_log_loss()
         ready = self._ready
         ready.high_watermark = self.high_watermark
@@ -244,9 +267,10 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def tick(self, now_ms: int) -> None:
         state = self._state
         if isinstance(state, UnattachedState):
-            if self.is_voter and now_ms >= state.election_deadline_ms:
+            stands = self._stands()
+            if stands and now_ms >= state.election_deadline_ms:
                 self._campaign(now_ms, state)
-            elif not self.is_voter and now_ms >= state.probe_deadline_ms:
+            elif not stands and now_ms >= state.probe_deadline_ms:
                 self._observer_probe(now_ms, state)
         elif isinstance(state, ProspectiveState):
             if now_ms >= state.election_deadline_ms:
@@ -266,6 +290,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             self._follower_tick(now_ms, state)
         else:
             self._leader_tick(now_ms, state)
+            self._resign_if_removed(now_ms)
 
     def handle(self, now_ms: int, envelope: Envelope) -> None:
         """A message arrived. Malformed or out-of-range input is answered or dropped."""
@@ -276,6 +301,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if handler is None:
             return
         handler(self, now_ms, envelope.src, message)
+        self._resign_if_removed(now_ms)
 
     def propose(self, now_ms: int, records: list[bytes] | tuple[bytes, ...]) -> Proposal:
         state = self._state
@@ -306,6 +332,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if isinstance(state, LeaderState):
             self._leader_drain(now_ms, state)
             self._leader_update_high_watermark(now_ms, state)
+            self._resign_if_removed(now_ms)
         elif isinstance(state, FollowerState):
             self._follower_on_flushed(now_ms, state)
         if log.flushed_offset() < log.end_offset():
@@ -373,7 +400,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
     def _restart(self, now_ms: int) -> None:
         """Rule 10: choose the starting role from the persisted state and the log."""
         persisted = self._persisted
-        if persisted.log_acknowledged and self._log.end_offset() == 0 and self.is_voter:
+        if persisted.log_acknowledged and self._log_empty_at_start and (
+                self.is_voter or self._named_by_persisted_voters()):
             self._persist_log_flags(log_lost=True)  # rule 12: persisted before any message
         persisted = self._persisted
         log_epoch = self._log.last_epoch()
@@ -439,11 +467,14 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if self._shutting_down:
             state.election_deadline_ms = now_ms + self._random_election_timeout_ms()
             return
+        if not self._stands():  # rule 13: a leader whose removal committed is an observer now
+            self._become_unattached(now_ms, state.epoch, self._persisted.voted_id, 0)
+            return
         self._become_prospective(now_ms)
 
     def _become_prospective(self, now_ms: int) -> None:
         """Rule 3: pre-vote for epoch + 1; persists nothing."""
-        check(self.is_voter, "observers never campaign")
+        check(self._stands(), "observers never campaign")
         check(not self._shutting_down, "a node shutting down never campaigns")
         old = self._state
         self._check_transition(Role.PROSPECTIVE, old.epoch)
@@ -453,12 +484,10 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         state = ProspectiveState(
             old.epoch, self._persisted.voted_id, leader_id, now_ms + self._random_election_timeout_ms()
         )
-        state.granted.add(self._id)
+        if self._is_voter:  # a node standing only to commit its own removal has no vote (rule 13)
+            state.granted.add(self._id)
         self._state = state
-        request = VoteRequest(state.epoch + 1, self._id, self._log.last_epoch(), self._log.end_offset(), True)
-        for voter in sorted(self._voters):
-            if voter != self._id:
-                self._send(voter, request)
+        self._request_votes(state.epoch + 1, True)
         self._prospective_maybe_done(now_ms, state)
 
     def _become_candidate(self, now_ms: int) -> None:
@@ -469,14 +498,21 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         self._leave_role(now_ms)
         self._persist(epoch, self._id, NO_LEADER)
         state = CandidateState(epoch, now_ms + self._random_election_timeout_ms())
-        state.granted.add(self._id)
+        if self._is_voter:  # a node standing only to commit its own removal has no vote (rule 13)
+            state.granted.add(self._id)
         self._state = state
-        request = VoteRequest(epoch, self._id, self._log.last_epoch(), self._log.end_offset(), False)
-        for voter in sorted(self._voters):
-            if voter != self._id:
-                self._send(voter, request)
-        if len(state.granted) >= self._majority:
+        self._request_votes(epoch, False)
+        if len(state.granted & self._voters) >= self._majority:
             self._become_leader(now_ms)
+
+    def _request_votes(self, epoch: int, pre_vote: bool) -> None:
+        """Ask every other voter of the set in force at this log's end (rules 3, 4, 13)."""
+        log = self._log
+        for voter in self._voter_set.voters:
+            if voter.replica_id != self._id:
+                self._send(voter.replica_id, VoteRequest(
+                    epoch, self._id, log.last_epoch(), log.end_offset(), pre_vote,
+                    self.config.directory_id, voter.directory_id))
 
     def _become_leader(self, now_ms: int) -> None:
         """Rule 6: append LeaderChange, announce with BeginQuorumEpoch."""
@@ -520,8 +556,8 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         Returns False when the message is from an older epoch (the caller answers FENCED).
         """
         state = self._state
-        if leader_id != NO_LEADER and (leader_id not in self._voters or leader_id == self._id):
-            leader_id = NO_LEADER  # only voters lead; never "learn" that we lead
+        if leader_id != NO_LEADER and (not self._may_lead(leader_id) or leader_id == self._id):
+            leader_id = NO_LEADER  # only voters lead (rule 13); never "learn" that we lead
         if (epoch, leader_id) == self._resigned_leader:
             leader_id = NO_LEADER  # it resigned this epoch: following it again would only time out
         if epoch < state.epoch:
@@ -546,7 +582,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
                 or (request.pre_vote and request.last_offset_epoch >= request.epoch)):
             self._send(src, VoteResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id, False, request.pre_vote))
             return
-        if request.candidate_id not in self._voters or not self.is_voter:
+        if not self._may_vote_for(request):
             self._send(src, VoteResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id, False, request.pre_vote))
             return
         if request.pre_vote:
@@ -606,13 +642,14 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             self._prospective_maybe_done(now_ms, state)
         elif isinstance(state, CandidateState) and not response.pre_vote and response.epoch == state.epoch:
             (state.granted if response.vote_granted else state.rejected).add(src)
-            if len(state.granted) >= self._majority:
+            if len(state.granted & self._voters) >= self._majority:
                 self._become_leader(now_ms)
 
     def _prospective_maybe_done(self, now_ms: int, state: ProspectiveState) -> None:
         # Rule 11: a pre-vote round that was running when shutdown began never becomes a vote.
         # Rule 12: a voter whose log was lost asks only to learn the leader; it never stands.
-        if len(state.granted) >= self._majority and not self._shutting_down and not self._persisted.log_lost:
+        if (len(state.granted & self._voters) >= self._majority and not self._shutting_down
+                and not self._persisted.log_lost):
             self._become_candidate(now_ms)
 
     # ------------------------------------------------------------------ a lost log (rule 12)
@@ -665,7 +702,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         if request.leader_id != src or request.epoch < 0:
             self._send(src, BeginQuorumEpochResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id))
             return
-        if src not in self._voters:
+        if not self._may_lead(src) or request.voter_directory_id not in ("", self.config.directory_id):
             self._send(src, BeginQuorumEpochResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id))
             return
         if not self._observe_epoch(now_ms, request.epoch, request.leader_id, request.leader_endpoint, src):
@@ -678,14 +715,14 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         self._send(src, BeginQuorumEpochResponse(ErrorCode.NONE, self.epoch, self.leader_id))
 
     def _on_begin_quorum_response(self, now_ms: int, src: int, response: BeginQuorumEpochResponse) -> None:
-        if src in self._voters and response.epoch >= 0:
+        if self._may_lead(src) and response.epoch >= 0:
             self._observe_epoch(now_ms, response.epoch, response.leader_id, src=src)
 
     def _on_end_quorum(self, now_ms: int, src: int, request: EndQuorumEpochRequest) -> None:
         if request.leader_id != src or request.epoch < 0:
             self._send(src, EndQuorumEpochResponse(ErrorCode.INVALID_REQUEST, self.epoch, self.leader_id))
             return
-        if src not in self._voters:
+        if not self._may_lead(src):
             self._send(src, EndQuorumEpochResponse(ErrorCode.INCONSISTENT_VOTER_SET, self.epoch, self.leader_id))
             return
         if request.epoch < self.epoch:
@@ -696,7 +733,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
             self._become_unattached(now_ms, request.epoch)
         state = self._state
         if isinstance(state, FollowerState) and state.leader_id == src:
-            if self.is_voter:
+            if self._stands():
                 self._become_unattached(now_ms, state.epoch, state.voted_id, self._successor_delay_ms(request))
             else:
                 self._become_unattached(now_ms, state.epoch, state.voted_id, self.config.retry_backoff_ms)
@@ -714,7 +751,7 @@ class RaftNode(LeaderHandlers, FollowerHandlers):
         return min(self.config.election_backoff_max_ms, position * step_ms + self._rng.randrange(step_ms + 1))
 
     def _on_end_quorum_response(self, now_ms: int, src: int, response: EndQuorumEpochResponse) -> None:
-        if src not in self._voters or response.epoch < 0:
+        if not self._may_lead(src) or response.epoch < 0:
             return
         state = self._state
         if isinstance(state, ResignedState) and response.epoch == state.epoch:

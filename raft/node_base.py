@@ -10,10 +10,12 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from raft.log import RaftLog
+from raft.log import QuorumStateRecord, RaftLog
 from raft.messages import NO_LEADER, Envelope, Message
 from raft.roles import FollowerState, LeaderState, Role, RoleState
 from raft.snapshots import SnapshotStore
+from raft.types import Batch
+from raft.voters import Voter, VoterHistory, VoterSet, voters_records
 
 if TYPE_CHECKING:
     from raft.node import RaftConfig, Ready
@@ -24,8 +26,14 @@ class NodeBase:
 
     config: RaftConfig
     _id: int
+    # The set in force (raft/voters.py): the latest voters record below the log end, else
+    # the static configuration; _voters and _majority are its ids and majority, cached.
+    _history: VoterHistory
+    _voter_set: VoterSet
     _voters: frozenset[int]
     _majority: int
+    _is_voter: bool
+    _persisted: QuorumStateRecord
     _log: RaftLog
     _rng: random.Random
     _snapshots: SnapshotStore
@@ -50,7 +58,18 @@ class NodeBase:
 
     @property
     def is_voter(self) -> bool:
-        return self._id in self._voters
+        """(node id, directory id) is in the set in force (a directory "" matches any)."""
+        return self._is_voter
+
+    @property
+    def voter_set(self) -> VoterSet:
+        """The set in force: the latest voters record in the log (uncommitted included),
+        else the snapshot's, else the static configuration's."""
+        return self._voter_set
+
+    def voter_set_at(self, offset: int) -> VoterSet:
+        """The set in force for a log ending at ``offset`` (an election or commit there)."""
+        return self._history.at(offset)
 
     @property
     def role(self) -> Role:
@@ -100,9 +119,44 @@ class NodeBase:
     def _observe_response_epoch(self, now_ms: int, src: int, epoch: int, leader_id: int) -> bool:
         """Rule 1 for a response; False when it is dropped (not from a voter, or a bad or
         older epoch)."""
-        if src not in self._voters or epoch < 0:
+        if not self._may_lead(src) or epoch < 0:
             return False
         return self._observe_epoch(now_ms, epoch, leader_id, src=src)
+
+    def _may_lead(self, replica_id: int) -> bool:
+        """Can ``replica_id`` speak for a leader? Statically only a voter. With voters records
+        (rule 13) any replica: a voter just added may lead before this log holds its record;
+        only voters of the set in force win elections."""
+        return replica_id in self._voters or (self._history.dynamic and replica_id >= 0)
+
+    def _stands(self) -> bool:
+        """May this node start elections (rule 13)? A voter may; so may a replica removed by
+        the latest voters record while that record is not known to be committed: it may be
+        needed to commit it (its own vote does not count). Raft's dissertation, 4.2.2."""
+        if self._is_voter:
+            return True
+        latest = self._history.latest_offset()
+        if latest < 0 or latest < self.high_watermark:
+            return False
+        previous = self._history.entry_at(latest)
+        return previous is not None and previous[1].contains(self._id, self.config.directory_id)
+
+    def _refresh_voters(self) -> None:
+        """The log end passed or lost a voters record: take the set in force again."""
+        voters = self._history.at(self._log.end_offset())
+        self._voter_set = voters
+        self._voters = voters.ids
+        self._majority = voters.majority
+        self._is_voter = voters.contains(self._id, self.config.directory_id)
+
+    def _add_voters_records(self, batch: Batch) -> None:
+        """An appended batch: record its voters records (a data batch holds none)."""
+        if batch.control:
+            found = voters_records(batch)
+            for offset, voters in found:
+                self._history.add(offset, voters)
+            if found:
+                self._refresh_voters()
 
     # ------------------------------------------------------------------ transitions
     # Implemented only by RaftNode (raft/node.py); declared for the type checker, so a
@@ -120,3 +174,11 @@ class NodeBase:
         def _become_prospective(self, now_ms: int) -> None: ...
 
         def _become_resigned(self, now_ms: int, leader: LeaderState) -> None: ...
+
+        def _persist_voters(self, committed: dict[int, bytes]) -> None: ...
+
+        # Implemented by LeaderHandlers (raft/leader.py), called by MembershipHandlers.
+        def _leader_add_voter(self, now_ms: int, state: LeaderState, voter: Voter) -> int: ...
+
+        def _leader_remove_voter(self, now_ms: int, state: LeaderState, replica_id: int,
+                                 directory_id: str) -> int: ...

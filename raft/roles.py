@@ -81,6 +81,26 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
     covers those committed since. Its Fetches count like any voter's: it holds what it
     acknowledges, and no leader can be elected without a voter holding each committed
     record, since the lost voter votes for nobody.
+13. Voters (KIP-853; raft/voters.py). The set in force at a log end is the latest voters
+    record below it (uncommitted included), else the latest committed one persisted in the
+    quorum state (its prefix replaced by a snapshot), else the static configuration
+    (kraft.version 0: no changes). Appending a record changes the set at once, a truncation
+    below it undoes it. A replica counts, votes and is asked only while (id, directory id)
+    is in the set (directory "" of a static set matches any): the same id with another
+    directory (a replaced disk) is an observer until added. Every count (majority, high
+    watermark, check-quorum, read confirmation, compaction offsets, votes at the
+    candidate's log end) uses the set in force; the high watermark still never goes back.
+    The leader changes one voter at a time: only after an entry of its epoch is committed,
+    never while a voters record is uncommitted, and adds only an observer that fetched at
+    its high watermark within fetch_timeout_ms. A leader outside the set (its removal
+    pending) leads without counting itself and resigns once the removal is committed. With
+    voters records any replica may speak for a leader (a voter just added may lead before
+    this log holds its record), and a replica votes when the candidate names its (id,
+    directory id), even before its log holds the record adding it. Voters of the set in
+    force stand for election; so does a replica the latest voters record removed while that
+    record is not known to be committed (its vote does not count): else a leader that
+    crashed with its own removal uncommitted could leave no electable majority (Raft
+    dissertation 4.2.2).
 
 The transition table is ``TRANSITIONS`` right below (after ``Role``): every (from, to) pair
 with the rule that allows it and its trigger.
@@ -134,6 +154,7 @@ TRANSITIONS: frozenset[Transition] = frozenset({
     Transition(Role.FOLLOWER, Role.UNATTACHED, 7, "fetch timeout (observers; voters shutting down, rule 11)"),
     Transition(Role.FOLLOWER, Role.UNATTACHED, 8, "EndQuorumEpoch from its leader"),
     Transition(Role.RESIGNED, Role.PROSPECTIVE, 8, "election timer (never while shutting down, rule 11)"),
+    Transition(Role.RESIGNED, Role.UNATTACHED, 13, "election timer after its own removal committed (observer now)"),
 }) | frozenset(
     Transition(role, to_role, 1, "a valid message shows a higher epoch", higher_epoch_only=True)
     for role in Role for to_role in (Role.UNATTACHED, Role.FOLLOWER)
@@ -190,6 +211,7 @@ class ReplicaProgress:
 
     replica_id: int
     endpoint: str = ""
+    directory_id: str = ""  # as its latest Fetch named it (rule 13)
     end_offset: int = -1
     last_fetch_ms: int = -1
     last_caught_up_ms: int = -1

@@ -77,6 +77,8 @@ class Batch:
 
 # Control records: what the core itself writes into the log.
 CONTROL_LEADER_CHANGE = "leader_change"
+CONTROL_VOTERS = "voters"  # the voter set from this offset on (raft/voters.py, KIP-853)
+CONTROL_KRAFT_VERSION = "kraft_version"  # 1: the log holds voters records
 
 
 def encode_control_record(kind: str, **fields: object) -> bytes:

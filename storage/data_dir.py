@@ -1,4 +1,5 @@
-"""Who may use a data directory: one process at a time, and one node of one cluster.
+"""Who may use a data directory: one process at a time, and one node of one cluster,
+and which replica it is.
 
 Two processes on one data directory append to the same segments and apply to the same
 state.db: acknowledged writes are lost and the node no longer starts (seen: a second
@@ -10,6 +11,9 @@ A directory copied from another node or another cluster would be adopted silentl
 keys served as this cluster's, its vote record taken for this node's, which may let one
 node vote twice in an epoch). ``check_identity`` records the cluster id and node id in
 ``<data-dir>/identity.json`` at the first start and refuses a later start under another.
+It also holds the directory id (KIP-853): random, made with the directory (or at the first
+start of a directory from before it), never changed. A voter is (node id, directory id), so
+a node whose directory was replaced is a new replica, an observer until it is added.
 
 The directory is 0700 (``make_private_data_dir``); ``serve``'s umask 0o077 keeps the files in it 0600.
 """
@@ -21,8 +25,10 @@ import fcntl
 import json
 import os
 import shlex
+import uuid
 from pathlib import Path
 
+from raft.voters import is_directory_id
 from storage.durable_files import write_file_atomically
 
 DATA_DIR_MODE = 0o700  # as etcd: the keys, tokens' effects and votes are the owner's only
@@ -90,13 +96,14 @@ def refetch_from_leader(data_dir: Path) -> str:
             "from: restore the directory from a backup instead")
 
 
-def check_identity(data_dir: Path, cluster_id: str, node_id: int) -> None:
-    """Record (cluster id, node id) in a data directory that has none; refuse one that names
-    another. A directory from before this check has no record and is taken as this node's."""
+def check_identity(data_dir: Path, cluster_id: str, node_id: int) -> str:
+    """Record (cluster id, node id, a new directory id) in a data directory that has none;
+    refuse one that names another node or cluster. Returns the directory id. A directory from
+    before this check has no record and is taken as this node's; one from before directory
+    ids gets one now, kept from then on."""
     path = data_dir / IDENTITY_FILE_NAME
     if not path.exists():
-        write_file_atomically(path, json.dumps({"cluster_id": cluster_id, "node_id": node_id}).encode())
-        return
+        return _write_identity(path, cluster_id, node_id)
     raw = path.read_bytes()[:IDENTITY_MAX_BYTES]
     try:
         recorded = json.loads(raw)
@@ -114,3 +121,17 @@ def check_identity(data_dir: Path, cluster_id: str, node_id: int) -> None:
             f"{data_dir} belongs to node {recorded['node_id']} of cluster {recorded['cluster_id']!r}, "
             f"not node {node_id} of cluster {cluster_id!r}: start that node with it, or give this "
             f"node an empty data directory (it fetches what it needs from the leader)")
+    directory_id = recorded.get("directory_id")
+    if directory_id is None:
+        return _write_identity(path, cluster_id, node_id)
+    if type(directory_id) is not str or not is_directory_id(directory_id):
+        raise DataDirError(f"{path}: directory_id {directory_id!r} is not 32 lowercase hex digits; restore the "
+                           f"file, or delete it to make this directory a new replica (a voter must be added again)")
+    return directory_id
+
+
+def _write_identity(path: Path, cluster_id: str, node_id: int) -> str:
+    directory_id = uuid.uuid4().hex
+    write_file_atomically(path, json.dumps(
+        {"cluster_id": cluster_id, "node_id": node_id, "directory_id": directory_id}).encode())
+    return directory_id

@@ -14,6 +14,8 @@ the node waits to catch up instead of voting with nothing (a wrong guess costs o
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 from pathlib import Path
@@ -62,7 +64,10 @@ class QuorumStateFile:
 
 
 def encode_quorum_state(record: QuorumStateRecord) -> bytes:
-    return json.dumps({name: getattr(record, name) for name in _FIELDS + _FLAGS}).encode() + b"\n"
+    value: dict[str, object] = {name: getattr(record, name) for name in _FIELDS + _FLAGS}
+    if record.voters:  # committed voters records (raft/roles.py rule 13), only once there are any
+        value["voters"] = [[offset, base64.b64encode(data).decode()] for offset, data in record.voters]
+    return json.dumps(value).encode() + b"\n"
 
 
 def decode_quorum_state(data: bytes, path: Path) -> QuorumStateRecord:
@@ -74,6 +79,7 @@ def decode_quorum_state(data: bytes, path: Path) -> QuorumStateRecord:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CorruptQuorumStateError(path, len(text[: exc.pos].encode()), f"not JSON ({exc.msg})") from exc
+    voters = _decode_voters(value.pop("voters", []) if isinstance(value, dict) else [], path)
     if not isinstance(value, dict) or set(value) not in (set(_FIELDS), set(_FIELDS + _FLAGS)):
         raise CorruptQuorumStateError(path, 0, f"expected a JSON object with exactly the fields {list(_FIELDS)}, "
                                                f"and optionally {list(_FLAGS)}")
@@ -90,4 +96,16 @@ def decode_quorum_state(data: bytes, path: Path) -> QuorumStateRecord:
     if value.get("log_lost", False) and not log_acknowledged:
         raise CorruptQuorumStateError(path, 0, f"impossible values {value}: log_lost without log_acknowledged")
     return QuorumStateRecord(value["epoch"], value["voted_id"], value["leader_id"],
-                             log_acknowledged, value.get("log_lost", False))
+                             log_acknowledged, value.get("log_lost", False), voters)
+
+
+def _decode_voters(value: object, path: Path) -> tuple[tuple[int, bytes], ...]:
+    try:
+        if type(value) is not list or not all(
+                type(item) is list and len(item) == 2 and type(item[0]) is int and type(item[1]) is str
+                for item in value):
+            raise ValueError("not a list of [offset, base64]")
+        return tuple((offset, base64.b64decode(data, validate=True)) for offset, data in value)
+    except (ValueError, binascii.Error) as exc:
+        raise CorruptQuorumStateError(path, 0, f"field 'voters' is not a list of [offset, base64]: {exc}") from exc
+

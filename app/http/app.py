@@ -27,6 +27,7 @@ from app.http.problems import install_problem_handlers
 from app.http.settings import HttpSettings
 from app.http.snapshot_download import snapshot_download_router
 from app.http.txn import txn_router
+from app.http.voters import voters_router
 from app.http.watch import watch_router
 from app.service import KVService
 from app.ui.data_routes import data_router
@@ -76,7 +77,7 @@ def create_app(service: KVService, settings: HttpSettings | None = None, ui: UiM
     audit = AuditLog()  # one rate limit for auth's refusals, the lease routes' and the edge's admin actions
     routers = [list_router(service, settings), txn_router(service, settings), watch_router(service, settings),
                cluster_router(service), admin_router(service), snapshot_download_router(service),
-               leases_router(service, audit)]
+               leases_router(service, audit), voters_router(service)]
     if ui != "off":
         routers.append(data_router(service, ui))
     for router in routers:

@@ -283,6 +283,30 @@ class StatusResponse(BaseModel):
     last_contact_ms: int | None = None
     ready: bool | None = None
     advertise_http: str | None = None
+    directory_id: str | None = Field(None, description="this data directory's id (identity.json)")
+    raft_endpoint: str | None = Field(None, description="HOST:PORT, as a voters record names this node")
+    voter_set: VoterSetResponse | None = Field(None, description="the set in force in this node's log")
+
+
+class VoterModel(BaseModel):
+    node_id: int
+    directory_id: str = Field(description='"" in a static (--voters) set')
+    raft_endpoint: str
+    http_url: str
+
+
+class PendingVoterChangeModel(BaseModel):
+    offset: int = Field(description="the uncommitted voters record's offset")
+    action: str = Field(description="add or remove")
+    node_id: int
+
+
+class VoterSetResponse(BaseModel):
+    """The set in force (KVService.add_voter / remove_voter, and in /v1/status and /v1/quorum)."""
+
+    kraft_version: int = Field(description="0: a static --voters set (no changes); 1: voters records")
+    voters: list[VoterModel]
+    pending_change: PendingVoterChangeModel | None = None
 
 
 class ReplicaState(BaseModel):
@@ -294,6 +318,8 @@ class ReplicaState(BaseModel):
     lag: int | None = Field(None, description="high watermark minus the replica's log end offset")
     last_fetch_timestamp_ms: int | None = Field(None, description="wall clock, ms since the epoch")
     last_caught_up_timestamp_ms: int | None = Field(None, description="wall clock, ms since the epoch")
+    directory_id: str | None = Field(None, description="its data directory's id, as its Fetches name it")
+    caught_up: bool | None = Field(None, description="observers: the leader would add it as a voter now")
 
 
 class QuorumResponse(BaseModel):
@@ -306,6 +332,7 @@ class QuorumResponse(BaseModel):
     high_watermark: int | None = None
     voters: list[ReplicaState] | None = None
     observers: list[ReplicaState] | None = None
+    voter_set: VoterSetResponse | None = Field(None, description="the set in force and any uncommitted change")
 
 
 class AdminResponse(BaseModel):

@@ -34,6 +34,8 @@ from app.service import (
     ServiceError,
     SnapshotStorageError,
     VersionWaitTimeoutError,
+    VoterChangeIndeterminateError,
+    VoterChangeRefusedError,
     WriteRejectedError,
     WriteTooLargeError,
 )
@@ -189,7 +191,20 @@ def as_problem(exc: Exception, scope: Scope) -> ProblemError | None:
     if isinstance(exc, HistoryCompactedError):
         detail, extras = history_compacted_body(exc.oldest_version)
         return ProblemError(410, "version-compacted", "Version compacted", detail, **extras)
+    if isinstance(exc, VoterChangeRefusedError):
+        status = _VOTER_CHANGE_STATUSES.get(exc.code, 409)
+        return ProblemError(status, exc.code, "Voter change refused", f"nothing changed: {exc}",
+                            headers=retry if status == 503 else None)
+    if isinstance(exc, VoterChangeIndeterminateError):
+        return ProblemError(504, "voter-change-indeterminate", "Voter change outcome unknown", str(exc),
+                            indeterminate=True)
     return None
+
+
+# A refused voter change's code -> status; the others (change-pending, already-voter,
+# kraft-version-0, not-caught-up, last-voter) are 409: the cluster's state forbids it now.
+_VOTER_CHANGE_STATUSES = {"unknown-voter": 404, "leader-not-ready": 503, "bad-voter": 400,
+                          "raft-endpoint-unknown": 422}
 
 
 def validation_errors(exc: ValidationError | RequestValidationError) -> list[dict[str, str]]:

@@ -24,6 +24,7 @@ from app.service import (
     ApplyResult,
     CompactReport,
     Consistency,
+    NewVoter,
     NodeHeaders,
     NodeStatus,
     NotReadyError,
@@ -31,6 +32,8 @@ from app.service import (
     ResignReport,
     SnapshotReport,
     VersionWaitTimeoutError,
+    VoterChangeRefusedError,
+    VoterSetView,
 )
 from app.watch_hub import WATCH_QUEUE_EVENTS, WatchHub
 from raft.types import Batch, SnapshotId
@@ -172,6 +175,14 @@ class InProcessService(NodeReads, NodeWrites, NodeLeases):
 
     async def resign(self) -> ResignReport:
         return {"resigned": True, "epoch": self.epoch}
+
+    # A static one-voter set, as a --voters node: every change is refused (tests/http/test_voters.py
+    # swaps these for others).
+    async def add_voter(self, voter: NewVoter) -> VoterSetView:
+        raise VoterChangeRefusedError("kraft-version-0", "the voter set is static (--voters)")
+
+    async def remove_voter(self, node_id: int, directory_id: str | None = None) -> VoterSetView:
+        raise VoterChangeRefusedError("kraft-version-0", "the voter set is static (--voters)")
 
     def close(self) -> None:
         self.state.close()

@@ -40,8 +40,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "rule 1: epochs only grow; a message from an older epoch is fenced, never acted on"),
     # ------------------------------------------------------------------ rule 2: unattached
     Mutant("rule2_unattached_voter_never_campaigns", NODE,
-           "if self.is_voter and now_ms >= state.election_deadline_ms:\n                self._campaign(now_ms, state)",
-           "if self.is_voter and now_ms >= state.election_deadline_ms:\n"
+           "if stands and now_ms >= state.election_deadline_ms:\n                self._campaign(now_ms, state)",
+           "if stands and now_ms >= state.election_deadline_ms:\n"
            "                state.election_deadline_ms = now_ms + self._random_election_timeout_ms()",
            "rule 2: an unattached voter whose election timer fires goes Prospective"),
     Mutant("rule2_observer_never_probes", NODE,
@@ -70,19 +70,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "not self._persisted.log_lost)",
            "rule 3 (with rule 5): a pre-vote is granted only to a log at least as up to date"),
     Mutant("rule3_candidate_without_prevote_majority", NODE,
-           "if len(state.granted) >= self._majority and not self._shutting_down and not self._persisted.log_lost:",
-           "if len(state.granted) >= self._majority - 1 and not self._shutting_down and not self._persisted.log_lost:",
+           "if (len(state.granted & self._voters) >= self._majority and not self._shutting_down",
+           "if (len(state.granted & self._voters) >= self._majority - 1 and not self._shutting_down",
            "rule 3: a majority of pre-vote grants (never fewer) -> Candidate"),
     # ------------------------------------------------------------------ rule 4: candidate
     Mutant("rule4_candidate_claims_current_epoch", NODE,
-           "request = VoteRequest(epoch, self._id, self._log.last_epoch(), self._log.end_offset(), False)",
-           "request = VoteRequest(epoch, self._id, epoch - 1, self._log.end_offset(), False)",
+           "epoch, self._id, log.last_epoch(), log.end_offset(), pre_vote,",
+           "epoch, self._id, log.last_epoch() if pre_vote else epoch - 1, log.end_offset(), pre_vote,",
            "rule 4: a candidate asks for real votes with its own log's (last epoch, end offset)"),
     Mutant("rule4_leader_without_vote_majority", NODE,
            "            (state.granted if response.vote_granted else state.rejected).add(src)\n"
-           "            if len(state.granted) >= self._majority:",
+           "            if len(state.granted & self._voters) >= self._majority:",
            "            (state.granted if response.vote_granted else state.rejected).add(src)\n"
-           "            if len(state.granted) >= self._majority - 1:",
+           "            if len(state.granted & self._voters) >= self._majority - 1:",
            "rule 4: a majority of votes (never fewer) -> Leader"),
     # ------------------------------------------------------------------ rule 5: votes
     Mutant("rule5_second_vote_in_epoch", NODE,
@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "return 1 << 40",
            "rule 6 check-quorum: without Fetches from a majority for 1.5 x fetch_timeout_ms the leader resigns"),
     Mutant("check_quorum_one_fetch", LEADER,
-           "return times[self._majority - 2]",
+           "return times[others_needed - 1]",
            "return times[0]",
            "rule 6 check-quorum: Fetches from a majority of voters (not any one) keep the leader"),
     # ------------------------------------------------------------------ read index
@@ -133,8 +133,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "if request.read_nonce >= 0:",
            "read index (PendingRead): only a Fetch echoing the read's nonce, sent after the call, confirms it"),
     Mutant("read_index_without_quorum", LEADER,
-           "if len(r.confirmed) + 1 >= self._majority]",
-           "if len(r.confirmed) + 2 >= self._majority]",
+           "if len(r.confirmed & state.voters.keys()) + self._is_voter >= self._majority]",
+           "if len(r.confirmed & state.voters.keys()) + self._is_voter + 1 >= self._majority]",
            "read index: a majority of voters (the leader counts) must confirm the leader"),
     Mutant("read_index_before_epoch_commit", LEADER,
            "if not state.reads or self.high_watermark <= state.epoch_start_offset:",
@@ -182,7 +182,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "offsets.extend(max(p.end_offset, 0) for p in [*state.voters.values(), *state.observers.values()])",
            "rule 9: observers never count toward the high watermark"),
     Mutant("rule9_observer_campaigns", NODE,
-           "if self.is_voter and now_ms >= state.election_deadline_ms:",
+           "if stands and now_ms >= state.election_deadline_ms:",
            "if now_ms >= state.election_deadline_ms:",
            "rule 9: observers are only ever Unattached or Follower, never campaign"),
     # ------------------------------------------------------------------ rule 10: restart
@@ -193,8 +193,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "rule 10: a restart resumes from the persisted quorum state (epoch, vote, leader)"),
     # ------------------------------------------------------------------ rule 11: shutdown
     Mutant("rule11_shutdown_prevote_becomes_vote", NODE,
-           "if len(state.granted) >= self._majority and not self._shutting_down and not self._persisted.log_lost:",
-           "if len(state.granted) >= self._majority and not self._persisted.log_lost:",
+           "if (len(state.granted & self._voters) >= self._majority and not self._shutting_down\n"
+           "                and not self._persisted.log_lost):",
+           "if (len(state.granted & self._voters) >= self._majority\n"
+           "                and not self._persisted.log_lost):",
            "rule 11: a prospective round running when shutdown began never turns into a vote"),
     # ------------------------------------------------------------------ copy rules (cleaned prefix)
     Mutant("copy_only_at_offset_gaps", FOLLOWER,
@@ -274,7 +276,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "cleaner rule 5: the record at clean_end - 1 always survives"),
     # ------------------------------------------------------------------ fixed in session 10 (issue 20)
     Mutant("check_quorum_ignores_fetch_snapshot", LEADER,
-           "            return\n        self._leader_heard_from(now_ms, state, src, request.replica_id)\n        try:",
+           "            return\n        self._leader_heard_from(now_ms, state, src, request.replica_id, request.replica_directory_id)\n"
+           "        try:",
            "            return\n        try:",
            "rule 6: check-quorum counts a FetchSnapshot as a sign of life, as Kafka does"),
     Mutant("diverging_end_one_too_low", LEADER,
@@ -307,6 +310,29 @@ MUTANTS: tuple[Mutant, ...] = (
            "if applied_version >= max(log_start, cleaner_end):",
            "if applied_version >= log_start:",
            "docs/compaction.md rule 9: a state is never replayed through a prefix its own cleaner compacted"),
+    # ------------------------------------------------------------------ rule 13: dynamic voters (issue 22)
+    # Caught only in the seeds that change the voter set (tests/sim/membership.py, 20 %).
+    Mutant("voters_no_own_epoch_gate", LEADER,
+           "        if self.high_watermark <= state.epoch_start_offset:\n            raise VoterChangeError(",
+           "        if False:\n            raise VoterChangeError(",
+           "rule 13: the leader changes voters only after an entry of its epoch is committed "
+           "(tests/sim/split_change.py runs the schedule it exists for)"),
+    Mutant("voters_two_changes_in_flight", LEADER,
+           "        if pending >= self.high_watermark:",
+           "        if False:",
+           "rule 13: one voter change at a time, never while a voters record is uncommitted"),
+    Mutant("voters_removed_still_counted", LEADER,
+           "for replica_id in [r for r in state.voters if r not in others]:",
+           "for replica_id in []:",
+           "rule 13: a removed voter no longer counts (high watermark, check-quorum, reads)"),
+    Mutant("voters_truncation_keeps_record", FOLLOWER,
+           "                self._history.truncate(offset)\n",
+           "",
+           "rule 13: a truncation below a voters record undoes the change"),
+    Mutant("rule12_ignores_persisted_voters", NODE,
+           "self.is_voter or self._named_by_persisted_voters()):",
+           "self.is_voter):",
+           "rule 12: a voter added by a record its lost log no longer holds grants no votes"),
 )
 
 # make test's subset (tests/mutants/test_mutants_quick.py): mutants the current simulators
@@ -331,4 +357,6 @@ QUICK: frozenset[str] = frozenset({
     "read_index_stale_fetch_confirms",  # sim seed 20: stale read from a deposed leader
     "copy_target_is_copy_end",  # compaction seed 0: a copied cleaned log replays to another state
     "real_state_before_dirty_known",  # compaction seed 0: exposed before it heard a leader
+    "voters_two_changes_in_flight",  # sim seed 37: two uncommitted voters records in a log
+    "voters_truncation_keeps_record",  # sim seed 37: a log end's set is not its latest voters record
 })

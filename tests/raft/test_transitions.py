@@ -36,4 +36,4 @@ def test_a_higher_epoch_allows_only_unattached_or_follower() -> None:
 
 def test_every_transition_names_a_rule_and_a_trigger() -> None:
     for transition in TRANSITIONS:
-        assert 1 <= transition.rule <= 11 and transition.trigger
+        assert 1 <= transition.rule <= 13 and transition.trigger

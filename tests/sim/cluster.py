@@ -1,15 +1,21 @@
 """A whole metakv quorum inside one process, driven by one seeded priority queue of events.
 
+(Over 800 lines: the network, the faults and the invariants all act on the one event queue.)
+
 Every node is a real ``RaftNode`` over a ``MemoryLog``; the simulated network drops,
 delays (a few messages past an election timeout, snapshot chunks slowly), duplicates and
 reorders messages and applies partitions; crashes lose whatever was not flushed
 (``MemoryLog.reopen``); a paused node handles its inputs late. After every event the cluster checks the safety
-invariants (``InvariantViolation`` names the first broken one).
+invariants (``InvariantViolation`` names the first broken one). With ``directory_ids`` every
+replica has a directory id and a replaced disk (``replace_disk``) makes a node a new replica;
+the voter-change seeds (tests/sim/membership.py) then supply the majority and check-quorum
+rules of the set in force through ``holders_check`` and ``voters_counted``.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import random
 from collections.abc import Callable
@@ -34,6 +40,7 @@ from raft.node import (
 )
 from raft.snapshots import MemorySnapshotStore
 from raft.types import Batch
+from raft.voters import Voter, VoterSet
 
 MAX_EVENTS_PER_RUN = 2_000_000  # a hard bound so a livelock cannot hang a test
 MAX_READS_KEPT = 10_000  # completed reads remembered for tests to look at
@@ -67,15 +74,17 @@ class NetworkFaults:
     replay_stale_fetches: bool = False
 
 
-def sim_config(node_id: int, voters: frozenset[int], **overrides: int) -> RaftConfig:
+def sim_config(node_id: int, voters: frozenset[int], directory_id: str = "", **overrides: object) -> RaftConfig:
     """Timeouts scaled down 10x from the defaults so simulated seconds stay cheap."""
-    values: dict[str, int] = dict(
+    values: dict[str, object] = dict(
         election_timeout_ms=100, fetch_timeout_ms=200, election_backoff_max_ms=100,
         fetch_max_wait_ms=50, request_timeout_ms=200, retry_backoff_ms=10,
         snapshot_chunk_bytes=64,
     )
     values.update(overrides)
-    return RaftConfig(node_id=node_id, voters=voters, endpoint=f"http://node{node_id}", **values)
+    if directory_id:
+        values["directory_id"] = directory_id
+    return RaftConfig(node_id=node_id, voters=voters, endpoint=f"http://node{node_id}", **values)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -101,6 +110,7 @@ class SimNode:
     resigned_leader: tuple[int, int] | None = None  # (epoch, leader) of the last EndQuorumEpoch handled
     shutting_down: bool = False  # begin_shutdown ran on this incarnation
     held: list[_Event] = field(default_factory=list)
+    directory_id: str = ""  # this replica's, new with each new data directory (replace_disk)
 
 
 @dataclass(slots=True)
@@ -120,6 +130,8 @@ class QuorumWatch:
 
     epoch: int
     since_ms: int
+    members: frozenset[int]  # the voters it counts, and their majority
+    majority: int
     heard_ms: dict[int, int] = field(default_factory=dict)
 
 
@@ -129,6 +141,7 @@ class Cluster:
     def __init__(
         self, seed: int, voters: int, observers: int = 0, faults: NetworkFaults | None = None,
         config_overrides: dict[str, int] | None = None, trace: Callable[[str], None] | None = None,
+        directory_ids: bool = False,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -179,11 +192,27 @@ class Cluster:
         # Called with each message just before its node handles it (a model's view of the wire).
         self.delivery_observers: list[Callable[[SimNode, Envelope], None]] = []
         self.disk_loss_observers: list[Callable[[SimNode], None]] = []
-        for node_id in range(1, voters + observers + 1):
-            config = sim_config(node_id, self.voter_ids, **(config_overrides or {}))
-            node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore())
+        # Dynamic voters (tests/sim/membership.py): each replica gets a directory id, and
+        # these replace the static set's majority and check-quorum rules.
+        self.directory_rng = random.Random(seed * 15_485_863 + 3) if directory_ids else None
+        self.holders_check: Callable[[int], None] | None = None  # target offset -> check
+        self.voters_counted: Callable[[SimNode], tuple[frozenset[int], int]] | None = None
+        self.former_voters: set[int] = set()  # nodes a committed voters record named
+        self.vanished: dict[tuple[int, str], int] = {}  # (node, directory) replaced -> what it held durably
+        directories = {node_id: self.new_directory_id() for node_id in range(1, voters + observers + 1)}
+        values: dict[str, object] = dict(config_overrides or {})
+        if directory_ids:  # every replica is formatted with the first voters record (KIP-853)
+            values["initial_voters"] = VoterSet(tuple(Voter(n, directories[n], f"http://node{n}")
+                                                      for n in sorted(self.voter_ids)))
+        for node_id, directory_id in directories.items():
+            config = sim_config(node_id, self.voter_ids, directory_id, **values)  # type: ignore[arg-type]
+            node = SimNode(node_id, config, MemoryLog(), MemorySnapshotStore(), directory_id=directory_id)
             self.nodes[node_id] = node
             self._start(node)
+
+    def new_directory_id(self) -> str:
+        """A fresh data directory's id (32 hex digits), or "" without dynamic voters."""
+        return f"{self.directory_rng.getrandbits(128):032x}" if self.directory_rng is not None else ""
 
     # ------------------------------------------------------------------ driving
 
@@ -435,8 +464,8 @@ class Cluster:
         node = self.nodes[node_id]
         self.crash(node_id)
         durable_end = node.log.end_offset()  # crash() left only the flushed prefix
-        if node_id in self.voter_ids:
-            self.lost_disk_held[node_id] = max(self.lost_disk_held.get(node_id, 0), durable_end)
+        # Any replica: a voter the log added is not in voter_ids but counts all the same.
+        self.lost_disk_held[node_id] = max(self.lost_disk_held.get(node_id, 0), durable_end)
         for observe in self.disk_loss_observers:
             observe(node)
         node.log = MemoryLog()
@@ -444,6 +473,25 @@ class Cluster:
         node.last_end_offset = 0
         node.checked_offset = 0
         self.stats["disks_lost"] += 1
+
+    def replace_disk(self, node_id: int) -> None:
+        """Power loss, then a new, empty data directory (quorum-state gone too) with a new
+        directory id: a new replica under the same node id (down until ``restart``)."""
+        node = self.nodes[node_id]
+        self.crash(node_id)
+        self.vanished[(node_id, node.directory_id)] = node.log.end_offset()  # crash() kept what was flushed
+        node.directory_id = self.new_directory_id()
+        node.config = dataclasses.replace(node.config, directory_id=node.directory_id)  # type: ignore[call-arg]
+        node.log, node.snapshots, node.durable_state = MemoryLog(), MemorySnapshotStore(), None
+        node.last_end_offset = node.checked_offset = node.highest_epoch_persisted = 0
+        self.stats["disks_replaced"] += 1
+
+    def held_durably(self, node_id: int, offset: int) -> bool:
+        """The replica's log durably holds every offset below ``offset`` (a snapshot counts), or
+        it still counts for what it held before its disk was lost."""
+        log = self.nodes[node_id].log
+        return (log.flushed_offset() >= offset or log.start_offset() >= offset
+                or self._still_counted_after_disk_loss(node_id, offset))
 
     def _still_counted_after_disk_loss(self, voter: int, offset: int) -> bool:
         """A leader may still count what a voter acknowledged before its disk was lost,
@@ -617,9 +665,10 @@ class Cluster:
         target = self.max_high_watermark
         if target == 0:
             return
-        holders = sum(1 for v in self.voter_ids if self.nodes[v].log.flushed_offset() >= target
-                      or self.nodes[v].log.start_offset() >= target
-                      or self._still_counted_after_disk_loss(v, target))
+        if self.holders_check is not None:
+            self.holders_check(target)
+            return
+        holders = sum(1 for v in self.voter_ids if self.held_durably(v, target))
         if holders < self.majority:
             raise InvariantViolation(f"t={self.now_ms} only {holders} voters durably hold offset "
                                      f"{target - 1} below the high watermark")
@@ -631,7 +680,7 @@ class Cluster:
         watch = self.quorum_watch.get(node.node_id)
         message = envelope.message
         if (watch is not None and isinstance(message, (FetchRequest, FetchSnapshotRequest))
-                and message.epoch == watch.epoch and envelope.src in self.voter_ids
+                and message.epoch == watch.epoch and envelope.src in watch.members
                 and message.replica_id == envelope.src):
             watch.heard_ms[envelope.src] = self.now_ms
 
@@ -640,26 +689,43 @@ class Cluster:
         fetch_timeout_ms has resigned (rule 6, check-quorum): a leader cut off in a minority
         must not keep answering clients. A paused leader is judged once it ran again."""
         core = changed.core
-        if core is not None and core.role == Role.LEADER and len(self.voter_ids) > 1:
+        if core is not None and core.role == Role.LEADER:
             watch = self.quorum_watch.get(changed.node_id)
             if watch is None or watch.epoch != core.epoch:
-                self.quorum_watch[changed.node_id] = QuorumWatch(core.epoch, self.now_ms)
+                members, majority = self._counted_voters(changed)
+                self.quorum_watch[changed.node_id] = QuorumWatch(core.epoch, self.now_ms, members, majority)
         for leader_id, watch in list(self.quorum_watch.items()):
             node = self.nodes[leader_id]
             if node.core is None or node.core.role != Role.LEADER or node.core.epoch != watch.epoch:
                 del self.quorum_watch[leader_id]
                 continue
-            if node.paused or node.resumed_ms == self.now_ms:
+            if self.voters_counted is not None:
+                self._follow_voter_set(node, watch)
+            if node.paused or node.resumed_ms == self.now_ms or len(watch.members) < 2:
                 continue
             # The majority-th latest sign of life; the leader itself counts as heard now.
             heard = sorted(watch.heard_ms.values(), reverse=True)
-            quorum_ms = heard[self.majority - 2] if len(heard) >= self.majority - 1 else -1
+            quorum_ms = heard[watch.majority - 2] if len(heard) >= watch.majority - 1 else -1
             silent_ms = self.now_ms - max(watch.since_ms, quorum_ms)
             bound_ms = node.config.fetch_timeout_ms * 3 // 2 + CHECK_QUORUM_SLACK_MS
             if silent_ms > bound_ms:
                 raise InvariantViolation(f"t={self.now_ms} check-quorum: leader {leader_id} of epoch {watch.epoch} "
                                          f"heard from no majority for {silent_ms} ms and still leads "
                                          f"(bound {bound_ms} ms)")
+
+    def _counted_voters(self, leader: SimNode) -> tuple[frozenset[int], int]:
+        """The voters a leader counts and their majority: the static set, else its set in force."""
+        if self.voters_counted is not None:
+            return self.voters_counted(leader)
+        return self.voter_ids, self.majority
+
+    def _follow_voter_set(self, leader: SimNode, watch: QuorumWatch) -> None:
+        """A change of the leader's set in force restarts the period: a voter just added
+        has had no time to fetch as a voter."""
+        members, majority = self._counted_voters(leader)
+        if (members, majority) != (watch.members, watch.majority):
+            watch.members, watch.majority, watch.since_ms = members, majority, self.now_ms
+            watch.heard_ms = {voter: ms for voter, ms in watch.heard_ms.items() if voter in members}
 
     # ------------------------------------------------------------------ invariant: rule 8
 

@@ -149,6 +149,8 @@ class _Figure8:
         if leader is None or leader.core is None:
             cluster.at(cluster.now_ms + RETRY_MS, self.start)
             return
+        if leader.node_id not in cluster.voter_ids or len(cluster.voter_ids) < 3:
+            return  # the voter set changed under the plan (tests/sim/membership.py)
         others = sorted(cluster.voter_ids - {leader.node_id})
         self.minority = {leader.node_id, *self.rng.sample(others, len(cluster.voter_ids) // 2 - 1)}
         self.epoch = leader.core.epoch

@@ -115,7 +115,7 @@ class ElectionChecks:
         reached: a leader it follows after the restart may be one of those, deposed without
         knowing it, and a later leader's commits never counted this voter's acknowledgements."""
         cluster = self.cluster
-        if node.node_id not in cluster.voter_ids:
+        if node.node_id not in cluster.voter_ids and node.node_id not in cluster.former_voters:
             return
         self.disk_lost.add(node.node_id)
         epoch = node.durable_state.epoch if node.durable_state is not None else 0

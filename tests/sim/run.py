@@ -1,4 +1,5 @@
-"""Run the raft simulator over many seeds: ``python -m tests.sim.run --seeds N [--seed S] [--voters V]``.
+"""Run the raft simulator over many seeds:
+``python -m tests.sim.run --seeds N [--seed S] [--voters V] [--membership on|off]``.
 
 ``--seeds N`` runs seeds S .. S+N-1 (S defaults to 0); ``--seed S`` alone replays one seed
 with a trace of every delivered message. A failing seed prints the command that replays it
@@ -22,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--voters", type=int, choices=(1, 2, 3, 4, 5), default=None,
                         help="voters per cluster (default: 1, 3 or 5 chosen by the seed)")
     parser.add_argument("--quiet", action="store_true", help="no trace when replaying one seed")
+    parser.add_argument("--membership", choices=("on", "off"), default=None,
+                        help="change the voter set or not (default: 20%% of the seeds, drawn per seed)")
     args = parser.parse_args(argv)
     if args.seeds is None and args.seed is None:
         parser.error("give --seeds N and/or --seed S")
@@ -34,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     slowest = (0, -1)  # (liveness ms, seed)
     for seed in range(first, first + count):
         try:
-            result = run_seed(seed, args.voters, verbose=verbose)
+            membership = None if args.membership is None else args.membership == "on"
+            result = run_seed(seed, args.voters, verbose=verbose, membership=membership)
         except SimulationFailure as exc:
             print(f"FAIL {exc}", file=sys.stderr)
             return 1

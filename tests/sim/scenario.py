@@ -18,6 +18,11 @@ Phases:
    election scenario (tests/sim/election_scenarios.py), and everything heals and catches up.
 4. End: every replica holds the same committed records (checked against the oracle of
    everything ever committed).
+
+In the seeds that change the voter set (tests/sim/membership.py) phase 1 mixes voter
+changes into the faults, phase 2 first lets the set settle (the later phases count the
+final set's members as the voters), and the split change (tests/sim/split_change.py) may
+run before the end.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from tests.sim.cluster import Cluster, InvariantViolation, NetworkFaults, SimNod
 from tests.sim.commit_faults import plan_disk_loss, plan_figure_8
 from tests.sim.election_checks import ElectionChecks
 from tests.sim.election_scenarios import run_election_scenario
+from tests.sim.membership import MembershipPlan, has_membership, spares_for
+from tests.sim.membership_checks import MembershipChecks
 from tests.sim.reads import plan_stale_leader_reads
+from tests.sim.split_change import run_split_change
 
 LIVENESS_BOUND_MS = 3_000  # heal → leader elected and a new proposal committed (simulated; 30 election timeouts)
 CATCH_UP_BOUND_MS = 3_000  # then every replica reaches the leader's high watermark
@@ -58,13 +66,17 @@ class RunResult:
     stats: dict[str, int] = field(default_factory=dict)
     liveness_ms: int = 0  # heal → leader elected and a new proposal committed
     failover_ms: int = 0  # the leader shut down gracefully → a successor committed
+    membership: bool | None = None  # as run_seed was told (None: the seed's own draw)
 
     def replay_command(self) -> str:
-        return replay_command(self.seed, self.voters)
+        return replay_command(self.seed, self.voters, self.membership)
 
 
-def replay_command(seed: int, voters: int) -> str:
-    return f"python -m tests.sim.run --seed {seed} --voters {voters}"
+def replay_command(seed: int, voters: int, membership: bool | None = None) -> str:
+    """The command that replays a seed; it names the voter changes only when the run was told
+    otherwise than the seed draws (tests/sim/test_sim.py turns some off)."""
+    flag = "" if membership is None or membership == has_membership(seed) else f" --membership {'on' if membership else 'off'}"
+    return f"python -m tests.sim.run --seed {seed} --voters {voters}{flag}"
 
 
 class SimulationFailure(AssertionError):
@@ -75,29 +87,31 @@ def voters_for_seed(seed: int) -> int:
     return (1, 3, 5)[seed % 3]
 
 
-def run_seed(seed: int, voters: int | None = None, verbose: bool = False) -> RunResult:
-    """Run one seed; raise SimulationFailure naming the replay command on any violation."""
+def run_seed(seed: int, voters: int | None = None, verbose: bool = False, membership: bool | None = None) -> RunResult:
+    """Run one seed; raise SimulationFailure naming the replay command on any violation.
+    ``membership``: change the voter set or not (default: as the seed draws)."""
     voters = voters_for_seed(seed) if voters is None else voters
     try:
-        return _run(seed, voters, verbose)
+        return _run(seed, voters, verbose, membership)
     except (InvariantViolation, ProtocolInvariantError) as exc:  # the latter stops a real node
-        raise SimulationFailure(f"seed {seed} voters {voters}: {exc}\n  replay: {replay_command(seed, voters)}") from exc
+        replay = replay_command(seed, voters, membership)
+        raise SimulationFailure(f"seed {seed} voters {voters}: {exc}\n  replay: {replay}") from exc
 
 
-def _run(seed: int, voters: int, verbose: bool) -> RunResult:
-    scenario = _Scenario(seed, voters, verbose)
+def _run(seed: int, voters: int, verbose: bool, membership: bool | None) -> RunResult:
+    scenario = _Scenario(seed, voters, verbose, has_membership(seed) if membership is None else membership)
     scenario.fault_phase()
     scenario.liveness_phase()
     cluster = scenario.cluster
     return RunResult(seed, voters, scenario.observers, cluster.events_processed, cluster.now_ms,
                      len(cluster.committed), scenario.plan, dict(cluster.stats), scenario.liveness_ms,
-                     scenario.failover_ms)
+                     scenario.failover_ms, membership)
 
 
 class _Scenario:
     """One seed's run: the shape it picks, the fault phase and the liveness phase."""
 
-    def __init__(self, seed: int, voters: int, verbose: bool) -> None:
+    def __init__(self, seed: int, voters: int, verbose: bool, membership: bool) -> None:
         rng = self.rng = random.Random(seed * 7919 + voters)
         self.seed, self.voters = seed, voters
         self.verbose = verbose
@@ -133,8 +147,16 @@ class _Scenario:
             overrides["snapshot_chunk_bytes"] = max(64, self.snapshot_bytes // chunks)
         self.liveness_kind = rng.choice(LIVENESS_KINDS) if voters >= 3 else "heal_all"
         self.plan: list[str] = []
-        self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None)
+        # Seeds that change the voter set hold spare replicas that may be added.
+        self.membership = membership
+        if self.membership:
+            self.observers += spares_for(seed)
+        self.cluster = Cluster(seed, voters, self.observers, faults, overrides, trace=print if verbose else None,
+                               directory_ids=self.membership)
         ElectionChecks(self.cluster)
+        if self.membership:
+            MembershipChecks(self.cluster)
+        self.membership_plan: MembershipPlan | None = None
         self.all_ids = sorted(self.cluster.nodes)
         self.fault_phase_ms = rng.randint(1_500, 3_000)
         self.load = _Load(self.cluster, rng)
@@ -159,12 +181,18 @@ class _Scenario:
         self.schedule_load(0, self.fault_phase_ms)
         for _ in range(self.rng.randint(2, MAX_FAULT_ACTIONS)):
             self._schedule_fault()
-        if plan_disk_loss(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log):
+        disk_loss = plan_disk_loss(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log)
+        if disk_loss:
             # A lost voter votes for nobody until it caught up: with another voter down for
             # good, no majority could elect a leader, so every node comes back.
             self.liveness_kind = "heal_all"
         plan_stale_leader_reads(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log, self.load.read)
         self._hostile_elections()
+        if self.membership:
+            self.membership_plan = MembershipPlan(self.cluster, self.seed, self.log, self.fault_phase_ms, disk_loss)
+            self.membership_plan.schedule()
+            if self.membership_plan.loses_added_disk:
+                self.liveness_kind = "heal_all"  # as for any lost disk (above)
         plan_figure_8(self.cluster, self.seed, self.voters, self.fault_phase_ms, self.log)
         self.cluster.run_for(self.fault_phase_ms)
 
@@ -258,8 +286,10 @@ class _Scenario:
         cluster = self.cluster
         cluster.on_elected = None
         cluster.cancel_scheduled_actions()  # the fault phase's late heals and restarts
-        cluster.stats[f"liveness_{self.liveness_kind}"] += 1
         self._heal_everything()
+        if self.membership_plan is not None:
+            self._settle_voters(self.membership_plan)
+        cluster.stats[f"liveness_{self.liveness_kind}"] += 1
         if self.liveness_kind == "heal_all":
             self._await_commit("healing everything")
             target = self._await_catch_up(set(self.all_ids))
@@ -277,17 +307,32 @@ class _Scenario:
             self.log(f"minority {sorted(down)} back")
             self._heal_everything()
             target = self._await_catch_up(set(self.all_ids))
-        if self.voters >= 3:
+        if len(cluster.voter_ids) >= 3:
             self._rejoin_window()
             self._graceful_failover()
             name = run_election_scenario(cluster, self.seed, self.log)
             self._heal_everything()
             self._await_commit(f"healing everything after election scenario {name}")
             target = self._await_catch_up(set(self.all_ids))
+        plan = self.membership_plan
+        if plan is not None and run_split_change(cluster, plan, plan.rng, self.log):
+            self._heal_everything()
+            self._await_commit("healing everything after the split change")
+            target = self._await_catch_up(set(self.all_ids))
         cluster.check_replicas_agree()
         _check_identical_committed_logs(cluster, target)
         if self.verbose:
             print(f"liveness ok; slowest {self.liveness_ms} ms; committed offsets {len(cluster.committed)}")
+
+    def _settle_voters(self, plan: MembershipPlan) -> None:
+        """The pending change commits and replacements complete; from now on the final set's
+        members are the voters (a smaller set than three keeps every node up)."""
+        final = plan.settle(self._await_commit)
+        cluster = self.cluster
+        cluster.voter_ids = frozenset(final.ids)
+        cluster.majority = final.majority
+        if len(final.ids) < 3:
+            self.liveness_kind = "heal_all"
 
     def _heal_everything(self) -> None:
         self.log("heal, restart all, lossless network")

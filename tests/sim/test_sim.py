@@ -1,4 +1,5 @@
-"""The seeded simulator as a test: 1020 seeds over 1, 3 and 5 voters (with observers).
+"""The seeded simulator as a test: 1020 seeds over 1, 3 and 5 voters (with observers),
+5 % of them changing the voter set (tests/sim/membership.py; make sim: 20 %).
 
 Each seed runs a fault phase with invariants checked after every event, then a liveness
 phase (see tests/sim/scenario.py). A failure message carries the replay command.
@@ -16,6 +17,7 @@ import pytest
 
 from raft.node import Role
 from tests.sim.cluster import Cluster
+from tests.sim.membership import QUICK_MEMBERSHIP_PROBABILITY, has_membership
 from tests.sim.scenario import LIVENESS_KINDS, SimulationFailure, run_seed
 
 SEEDS_PER_CHUNK = 51
@@ -27,7 +29,7 @@ def test_simulated_seeds(chunk: int) -> None:
     exercised: collections.Counter[str] = collections.Counter()
     for seed in range(chunk * SEEDS_PER_CHUNK, (chunk + 1) * SEEDS_PER_CHUNK):
         try:
-            result = run_seed(seed)
+            result = run_seed(seed, membership=has_membership(seed, QUICK_MEMBERSHIP_PROBABILITY))
         except SimulationFailure as exc:
             pytest.fail(str(exc), pytrace=False)
         exercised.update(result.stats)
