@@ -68,15 +68,6 @@ class MembershipHandlers(NodeBase):
                 check(False, f"quorum state holds a bad voters record at {record_offset}: {exc}")
         self._refresh_voters()
 
-    def _named_by_persisted_voters(self) -> bool:
-        """Rule 12: does the latest committed voters record in the quorum state name this
-        replica? After a lost log the log may end before that record, so its set in force
-        (a re-formatted bootstrap set) need not hold a voter that was added later."""
-        if not self._persisted.voters:
-            return False
-        _, record = self._persisted.voters[-1]
-        return VoterSet.decode(record).contains(self._id, self.config.directory_id)
-
     def _may_hold_voters_records(self) -> bool:
         """Is a scan for voters records worth it? A formatted log starts with them at offset
         0, and a log whose prefix was replaced by a snapshot had its committed ones persisted

@@ -400,8 +400,9 @@ class RaftNode(LeaderHandlers, FollowerHandlers, MembershipHandlers):
     def _restart(self, now_ms: int) -> None:
         """Rule 10: choose the starting role from the persisted state and the log."""
         persisted = self._persisted
-        if persisted.log_acknowledged and self._log_empty_at_start and (
-                self.is_voter or self._named_by_persisted_voters()):
+        # Any replica that acknowledged a log as a voter: one the log added may find its
+        # re-formatted log's set (or its quorum state's committed records) without itself.
+        if persisted.log_acknowledged and self._log_empty_at_start:
             self._persist_log_flags(log_lost=True)  # rule 12: persisted before any message
         persisted = self._persisted
         log_epoch = self._log.last_epoch()
@@ -667,8 +668,10 @@ class RaftNode(LeaderHandlers, FollowerHandlers, MembershipHandlers):
 
     def _track_log_loss(self) -> None:
         """Rule 12, before a Ready is handed out (its quorum state is written before its
-        messages): note the first acknowledgement, and the end of a lost log's catch-up."""
-        if not self.is_voter:
+        messages): note the first acknowledgement, and the end of a lost log's catch-up.
+        With voters records an observer's Fetch counts too: a leader that appended the record
+        adding it counts its fetch offset before its own log holds that record."""
+        if not self.is_voter and not self._history.dynamic:
             return
         persisted = self._persisted
         if not persisted.log_acknowledged:

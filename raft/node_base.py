@@ -126,8 +126,10 @@ class NodeBase:
     def _may_lead(self, replica_id: int) -> bool:
         """Can ``replica_id`` speak for a leader? Statically only a voter. With voters records
         (rule 13) any replica: a voter just added may lead before this log holds its record;
-        only voters of the set in force win elections."""
-        return replica_id in self._voters or (self._history.dynamic and replica_id >= 0)
+        only voters of the set in force win elections. So for an observer, which never votes:
+        one that joined with an empty log knows only the voters of when it started, and the
+        set may have changed since (a new voter leads it then)."""
+        return replica_id in self._voters or ((self._history.dynamic or not self.is_voter) and replica_id >= 0)
 
     def _stands(self) -> bool:
         """May this node start elections (rule 13)? A voter may; so may a replica removed by

@@ -69,11 +69,13 @@ log flags (rule 12) change only in ``_restart`` and ``_track_log_loss``.
     vote kept), a prospective node's round never turns into a vote; every later election
     timer only re-arms, and a voter whose fetches time out goes Unattached. It still
     grants votes and follows a new leader, so the successor it named can win.
-12. A lost log (voters; no dynamic voters yet). A voter's vote and the majorities counted
+12. A lost log. A voter's vote and the majorities counted
     for the high watermark rely on it still holding what it acknowledged. The quorum state
     records ``log_acknowledged`` before the first Ready in which a voter's flushed log is
-    past 0 as Follower or Leader (before its first acknowledgement leaves). A restart
-    with that flag and an empty log persists ``log_lost``: such a voter grants no votes
+    past 0 as Follower or Leader (before its first acknowledgement leaves); with voters
+    records an observer's too (a leader counts it once it appended the record adding it,
+    before the observer's log holds that record). A restart
+    with that flag and an empty log persists ``log_lost``: such a replica grants no votes
     and no pre-votes, and never becomes a Candidate (it still runs pre-vote rounds, only
     to learn the leader). It clears the flag as a Follower whose flushed log reaches a
     high watermark its leader sent, once that covers a record of the leader's epoch:

@@ -329,10 +329,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "                self._history.truncate(offset)\n",
            "",
            "rule 13: a truncation below a voters record undoes the change"),
-    Mutant("rule12_ignores_persisted_voters", NODE,
-           "self.is_voter or self._named_by_persisted_voters()):",
-           "self.is_voter):",
+    Mutant("rule12_lost_log_of_current_voters_only", NODE,
+           "if persisted.log_acknowledged and self._log_empty_at_start:",
+           "if persisted.log_acknowledged and self._log_empty_at_start and self.is_voter:",
            "rule 12: a voter added by a record its lost log no longer holds grants no votes"),
+    Mutant("rule12_observer_acks_untracked", NODE,
+           "if not self.is_voter and not self._history.dynamic:",
+           "if not self.is_voter:",
+           "rule 12: an observer being added may be counted before its log names it"),
 )
 
 # make test's subset (tests/mutants/test_mutants_quick.py): mutants the current simulators

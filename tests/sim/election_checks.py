@@ -114,9 +114,7 @@ class ElectionChecks:
         Committed here means below a high watermark of a node in an epoch the voter had
         reached: a leader it follows after the restart may be one of those, deposed without
         knowing it, and a later leader's commits never counted this voter's acknowledgements."""
-        cluster = self.cluster
-        if node.node_id not in cluster.voter_ids and node.node_id not in cluster.former_voters:
-            return
+        cluster = self.cluster  # any replica: a voter the log added is in neither voter_ids nor former_voters
         self.disk_lost.add(node.node_id)
         epoch = node.durable_state.epoch if node.durable_state is not None else 0
         committed = max([node.last_high_watermark] + [
