@@ -17,10 +17,10 @@ from tests.chaos.harness import run_chaos
 
 SHORT_RUNS = [
     # (seed, seconds of faults, nemeses)
-    (101, 18.0, ("partition_halves", "isolate_leader", "bridge", "one_way_cut", "delay_links", "stall_link",
+    (101, 15.0, ("partition_halves", "isolate_leader", "bridge", "one_way_cut", "delay_links", "stall_link",
                  "reset_connections", "mute_leader")),
-    (202, 18.0, ("kill_restart", "kill_leader", "pause_leader", "graceful_restart", "crash_all")),
-    (303, 12.0, ("slow_fsync", "failing_fsync", "isolate_leader")),
+    (202, 15.0, ("kill_restart", "kill_leader", "pause_leader", "graceful_restart", "crash_all")),
+    (303, 10.0, ("slow_fsync", "failing_fsync", "isolate_leader")),
 ]
 
 
