@@ -183,8 +183,14 @@ def test_cluster_up_serves_and_status_prints_the_quorum_table(tmp_path: Path) ->
         first = f"http://127.0.0.1:{http_base}"
         response = httpx.put(f"{first}/v1/kv/cli/a", content=b"x", follow_redirects=True, timeout=10)
         assert response.status_code == 200
-        etcd_read = httpx.post(f"http://127.0.0.1:{gateway_base + 3}/v3/kv/range",  # the observer's gateway
-                               json={"key": base64.b64encode(b"cli/a").decode()}, timeout=10).json()
+        # The observer's gateway. An observer that has not yet heard the leader since its start
+        # answers UNAVAILABLE (14), which etcd clients retry: so does this test, for a bounded time.
+        for _ in range(50):
+            etcd_read = httpx.post(f"http://127.0.0.1:{gateway_base + 3}/v3/kv/range",
+                                   json={"key": base64.b64encode(b"cli/a").decode()}, timeout=10).json()
+            if etcd_read.get("code") != 14:
+                break
+            time.sleep(0.2)
         assert "kvs" in etcd_read, etcd_read
         assert base64.b64decode(etcd_read["kvs"][0]["value"]) == b"x"
         status = run_cli(["status", "--url", first])

@@ -19,8 +19,8 @@ SHORT_RUNS = [
     # (seed, seconds of faults, nemeses)
     (101, 15.0, ("partition_halves", "isolate_leader", "bridge", "one_way_cut", "delay_links", "stall_link",
                  "reset_connections", "mute_leader")),
-    (202, 15.0, ("kill_restart", "kill_leader", "pause_leader", "graceful_restart", "crash_all")),
-    (303, 10.0, ("slow_fsync", "failing_fsync", "isolate_leader")),
+    (202, 15.0, ("kill_restart", "kill_leader", "pause_leader", "graceful_restart", "crash_all",
+                 "slow_fsync", "failing_fsync")),
 ]
 
 

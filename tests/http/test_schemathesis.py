@@ -26,7 +26,7 @@ def test_schemathesis_finds_no_server_errors_and_no_undocumented_behaviour(tmp_p
     service.apply_now(put("seed", b"x"))
     try:
         with serve_in_thread(create_app(service, FUZZ_SETTINGS)) as base_url:
-            result = run_schemathesis(base_url, tmp_path, max_examples=4)
+            result = run_schemathesis(base_url, tmp_path, max_examples=3)
     finally:
         service.close()
     report = result.stdout + result.stderr
