@@ -91,7 +91,7 @@ def run_script(text: str) -> str:
                 out.append(f"  NotLeaderError leader={exc.leader_id}")
             except ProposalRejectedError as exc:
                 out.append(f"  ProposalRejectedError {exc}")
-            cluster._after_input(node)
+            cluster.after_input(node)
         elif command == "partition":
             text_groups = " ".join(args).split("|")
             groups = [{int(x) for x in group.replace(",", " ").split()} for group in text_groups]

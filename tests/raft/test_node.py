@@ -108,7 +108,7 @@ def test_group_commit_and_bounded_accumulator() -> None:
     assert third.base_offset == second.last_offset + 1
     with pytest.raises(ProposalRejectedError):
         core.propose(cluster.now_ms, [b"1", b"2", b"3", b"4", b"5"])
-    cluster._after_input(cluster.nodes[1])
+    cluster.after_input(cluster.nodes[1])
     assert cluster.run_until(lambda: core.high_watermark > third.last_offset, 1_000)
     data = [b for b in cluster.nodes[1].log.read(0, 1 << 20) if not b.control]
     assert [b.records for b in data] == [(b"a",), (b"b", b"c", b"d")]  # one batch for the two waiting
@@ -132,7 +132,7 @@ def test_read_index_completes_after_quorum_confirms() -> None:
     node = cluster.nodes[leader_id]
     assert node.core is not None
     token = node.core.read_index(cluster.now_ms)
-    cluster._after_input(node)
+    cluster.after_input(node)
     assert cluster.run_until(lambda: any(t == token for _, t, _ in cluster.reads_done), 2_000)
     offset = next(o for _, t, o in cluster.reads_done if t == token)
     assert offset > proposal.last_offset
@@ -155,7 +155,7 @@ def test_read_index_fails_without_a_quorum() -> None:
         return ready
 
     node.core.take_ready = spy  # type: ignore[method-assign]
-    cluster._after_input(node)
+    cluster.after_input(node)
     assert cluster.run_until(lambda: token in failed, 2_000)  # check-quorum resigns the leader
     assert not any(t == token for _, t, _ in cluster.reads_done)
 

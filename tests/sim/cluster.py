@@ -227,14 +227,14 @@ class Cluster:
         node.core = RaftNode(node.config, node.log, node.durable_state,
                              random.Random(self.rng.getrandbits(64)), node.snapshots, self.now_ms)
         node.last_high_watermark = node.core.high_watermark
-        self._after_input(node)
+        self.after_input(node)
 
     def _push(self, time_ms: int, kind: str, node: SimNode, payload: object = None) -> None:
         self._sequence += 1
         event = _Event(time_ms, self._sequence, kind, node.node_id, node.incarnation, payload)
         heapq.heappush(self._queue, (time_ms, self._sequence, event))
 
-    def _after_input(self, node: SimNode) -> None:
+    def after_input(self, node: SimNode) -> None:
         """Perform the node's Ready as raft/__init__.py orders it, then check invariants.
 
         Persist, send and flush come first; reads and role changes are only recorded. A
@@ -385,7 +385,7 @@ class Cluster:
             node.flush_running = False
             node.log.flush()
             core.on_flushed(self.now_ms)
-        self._after_input(node)
+        self.after_input(node)
         return True
 
     def run_for(self, duration_ms: int) -> None:
@@ -446,7 +446,7 @@ class Cluster:
         if node.core is not None:
             node.shutting_down = True
             node.core.begin_shutdown(self.now_ms)
-            self._after_input(node)
+            self.after_input(node)
 
     def restart(self, node_id: int) -> None:
         node = self.nodes[node_id]
@@ -607,7 +607,7 @@ class Cluster:
         except (NotLeaderError, ProposalRejectedError):
             return None
         self.proposals.append((proposal, records))
-        self._after_input(leader)
+        self.after_input(leader)
         return proposal
 
     def is_committed(self, proposal: Proposal) -> bool:

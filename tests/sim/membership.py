@@ -117,7 +117,7 @@ class MembershipPlan:
             return exc.code
         cluster.stats["voter_changes_appended"] += 1
         self.log(f"{what} on leader {leader.node_id} at offset {offset}")
-        cluster._after_input(leader)
+        cluster.after_input(leader)
         return ""
 
     def add(self, node_id: int, tries: int = ADD_TRIES) -> None:

@@ -493,7 +493,7 @@ class _Load:
             return
         self.read_floor[(leader.node_id, token)] = cluster.max_high_watermark
         cluster.reads_hook = self.check_read
-        cluster._after_input(leader)
+        cluster.after_input(leader)
 
     def check_read(self, node_id: int, token: int, offset: int) -> None:
         floor = self.read_floor.pop((node_id, token), None)
